@@ -1,0 +1,63 @@
+//! Cross-checks between an attribute's arguments and the fn it is on.
+
+use syn::{FnArg, ItemFn, Pat};
+
+use crate::args::{Args, TemplateArg};
+use crate::errors::Errors;
+use crate::template::Segment;
+
+/// Why: every guard wraps the body in a future, so only `async fn` can be guarded.
+pub(crate) fn is_async(attr: &str, item: &ItemFn, errors: &mut Errors) {
+    if item.sig.asyncness.is_none() {
+        errors.push(
+            item.sig.fn_token.span,
+            format!("`#[{attr}]` can only be used on an `async fn`"),
+        );
+    }
+}
+
+/// The names a placeholder root may refer to: the fn's parameters bound by plain identifiers.
+fn parameter_names(item: &ItemFn) -> Vec<String> {
+    item.sig
+        .inputs
+        .iter()
+        .filter_map(|input| match input {
+            FnArg::Receiver(_) => Some("self".to_owned()),
+            FnArg::Typed(typed) => match &*typed.pat {
+                Pat::Ident(ident) => Some(ident.ident.to_string()),
+                _ => None,
+            },
+        })
+        .collect()
+}
+
+/// Why: a placeholder that names no parameter would otherwise resolve to whatever is in scope
+/// (a constant, a static), silently giving every call the same key.
+pub(crate) fn placeholders(attr: &str, args: &Args, item: &ItemFn, errors: &mut Errors) {
+    let params = parameter_names(item);
+    for template in args.templates() {
+        check_template(attr, template, &params, errors);
+    }
+}
+
+fn check_template(attr: &str, template: &TemplateArg, params: &[String], errors: &mut Errors) {
+    for segment in &template.segments {
+        let Segment::Placeholder { root, range, .. } = segment else {
+            continue;
+        };
+        if !params.iter().any(|param| param == root) {
+            let listed = if params.is_empty() {
+                "the fn has no parameters".to_owned()
+            } else {
+                format!("parameters: {}", params.join(", "))
+            };
+            errors.push(
+                template.span_of(range.clone()),
+                format!(
+                    "placeholder `{{{root}}}` in `#[{attr}]` names no parameter of this fn \
+                     ({listed})"
+                ),
+            );
+        }
+    }
+}

@@ -1,0 +1,116 @@
+//! The one error type every guard returns.
+//!
+//! Each variant is an outcome a caller handles differently (a different HTTP status, a retry or
+//! not); details that only help a human reading logs live in the message.
+
+use std::time::Duration;
+
+use crate::key::KeyRule;
+
+/// Everything that can stop a guarded call.
+///
+/// Annotated fns return `Result<T, E>` with `E: From<redguard::Error>`, so a guard's refusal
+/// flows out through the user's own error type.
+///
+/// ```
+/// use redguard::Error;
+///
+/// fn status(err: &Error) -> u16 {
+///     match err {
+///         Error::InvalidKey { .. } | Error::MissingKey { .. } => 400,
+///         Error::Backend(_) => 503,
+///         _ => 500,
+///     }
+/// }
+/// assert_eq!(status(&Error::MissingKey { part: "user_id".into() }), 400);
+/// ```
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A guard ran before any [`Redguard`](crate::Redguard) was installed.
+    #[error(
+        "no redguard store is installed: call `Redguard::from_env().await?.install()` \
+         (or `Redguard::memory().install()`) once at startup, before the first guarded call"
+    )]
+    NotInstalled,
+
+    /// A value rendered into a key broke a key rule; nothing was sent to the store.
+    #[error("invalid key part `{part}`: {rule}; reject this input before it reaches the guard")]
+    InvalidKey {
+        /// The placeholder (or `prefix`/`scope`/`key`) that broke the rule.
+        part: String,
+        /// Which rule it broke.
+        rule: KeyRule,
+    },
+
+    /// A key part was absent (`None` or empty): the guard cannot tell intents apart.
+    #[error("key part `{part}` is missing (None or empty); the request must carry it")]
+    MissingKey {
+        /// The placeholder that rendered empty.
+        part: String,
+    },
+
+    /// The configuration given to a builder is unusable.
+    #[error("invalid redguard configuration: {0}")]
+    Config(String),
+
+    /// The store could not answer (unreachable, timed out, refused the command).
+    #[error(transparent)]
+    Backend(#[from] BackendError),
+
+    /// The store holds data at a guard key that redguard did not write in that shape.
+    #[error("unexpected data at `{key}`: {detail}; inspect or delete that key")]
+    Corrupt {
+        /// The full store key.
+        key: String,
+        /// What was found instead.
+        detail: String,
+    },
+
+    /// An idempotency token was already consumed by an earlier request.
+    #[error("this idempotency token was already used; fetch a new one before submitting again")]
+    TokenUsed,
+
+    /// An idempotency token is unknown: never issued, forged, or expired.
+    #[error("unknown or expired idempotency token; fetch a new one")]
+    TokenUnknown,
+
+    /// An idempotency token exists but was issued for another scene.
+    #[error("this idempotency token was issued for another operation")]
+    TokenMismatch,
+}
+
+/// Why the store could not answer.
+///
+/// Guards map this through their degradation policy ([`FailMode`](crate::FailMode)) before it
+/// reaches a caller: a fail-open guard logs it and lets the call through.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    /// The call did not complete within the configured per-call timeout.
+    #[error("store call `{op}` timed out after {after:?}; is Redis overloaded or unreachable?")]
+    Timeout {
+        /// The guard operation that timed out.
+        op: &'static str,
+        /// The configured timeout.
+        after: Duration,
+    },
+    /// Redis returned an error or the connection failed.
+    #[error("store call `{op}` failed: {source}")]
+    Redis {
+        /// The guard operation that failed.
+        op: &'static str,
+        /// What the client reported.
+        #[source]
+        source: redis::RedisError,
+    },
+}
+
+impl BackendError {
+    /// True when the call gave up waiting rather than being refused.
+    pub fn is_timeout(&self) -> bool {
+        matches!(self, BackendError::Timeout { .. })
+    }
+}
+
+/// Shorthand used throughout the crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,347 @@
+//! The [`Redguard`] handle: a store plus the settings every guard reads, and the process-wide
+//! default that macro expansions use.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::{Arc, Once};
+use std::time::Duration;
+
+use once_cell::sync::OnceCell;
+
+use crate::clock::{Clock, SystemClock};
+use crate::error::{Error, Result};
+use crate::key::{GuardKind, Key, KeyBody, check_name};
+use crate::store::{MemoryStore, RedisStore, Store};
+use crate::tokens::Tokens;
+
+/// Default bound on every store call.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(250);
+/// Default bound on establishing the Redis connection.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+/// Default key prefix.
+pub const DEFAULT_PREFIX: &str = "redguard";
+
+/// What a guard does when the store cannot answer.
+///
+/// Defaults follow what each guard protects: idempotency and rate limits fail **open** (the
+/// database's unique index is the last line, and an outage of the limiter should not become an
+/// outage of the service); locks fail **closed** (running a critical section unprotected is the
+/// oversell the lock exists to prevent).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailMode {
+    /// Let the call through, log a warning and count it.
+    Open,
+    /// Refuse the call with [`Error::Backend`].
+    Closed,
+}
+
+#[derive(Debug, Clone)]
+struct Settings {
+    prefix: String,
+    timeout: Duration,
+    connect_timeout: Duration,
+    idempotency: FailMode,
+    lock: FailMode,
+    rate_limit: FailMode,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            prefix: DEFAULT_PREFIX.to_owned(),
+            timeout: DEFAULT_TIMEOUT,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            idempotency: FailMode::Open,
+            lock: FailMode::Closed,
+            rate_limit: FailMode::Open,
+        }
+    }
+}
+
+/// A store and its settings: the entry point of the runtime.
+///
+/// Build one at startup, then either [`install`](Redguard::install) it as the process-wide
+/// default (what `#[idempotent]`, `#[dist_lock]` and `#[rate_limit]` use) or pass it around.
+/// Clones share the store.
+///
+/// ```no_run
+/// # async fn run() -> redguard::Result<()> {
+/// use std::time::Duration;
+/// use redguard::{FailMode, GuardKind, Redguard};
+///
+/// Redguard::redis("redis://:secret@127.0.0.1:6379/0")
+///     .prefix("shop")
+///     .timeout(Duration::from_millis(150))
+///     .fail_mode(GuardKind::RateLimit, FailMode::Closed)
+///     .connect()
+///     .await?
+///     .install()?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Redguard {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    store: Arc<dyn Store>,
+    settings: Settings,
+}
+
+impl fmt::Debug for Redguard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Redguard")
+            .field("store", &self.inner.store)
+            .field("settings", &self.inner.settings)
+            .finish()
+    }
+}
+
+static INSTALLED: OnceCell<Redguard> = OnceCell::new();
+
+tokio::task_local! {
+    static SCOPED: Redguard;
+}
+
+impl Redguard {
+    /// Starts building a handle on Redis at `url`: `redis://[user:password@]host[:port][/db]`
+    /// or `rediss://…` for TLS.
+    pub fn redis(url: impl Into<String>) -> Builder {
+        Builder {
+            backend: Backend::Redis(url.into()),
+            settings: Settings::default(),
+            misuse: None,
+        }
+    }
+
+    /// A handle on a fresh in-process store with default settings. Safe for one instance only.
+    ///
+    /// ```
+    /// let rg = redguard::Redguard::memory();
+    /// assert_eq!(rg.prefix(), "redguard");
+    /// ```
+    pub fn memory() -> Redguard {
+        Redguard::from_store(MemoryStore::new())
+    }
+
+    /// Starts building a handle on an in-process store (to set a clock, a prefix, …).
+    pub fn memory_builder() -> Builder {
+        Builder {
+            backend: Backend::Memory(Arc::new(SystemClock)),
+            settings: Settings::default(),
+            misuse: None,
+        }
+    }
+
+    /// A handle on any [`Store`] with default settings.
+    pub fn from_store(store: impl Store) -> Redguard {
+        Redguard::new(Arc::new(store), Settings::default())
+    }
+
+    fn new(store: Arc<dyn Store>, settings: Settings) -> Redguard {
+        Redguard {
+            inner: Arc::new(Inner { store, settings }),
+        }
+    }
+
+    /// Builds a handle from the environment: `REDGUARD_REDIS_URL`, else `REDIS_URL`, selects
+    /// Redis; with neither set the in-process store is used (logged once at info level).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> redguard::Result<()> {
+    /// // With neither variable set, this is the in-memory store.
+    /// # unsafe { std::env::remove_var("REDGUARD_REDIS_URL"); std::env::remove_var("REDIS_URL"); }
+    /// let rg = redguard::Redguard::from_env().await?;
+    /// assert_eq!(rg.store().kind(), redguard::StoreKind::Memory);
+    /// # Ok(()) }
+    /// ```
+    pub async fn from_env() -> Result<Redguard> {
+        let url = ["REDGUARD_REDIS_URL", "REDIS_URL"]
+            .into_iter()
+            .find_map(|name| std::env::var(name).ok().filter(|v| !v.trim().is_empty()));
+        match url {
+            Some(url) => Redguard::redis(url).connect().await,
+            None => {
+                static LOGGED: Once = Once::new();
+                LOGGED.call_once(|| {
+                    tracing::info!(
+                        "REDGUARD_REDIS_URL and REDIS_URL are unset: using the in-memory store, \
+                         which guards this process only"
+                    );
+                });
+                Ok(Redguard::memory())
+            }
+        }
+    }
+
+    /// Makes this handle the process-wide default used by the attribute macros and the free
+    /// functions ([`tokens`](crate::tokens), …). Once per process; a second call is an error
+    /// (use [`Redguard::scope`] to run code against another handle).
+    pub fn install(self) -> Result<Redguard> {
+        let mut fresh = false;
+        let installed = INSTALLED.get_or_init(|| {
+            fresh = true;
+            self.clone()
+        });
+        if fresh {
+            Ok(installed.clone())
+        } else {
+            Err(Error::Config(
+                "a redguard handle is already installed; install once at startup, or use \
+                 `Redguard::scope` to run a future against another handle"
+                    .to_owned(),
+            ))
+        }
+    }
+
+    /// Runs `future` with this handle as the default, overriding the installed one for that
+    /// future only. Made for tests: each can use its own in-memory store and clock.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> redguard::Result<()> {
+    /// use std::time::Duration;
+    /// use redguard::Redguard;
+    ///
+    /// let token = Redguard::memory()
+    ///     .scope(async { redguard::tokens().issue("signup", Duration::from_secs(60)).await })
+    ///     .await?;
+    /// assert_eq!(token.len(), 32);
+    /// # Ok(()) }
+    /// ```
+    pub async fn scope<F: Future>(&self, future: F) -> F::Output {
+        SCOPED.scope(self.clone(), future).await
+    }
+
+    /// The handle a guard should use right now: the scoped one, else the installed one.
+    pub fn current() -> Result<Redguard> {
+        SCOPED
+            .try_with(Redguard::clone)
+            .ok()
+            .or_else(|| INSTALLED.get().cloned())
+            .ok_or(Error::NotInstalled)
+    }
+
+    /// The store behind this handle.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.inner.store
+    }
+
+    /// The prefix of every key this handle writes.
+    pub fn prefix(&self) -> &str {
+        &self.inner.settings.prefix
+    }
+
+    /// The bound on each store call.
+    pub fn timeout(&self) -> Duration {
+        self.inner.settings.timeout
+    }
+
+    /// What `guard` does when the store cannot answer.
+    pub fn fail_mode(&self, guard: GuardKind) -> FailMode {
+        let settings = &self.inner.settings;
+        match guard {
+            GuardKind::Idempotency | GuardKind::Token => settings.idempotency,
+            GuardKind::Lock => settings.lock,
+            GuardKind::RateLimit => settings.rate_limit,
+        }
+    }
+
+    /// The full store key for `body` of `guard` in `scope`.
+    pub fn key(&self, guard: GuardKind, scope: &str, body: &KeyBody) -> Result<Key> {
+        Key::new(self.prefix(), guard, scope, body)
+    }
+
+    /// Idempotency tokens on this handle (see [`Tokens`]).
+    pub fn tokens(&self) -> Tokens {
+        Tokens::new(self.clone())
+    }
+}
+
+/// Builds a [`Redguard`]; start from [`Redguard::redis`] or [`Redguard::memory_builder`].
+#[derive(Debug)]
+#[must_use = "a builder does nothing until `.connect().await`"]
+pub struct Builder {
+    backend: Backend,
+    settings: Settings,
+    misuse: Option<&'static str>,
+}
+
+#[derive(Debug)]
+enum Backend {
+    Redis(String),
+    Memory(Arc<dyn Clock>),
+}
+
+impl Builder {
+    /// The first segment of every key (default `redguard`): `[A-Za-z0-9._@:-]`, ≤ 64 bytes.
+    /// Give each application sharing a Redis its own.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.settings.prefix = prefix.into();
+        self
+    }
+
+    /// Bound on each store call (default 250 ms). A hung Redis costs at most this per call.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.settings.timeout = timeout;
+        self
+    }
+
+    /// Bound on establishing the connection at [`connect`](Builder::connect) (default 3 s).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.settings.connect_timeout = timeout;
+        self
+    }
+
+    /// What `guard` does when the store cannot answer; see [`FailMode`] for the defaults.
+    /// [`GuardKind::Token`] shares the idempotency setting.
+    pub fn fail_mode(mut self, guard: GuardKind, mode: FailMode) -> Self {
+        match guard {
+            GuardKind::Idempotency | GuardKind::Token => self.settings.idempotency = mode,
+            GuardKind::Lock => self.settings.lock = mode,
+            GuardKind::RateLimit => self.settings.rate_limit = mode,
+        }
+        self
+    }
+
+    /// The clock of an in-memory store (default: the system clock). Redis uses its own clock,
+    /// so setting one on a Redis builder is a configuration error.
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        match &mut self.backend {
+            Backend::Memory(current) => *current = Arc::new(clock),
+            // Reported by `connect`, where errors are returned.
+            Backend::Redis(_) => {
+                self.misuse = Some(
+                    "a Redis store takes time from Redis; `clock` applies to in-memory stores only",
+                )
+            }
+        }
+        self
+    }
+
+    /// Validates the settings and connects (for Redis: one connection, scripts loaded).
+    pub async fn connect(self) -> Result<Redguard> {
+        if let Some(misuse) = self.misuse {
+            return Err(Error::Config(misuse.to_owned()));
+        }
+        let settings = self.settings;
+        check_name("prefix", &settings.prefix, 64)?;
+        if settings.timeout.is_zero() || settings.connect_timeout.is_zero() {
+            return Err(Error::Config(
+                "timeouts must be greater than zero".to_owned(),
+            ));
+        }
+        let store: Arc<dyn Store> = match self.backend {
+            Backend::Redis(url) => Arc::new(
+                RedisStore::connect(&url, settings.timeout, settings.connect_timeout).await?,
+            ),
+            Backend::Memory(clock) => Arc::new(MemoryStore::with_clock(clock)),
+        };
+        Ok(Redguard::new(store, settings))
+    }
+}
+
+impl Clock for Arc<dyn Clock> {
+    fn now(&self) -> Duration {
+        (**self).now()
+    }
+}

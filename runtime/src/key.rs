@@ -1,0 +1,463 @@
+//! Store keys: rendering values into them and the rules that keep hostile input out.
+//!
+//! A full key is `<prefix>:<guard>:{<scope>:<rendered template>}`. The braces are a Redis
+//! Cluster hash tag, so every key one guard operation touches lands in one slot. Values
+//! rendered into a key come from requests, so each part is checked before anything reaches the
+//! store: at most [`MAX_PART_LEN`] bytes from `[A-Za-z0-9._@-]`, and the whole key at most
+//! [`MAX_KEY_LEN`] bytes. `:` is excluded from parts on purpose: templates separate placeholders
+//! with it, so two different sets of values can never render the same key.
+
+use std::borrow::Cow;
+use std::fmt::{self, Write as _};
+use std::rc::Rc;
+use std::sync::Arc;
+
+use crate::error::{Error, Result};
+
+/// Longest rendered value of one placeholder, in bytes.
+pub const MAX_PART_LEN: usize = 64;
+/// Longest full key, in bytes.
+pub const MAX_KEY_LEN: usize = 512;
+/// Longest scope, in bytes.
+pub const MAX_SCOPE_LEN: usize = 200;
+
+/// A value that can be rendered into a guard key.
+///
+/// Implemented for integers, `bool`, `str`, `String`, [`uuid::Uuid`], and for references,
+/// smart pointers and `Option`s of those (`None` renders empty and is reported as
+/// [`Error::MissingKey`]). Implement it for your own id types by writing their canonical text.
+///
+/// ```
+/// use redguard::KeyPart;
+///
+/// struct Sku(String);
+///
+/// impl KeyPart for Sku {
+///     fn write_key_part(&self, out: &mut String) {
+///         out.push_str(&self.0);
+///     }
+/// }
+/// ```
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be rendered into a redguard key",
+    label = "this placeholder's value does not implement `redguard::KeyPart`",
+    note = "`KeyPart` is implemented for integers, bool, str, String, Uuid, and references and \
+            Options of them; use such a field or implement `KeyPart` for your type"
+)]
+pub trait KeyPart {
+    /// Appends this value's key text to `out`. Writing nothing means "absent".
+    fn write_key_part(&self, out: &mut String);
+}
+
+macro_rules! display_key_part {
+    ($($ty:ty),* $(,)?) => {$(
+        impl KeyPart for $ty {
+            fn write_key_part(&self, out: &mut String) {
+                // Writing to a String cannot fail.
+                let _ = write!(out, "{self}");
+            }
+        }
+    )*};
+}
+
+display_key_part!(
+    u8, u16, u32, u64, u128, usize, i8, i16, i32, i64, i128, isize, bool
+);
+
+impl KeyPart for str {
+    fn write_key_part(&self, out: &mut String) {
+        out.push_str(self);
+    }
+}
+
+impl KeyPart for String {
+    fn write_key_part(&self, out: &mut String) {
+        out.push_str(self);
+    }
+}
+
+impl KeyPart for uuid::Uuid {
+    fn write_key_part(&self, out: &mut String) {
+        let _ = write!(out, "{}", self.hyphenated());
+    }
+}
+
+impl<T: KeyPart + ?Sized> KeyPart for &T {
+    fn write_key_part(&self, out: &mut String) {
+        (**self).write_key_part(out);
+    }
+}
+
+impl<T: KeyPart + ?Sized> KeyPart for &mut T {
+    fn write_key_part(&self, out: &mut String) {
+        (**self).write_key_part(out);
+    }
+}
+
+impl<T: KeyPart + ?Sized> KeyPart for Box<T> {
+    fn write_key_part(&self, out: &mut String) {
+        (**self).write_key_part(out);
+    }
+}
+
+impl<T: KeyPart + ?Sized> KeyPart for Arc<T> {
+    fn write_key_part(&self, out: &mut String) {
+        (**self).write_key_part(out);
+    }
+}
+
+impl<T: KeyPart + ?Sized> KeyPart for Rc<T> {
+    fn write_key_part(&self, out: &mut String) {
+        (**self).write_key_part(out);
+    }
+}
+
+impl KeyPart for Cow<'_, str> {
+    fn write_key_part(&self, out: &mut String) {
+        out.push_str(self);
+    }
+}
+
+impl<T: KeyPart> KeyPart for Option<T> {
+    fn write_key_part(&self, out: &mut String) {
+        if let Some(value) = self {
+            value.write_key_part(out);
+        }
+    }
+}
+
+/// The rule a key part broke; carried by [`Error::InvalidKey`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum KeyRule {
+    /// The part is longer than its limit.
+    TooLong {
+        /// Its length in bytes.
+        len: usize,
+        /// The limit in bytes.
+        max: usize,
+    },
+    /// The part contains a character outside the allowed set.
+    Charset {
+        /// The first offending character.
+        found: char,
+        /// The allowed set, for the message.
+        allowed: &'static str,
+    },
+    /// The part is empty where a value is required.
+    Empty,
+}
+
+impl fmt::Display for KeyRule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            KeyRule::TooLong { len, max } => write!(f, "{len} bytes long, the limit is {max}"),
+            KeyRule::Charset { found, allowed } => {
+                write!(f, "contains {found:?}, only {allowed} are allowed")
+            }
+            KeyRule::Empty => f.write_str("is empty"),
+        }
+    }
+}
+
+const PART_CHARS: &str = "[A-Za-z0-9._@-]";
+const TEXT_CHARS: &str = "[A-Za-z0-9._@:-]";
+
+fn is_part_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'@' | b'-')
+}
+
+fn is_text_byte(b: u8) -> bool {
+    is_part_byte(b) || b == b':'
+}
+
+/// Checks `value` against a charset and length; the first violation wins.
+fn check(
+    value: &str,
+    max: usize,
+    allowed: fn(u8) -> bool,
+    allowed_name: &'static str,
+) -> Result<(), KeyRule> {
+    if value.is_empty() {
+        return Err(KeyRule::Empty);
+    }
+    if let Some(found) = value.chars().find(|c| !c.is_ascii() || !allowed(*c as u8)) {
+        return Err(KeyRule::Charset {
+            found,
+            allowed: allowed_name,
+        });
+    }
+    if value.len() > max {
+        return Err(KeyRule::TooLong {
+            len: value.len(),
+            max,
+        });
+    }
+    Ok(())
+}
+
+/// Validates configuration-side names (prefix, scope, scene) that end up inside keys.
+pub(crate) fn check_name(what: &str, value: &str, max: usize) -> Result<()> {
+    check(value, max, is_text_byte, TEXT_CHARS).map_err(|rule| Error::InvalidKey {
+        part: what.to_owned(),
+        rule,
+    })
+}
+
+/// Renders a key template: literal text and placeholder values, each checked as it is added.
+///
+/// The macros expand into calls to this; the runtime APIs use it for their format strings.
+///
+/// ```
+/// use redguard::KeyBuilder;
+///
+/// let key = KeyBuilder::new().text("stock:").part("sku", &"SK-2024.05").finish()?;
+/// assert_eq!(key.as_str(), "stock:SK-2024.05");
+///
+/// let err = KeyBuilder::new().text("user:").part("id", &"a:b").finish().unwrap_err();
+/// assert!(matches!(err, redguard::Error::InvalidKey { .. }));
+/// # Ok::<(), redguard::Error>(())
+/// ```
+#[derive(Debug, Default)]
+pub struct KeyBuilder {
+    buf: String,
+    error: Option<Error>,
+}
+
+impl KeyBuilder {
+    /// Starts an empty key.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Appends template text (from code, not from a request): `[A-Za-z0-9._@:-]`.
+    pub fn text(mut self, text: &str) -> Self {
+        if self.error.is_none() {
+            match check(text, MAX_KEY_LEN, is_text_byte, TEXT_CHARS) {
+                Ok(()) => self.buf.push_str(text),
+                Err(rule) => {
+                    self.error = Some(Error::InvalidKey {
+                        part: format!("template text {text:?}"),
+                        rule,
+                    })
+                }
+            }
+        }
+        self
+    }
+
+    /// Appends the value of placeholder `name`, validated as a part.
+    pub fn part<T: KeyPart + ?Sized>(mut self, name: &str, value: &T) -> Self {
+        if self.error.is_some() {
+            return self;
+        }
+        let start = self.buf.len();
+        value.write_key_part(&mut self.buf);
+        let rendered = &self.buf[start..];
+        if let Err(rule) = check(rendered, MAX_PART_LEN, is_part_byte, PART_CHARS) {
+            self.error = Some(if rule == KeyRule::Empty {
+                Error::MissingKey {
+                    part: name.to_owned(),
+                }
+            } else {
+                Error::InvalidKey {
+                    part: name.to_owned(),
+                    rule,
+                }
+            });
+            self.buf.truncate(start);
+        }
+        self
+    }
+
+    /// The rendered template, or the first rule a part broke.
+    pub fn finish(self) -> Result<KeyBody> {
+        match self.error {
+            Some(err) => Err(err),
+            None if self.buf.is_empty() => Err(Error::InvalidKey {
+                part: "key".to_owned(),
+                rule: KeyRule::Empty,
+            }),
+            None => Ok(KeyBody(self.buf)),
+        }
+    }
+}
+
+/// A rendered, validated key template: the part of a key that comes from a call's arguments.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct KeyBody(String);
+
+impl KeyBody {
+    /// The rendered text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// Which guard a key belongs to; its name is the second segment of the key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum GuardKind {
+    /// `#[idempotent]` records.
+    Idempotency,
+    /// `#[dist_lock]` keys.
+    Lock,
+    /// `#[rate_limit]` state.
+    RateLimit,
+    /// Idempotency tokens issued by [`Tokens`](crate::Tokens).
+    Token,
+}
+
+impl GuardKind {
+    /// The segment written into keys.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GuardKind::Idempotency => "idem",
+            GuardKind::Lock => "lock",
+            GuardKind::RateLimit => "rate",
+            GuardKind::Token => "token",
+        }
+    }
+}
+
+/// A full store key, `<prefix>:<guard>:{<scope>:<body>}`, checked against [`MAX_KEY_LEN`].
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Key(String);
+
+impl Key {
+    /// Assembles a key. `prefix` was validated when the handle was built; `scope` is checked
+    /// here because the runtime APIs take it from callers.
+    pub(crate) fn new(prefix: &str, guard: GuardKind, scope: &str, body: &KeyBody) -> Result<Key> {
+        check_name("scope", scope, MAX_SCOPE_LEN)?;
+        let guard = guard.as_str();
+        let mut key =
+            String::with_capacity(prefix.len() + guard.len() + scope.len() + body.0.len() + 5);
+        key.push_str(prefix);
+        key.push(':');
+        key.push_str(guard);
+        key.push_str(":{");
+        key.push_str(scope);
+        key.push(':');
+        key.push_str(&body.0);
+        key.push('}');
+        if key.len() > MAX_KEY_LEN {
+            return Err(Error::InvalidKey {
+                part: "key".to_owned(),
+                rule: KeyRule::TooLong {
+                    len: key.len(),
+                    max: MAX_KEY_LEN,
+                },
+            });
+        }
+        Ok(Key(key))
+    }
+
+    /// The key as sent to the store.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn part(value: &dyn Fn(&mut String)) -> Result<KeyBody> {
+        struct F<'a>(&'a dyn Fn(&mut String));
+        impl KeyPart for F<'_> {
+            fn write_key_part(&self, out: &mut String) {
+                (self.0)(out)
+            }
+        }
+        KeyBuilder::new().text("t:").part("p", &F(value)).finish()
+    }
+
+    fn render(value: &str) -> Result<KeyBody> {
+        part(&|out| out.push_str(value))
+    }
+
+    #[test]
+    fn typical_ids_are_accepted() {
+        for ok in [
+            "42",
+            "SK-2024.05",
+            "alice@example.com",
+            "550e8400-e29b-41d4-a716-446655440000",
+            "a_b",
+            &"x".repeat(MAX_PART_LEN),
+        ] {
+            assert_eq!(render(ok).unwrap().as_str(), format!("t:{ok}"));
+        }
+        let id = uuid::Uuid::new_v4();
+        let key = KeyBuilder::new().part("id", &id).finish().unwrap();
+        assert_eq!(key.as_str(), id.to_string());
+        let n = KeyBuilder::new().part("n", &-7i64).finish().unwrap();
+        assert_eq!(n.as_str(), "-7");
+    }
+
+    #[test]
+    fn hostile_parts_are_rejected() {
+        let too_long = "x".repeat(MAX_PART_LEN + 1);
+        for bad in [":", "{", "}", "a b", "a\nb", "*", "é", "a/b", "", &too_long] {
+            let err = render(bad).unwrap_err();
+            match (bad.is_empty(), err) {
+                (true, Error::MissingKey { part }) => assert_eq!(part, "p"),
+                (false, Error::InvalidKey { part, .. }) => assert_eq!(part, "p"),
+                (_, other) => panic!("{bad:?} gave {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn none_is_missing_not_skipped() {
+        let none: Option<u64> = None;
+        let err = KeyBuilder::new()
+            .part("user_id", &none)
+            .finish()
+            .unwrap_err();
+        assert!(matches!(err, Error::MissingKey { part } if part == "user_id"));
+        let some = KeyBuilder::new()
+            .part("user_id", &Some(5u64))
+            .finish()
+            .unwrap();
+        assert_eq!(some.as_str(), "5");
+    }
+
+    #[test]
+    fn first_error_is_kept() {
+        let err = KeyBuilder::new()
+            .part("a", "bad value")
+            .part("b", "")
+            .finish()
+            .unwrap_err();
+        assert!(matches!(err, Error::InvalidKey { part, .. } if part == "a"));
+    }
+
+    #[test]
+    fn full_key_has_hash_tag_and_limit() {
+        let body = render("42").unwrap();
+        let key = Key::new("redguard", GuardKind::Lock, "app::f", &body).unwrap();
+        assert_eq!(key.as_str(), "redguard:lock:{app::f:t:42}");
+        let long_scope = "s".repeat(MAX_SCOPE_LEN);
+        let mut builder = KeyBuilder::new();
+        for _ in 0..5 {
+            builder = builder.text(":").part("p", &"y".repeat(MAX_PART_LEN));
+        }
+        let body = builder.finish().unwrap();
+        let err = Key::new("redguard", GuardKind::Lock, &long_scope, &body).unwrap_err();
+        assert!(matches!(
+            err,
+            Error::InvalidKey {
+                rule: KeyRule::TooLong { .. },
+                ..
+            }
+        ));
+        assert!(Key::new("redguard", GuardKind::Lock, "a{b", &render("1").unwrap()).is_err());
+    }
+}

@@ -1,0 +1,94 @@
+//! The seam between guards and where their state lives.
+//!
+//! [`Store`] is a small set of *guard operations* — each one atomic, each one a single round
+//! trip — not a list of Redis commands. [`RedisStore`] implements them as Lua scripts that read
+//! Redis's own clock; [`MemoryStore`] implements the same semantics in-process. Both run the
+//! same conformance suite (`tests/tests/conformance.rs`), so a guard behaves the same on
+//! either, and the guards never know which one is behind.
+
+mod memory;
+mod redis;
+
+use std::fmt;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::error::Result;
+use crate::key::Key;
+
+pub use self::memory::MemoryStore;
+pub use self::redis::RedisStore;
+
+/// Where guard state lives. Implemented by [`RedisStore`] and [`MemoryStore`].
+///
+/// Every operation is atomic with respect to every other operation on the same key, writes
+/// only keys with a TTL, and is bounded in time (the Redis store by its per-call timeout).
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> redguard::Result<()> {
+/// use redguard::{Redguard, StoreKind};
+///
+/// let rg = Redguard::memory();
+/// assert_eq!(rg.store().kind(), StoreKind::Memory);
+/// let now = rg.store().time().await?;
+/// assert!(now.as_secs() > 1_700_000_000);
+/// # Ok(()) }
+/// ```
+#[async_trait]
+pub trait Store: Send + Sync + fmt::Debug + 'static {
+    /// Which implementation this is.
+    fn kind(&self) -> StoreKind;
+
+    /// The store's clock, as a duration since the Unix epoch. Guards that need time read it
+    /// inside their own operation; this is for diagnostics and tests.
+    async fn time(&self) -> Result<Duration>;
+
+    /// Stores a fresh token for `scene`, living `ttl`.
+    async fn token_issue(&self, key: &Key, scene: &str, ttl: Duration) -> Result<()>;
+
+    /// Consumes a token atomically. A consumed token leaves a tombstone until its TTL ends, so
+    /// a second use is told apart from a token that never existed.
+    async fn token_consume(&self, key: &Key, scene: &str) -> Result<TokenOutcome>;
+}
+
+/// Which [`Store`] implementation is behind a handle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreKind {
+    /// Redis (single node).
+    Redis,
+    /// The in-process store.
+    Memory,
+}
+
+impl StoreKind {
+    /// `"redis"` or `"memory"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StoreKind::Redis => "redis",
+            StoreKind::Memory => "memory",
+        }
+    }
+}
+
+impl fmt::Display for StoreKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What [`Store::token_consume`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TokenOutcome {
+    /// The token was live for this scene and is now used up.
+    Consumed,
+    /// The token was consumed before.
+    AlreadyUsed,
+    /// No such token: never issued, forged, or expired.
+    Unknown,
+    /// The token is live but belongs to another scene; it was left untouched.
+    Mismatch,
+}
+
+/// The value a consumed token is replaced with. Scenes cannot contain `!`.
+const TOKEN_TOMBSTONE: &str = "!used";

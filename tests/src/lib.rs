@@ -1,0 +1,212 @@
+//! Test harness: real `redis-server` processes on free ports, started and controlled by the
+//! tests themselves.
+//!
+//! ```no_run
+//! let mut server = redguard_tests::RedisServer::start();
+//! let url = server.url();
+//! server.pause();   // SIGSTOP: calls now time out
+//! server.resume();
+//! server.restart(); // empty, same port: scripts must be re-loaded
+//! server.assert_every_key_has_ttl();
+//! # let _ = url;
+//! ```
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// What to tell someone whose machine lacks Redis.
+const INSTALL_HINT: &str = "redis-server was not found on PATH. The integration tests start \
+    their own Redis: install it (Debian/Ubuntu: `sudo apt-get install redis-server`; macOS: \
+    `brew install redis`) or run `scripts/test`, which installs it when apt-get is available";
+
+/// A `redis-server` child process on a free loopback port, in its own temp dir, with
+/// persistence off. Killed on drop.
+#[derive(Debug)]
+pub struct RedisServer {
+    port: u16,
+    dir: tempfile::TempDir,
+    child: Option<Child>,
+}
+
+impl RedisServer {
+    /// Starts a server and waits until it answers `PING`.
+    ///
+    /// # Panics
+    /// When `redis-server` is not installed (naming the package to install) or does not come
+    /// up: a test that needs Redis must fail loudly, never skip.
+    pub fn start() -> RedisServer {
+        // A port picked by the OS can be taken by another test between our probe and
+        // redis-server's bind; try a few.
+        for _ in 0..5 {
+            let port = free_port();
+            let mut server = RedisServer {
+                port,
+                dir: tempfile::tempdir().expect("create a temp dir for redis-server"),
+                child: None,
+            };
+            if server.spawn() {
+                return server;
+            }
+        }
+        panic!("redis-server did not start on any of 5 free ports");
+    }
+
+    /// Spawns the process on `self.port`; true once it answers `PING`.
+    fn spawn(&mut self) -> bool {
+        let child = Command::new("redis-server")
+            .args(["--port", &self.port.to_string()])
+            .args(["--bind", "127.0.0.1"])
+            .args(["--save", ""])
+            .args(["--appendonly", "no"])
+            .arg("--dir")
+            .arg(self.dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn();
+        let child = match child {
+            Ok(child) => child,
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => panic!("{INSTALL_HINT}"),
+            Err(err) => panic!("could not run redis-server: {err}"),
+        };
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if self.ping() {
+                return true;
+            }
+            if let Some(child) = &mut self.child
+                && let Ok(Some(_)) = child.try_wait()
+            {
+                self.child = None;
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        self.kill();
+        false
+    }
+
+    fn ping(&self) -> bool {
+        let Ok(mut stream) = TcpStream::connect(("127.0.0.1", self.port)) else {
+            return false;
+        };
+        let _ = stream.set_read_timeout(Some(Duration::from_millis(200)));
+        let mut reply = [0u8; 7];
+        stream.write_all(b"PING\r\n").is_ok()
+            && stream.read_exact(&mut reply).is_ok()
+            && &reply == b"+PONG\r\n"
+    }
+
+    /// The port it listens on.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `redis://127.0.0.1:<port>/`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// The process id, while running.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// SIGKILLs the server and waits for it to exit. Its data is gone.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Kills the server (if running) and starts an empty one on the same port.
+    pub fn restart(&mut self) {
+        self.kill();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !self.spawn() {
+            assert!(
+                Instant::now() < deadline,
+                "redis-server did not restart on port {}",
+                self.port
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// SIGSTOPs the server: connections stay open, nothing answers.
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// SIGCONTs a paused server.
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, signal: &str) {
+        let pid = self.pid().expect("redis-server is not running");
+        let status = Command::new("kill")
+            .args([signal, &pid.to_string()])
+            .status()
+            .expect("run kill(1)");
+        assert!(status.success(), "kill {signal} {pid} failed");
+    }
+
+    /// A plain synchronous connection, for inspecting what the guards wrote.
+    pub fn connection(&self) -> redis::Connection {
+        redis::Client::open(self.url())
+            .and_then(|client| client.get_connection())
+            .expect("connect to the test redis-server")
+    }
+
+    /// Every key currently stored.
+    pub fn keys(&self) -> Vec<String> {
+        let mut conn = self.connection();
+        let iter: redis::Iter<'_, String> = redis::cmd("SCAN")
+            .cursor_arg(0)
+            .arg("COUNT")
+            .arg(1000)
+            .clone()
+            .iter(&mut conn)
+            .expect("SCAN");
+        iter.map(|key| key.expect("SCAN key")).collect()
+    }
+
+    /// Fails the test if any stored key has no TTL: every key a guard writes must expire.
+    pub fn assert_every_key_has_ttl(&self) {
+        let mut conn = self.connection();
+        let forever: Vec<String> = self
+            .keys()
+            .into_iter()
+            .filter(|key| {
+                let ttl: i64 = redis::cmd("PTTL").arg(key).query(&mut conn).expect("PTTL");
+                ttl == -1
+            })
+            .collect();
+        assert!(forever.is_empty(), "keys without a TTL: {forever:?}");
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        if let Some(child) = &self.child {
+            // A paused process ignores SIGKILL until continued on some kernels' accounting
+            // of waits; continue it first so `wait` returns.
+            let _ = Command::new("kill")
+                .args(["-CONT", &child.id().to_string()])
+                .stderr(Stdio::null())
+                .status();
+        }
+        self.kill();
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .map(|addr| addr.port())
+        .expect("find a free port")
+}
