@@ -1,61 +1,41 @@
-//! The three attributes: their argument tables and the parse → check → expand pipeline.
+//! What every attribute shares: the parse → check → expand pipeline.
+//!
+//! Each attribute is a [`Guard`] in its own module (`idempotent.rs`, `dist_lock.rs`,
+//! `rate_limit.rs`): an argument table, a conversion of the parsed arguments into its typed
+//! arguments (pushing every problem to [`Errors`]), and an expansion that cannot fail.
 
-use proc_macro2::TokenStream;
+use proc_macro2::{Span, TokenStream};
 use quote::quote;
 use syn::ItemFn;
 
-use crate::args::{self, ArgSpec, Kind};
+use crate::args::{self, ArgSpec, Args};
+use crate::check;
 use crate::errors::Errors;
-use crate::{check, expand};
 
-/// One attribute macro: its name and the arguments it accepts.
-pub(crate) struct Guard {
-    pub(crate) name: &'static str,
-    pub(crate) args: &'static [ArgSpec],
+/// One attribute macro.
+pub(crate) trait Guard {
+    /// The attribute's name, for messages.
+    const NAME: &'static str;
+    /// The arguments it accepts.
+    const ARGS: &'static [ArgSpec];
+    /// Its arguments, typed and checked.
+    type Checked;
+
+    /// Checks what is specific to this guard and builds its typed arguments. Called only
+    /// when the shared checks could run; every problem goes to `errors`.
+    fn check(args: Args, item: &ItemFn, errors: &mut Errors) -> Option<Self::Checked>;
+
+    /// Emits the guarded fn. Never fails: everything was checked.
+    fn expand(checked: Self::Checked, item: ItemFn) -> TokenStream;
 }
 
-const fn arg(name: &'static str, kind: Kind) -> ArgSpec {
+pub(crate) const fn arg(name: &'static str, kind: args::Kind) -> ArgSpec {
     ArgSpec { name, kind }
 }
 
-pub(crate) const IDEMPOTENT: Guard = Guard {
-    name: "idempotent",
-    args: &[
-        arg("key", Kind::Template),
-        arg("expire", Kind::Duration),
-        arg("scope", Kind::Str),
-        arg("payload", Kind::Expr),
-        arg("timeout", Kind::Duration),
-        arg("token", Kind::Template),
-        arg("scene", Kind::Str),
-    ],
-};
-
-pub(crate) const DIST_LOCK: Guard = Guard {
-    name: "dist_lock",
-    args: &[
-        arg("key", Kind::Template),
-        arg("wait", Kind::Duration),
-        arg("lease", Kind::Duration),
-        arg("scope", Kind::Str),
-    ],
-};
-
-pub(crate) const RATE_LIMIT: Guard = Guard {
-    name: "rate_limit",
-    args: &[
-        arg("key", Kind::Template),
-        arg("rate", Kind::Rate),
-        arg("burst", Kind::Int),
-        arg("algorithm", Kind::Str),
-        arg("cost", Kind::Expr),
-        arg("scope", Kind::Str),
-    ],
-};
-
 /// Runs the pipeline. On any error the fn is still emitted unchanged next to the errors, so
 /// the rest of the crate type-checks and no cascade of "cannot find fn" follows.
-pub(crate) fn expand(guard: &Guard, attr: TokenStream, item: TokenStream) -> TokenStream {
+pub(crate) fn expand<G: Guard>(attr: TokenStream, item: TokenStream) -> TokenStream {
     let item: ItemFn = match syn::parse2(item.clone()) {
         Ok(item) => item,
         Err(err) => {
@@ -63,29 +43,30 @@ pub(crate) fn expand(guard: &Guard, attr: TokenStream, item: TokenStream) -> Tok
             return quote!(#item #err);
         }
     };
-    match check_all(guard, attr, &item) {
-        Ok(()) => expand::not_implemented(guard.name, &item),
+    let mut errors = Errors::new();
+    let checked = match args::parse(G::NAME, G::ARGS, attr, &mut errors) {
+        Ok(args) => {
+            check::is_async(G::NAME, &item, &mut errors);
+            check::placeholders(G::NAME, &args, &item, &mut errors);
+            if !args.written("key") {
+                errors.push(
+                    Span::call_site(),
+                    format!("`#[{}]` needs a `key = \"...\"` template", G::NAME),
+                );
+            }
+            G::check(args, &item, &mut errors)
+        }
         Err(err) => {
+            errors.push_error(err);
+            None
+        }
+    };
+    match (errors.finish(), checked) {
+        (Ok(()), Some(checked)) => G::expand(checked, item),
+        (Err(err), _) => {
             let err = err.to_compile_error();
             quote!(#item #err)
         }
+        (Ok(()), None) => unreachable!("a guard's check returned None without an error"),
     }
-}
-
-fn check_all(guard: &Guard, attr: TokenStream, item: &ItemFn) -> syn::Result<()> {
-    let mut errors = Errors::new();
-    match args::parse(guard.name, guard.args, attr, &mut errors) {
-        Ok(args) => {
-            check::is_async(guard.name, item, &mut errors);
-            check::placeholders(guard.name, &args, item, &mut errors);
-            if !args.written("key") {
-                errors.push(
-                    proc_macro2::Span::call_site(),
-                    format!("`#[{}]` needs a `key = \"...\"` template", guard.name),
-                );
-            }
-        }
-        Err(err) => errors.push_error(err),
-    }
-    errors.finish()
 }

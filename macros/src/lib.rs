@@ -7,9 +7,12 @@
 
 mod args;
 mod check;
+mod dist_lock;
 mod errors;
 mod expand;
 mod guard;
+mod idempotent;
+mod rate_limit;
 mod template;
 mod value;
 
@@ -23,7 +26,7 @@ use proc_macro::TokenStream;
 /// ```
 #[proc_macro_attribute]
 pub fn idempotent(attr: TokenStream, item: TokenStream) -> TokenStream {
-    guard::expand(&guard::IDEMPOTENT, attr.into(), item.into()).into()
+    guard::expand::<idempotent::Idempotent>(attr.into(), item.into()).into()
 }
 
 /// Lets one holder at a time across all instances run the fn.
@@ -34,7 +37,7 @@ pub fn idempotent(attr: TokenStream, item: TokenStream) -> TokenStream {
 /// ```
 #[proc_macro_attribute]
 pub fn dist_lock(attr: TokenStream, item: TokenStream) -> TokenStream {
-    guard::expand(&guard::DIST_LOCK, attr.into(), item.into()).into()
+    guard::expand::<dist_lock::DistLock>(attr.into(), item.into()).into()
 }
 
 /// Admits at most N calls per period, decided in Redis with Redis's clock.
@@ -45,5 +48,5 @@ pub fn dist_lock(attr: TokenStream, item: TokenStream) -> TokenStream {
 /// ```
 #[proc_macro_attribute]
 pub fn rate_limit(attr: TokenStream, item: TokenStream) -> TokenStream {
-    guard::expand(&guard::RATE_LIMIT, attr.into(), item.into()).into()
+    guard::expand::<rate_limit::RateLimit>(attr.into(), item.into()).into()
 }

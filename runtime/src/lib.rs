@@ -46,7 +46,7 @@ pub use crate::handle::{
 pub use crate::key::{
     GuardKind, Key, KeyBody, KeyBuilder, KeyPart, KeyRule, MAX_KEY_LEN, MAX_PART_LEN, MAX_SCOPE_LEN,
 };
-pub use crate::store::{MemoryStore, RedisStore, Store, StoreKind, TokenOutcome};
+pub use crate::store::{MemoryStore, RedisStore, Store, StoreKind, TokenOps, TokenOutcome};
 pub use crate::tokens::{MAX_TOKEN_TTL, Tokens, tokens};
 
 #[doc(inline)]

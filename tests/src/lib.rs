@@ -204,6 +204,42 @@ impl Drop for RedisServer {
     }
 }
 
+/// Connects a handle with default settings to `server`.
+pub async fn connect(server: &RedisServer) -> redguard::Redguard {
+    redguard::Redguard::redis(server.url())
+        .connect()
+        .await
+        .expect("connect to the test redis-server")
+}
+
+/// Runs each listed case (an `async fn(Redguard)` in the calling module) once per store:
+/// `memory::<case>` on a fresh in-memory store, `redis::<case>` on its own `redis-server`,
+/// after which every key the case wrote must have a TTL.
+#[macro_export]
+macro_rules! conformance {
+    ($($case:ident),* $(,)?) => {
+        mod memory {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    super::$case(::redguard::Redguard::memory()).await;
+                }
+            )*
+        }
+        mod redis {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    let server = $crate::RedisServer::start();
+                    let rg = $crate::connect(&server).await;
+                    super::$case(rg).await;
+                    server.assert_every_key_has_ttl();
+                }
+            )*
+        }
+    };
+}
+
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|listener| listener.local_addr())

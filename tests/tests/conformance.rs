@@ -1,52 +1,17 @@
-//! One suite, every store: each case runs against the in-memory store and a real Redis.
-//!
-//! Guard issues add their cases here; a case takes a `Redguard` and must pass on both.
+//! The store conformance suite, shared cases: each runs against the in-memory store and a
+//! real Redis (see `redguard_tests::conformance!`).
 
 use std::time::Duration;
 
 use redguard::{Error, Redguard};
-use redguard_tests::RedisServer;
 
-/// Runs each listed case once per store. The Redis variant gets its own server and checks
-/// afterwards that every key the case wrote has a TTL.
-macro_rules! conformance {
-    ($($case:ident),* $(,)?) => {
-        mod memory {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $case() {
-                    super::$case(redguard::Redguard::memory()).await;
-                }
-            )*
-        }
-        mod redis {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $case() {
-                    let server = redguard_tests::RedisServer::start();
-                    let rg = super::connect(&server).await;
-                    super::$case(rg).await;
-                    server.assert_every_key_has_ttl();
-                }
-            )*
-        }
-    };
-}
-
-conformance!(
+redguard_tests::conformance!(
     time_round_trip,
     token_consumed_once,
     token_outcomes_are_distinct,
     token_concurrent_consume_has_one_winner,
     token_rejects_bad_input_before_store,
 );
-
-async fn connect(server: &RedisServer) -> Redguard {
-    Redguard::redis(server.url())
-        .connect()
-        .await
-        .expect("connect to the test redis-server")
-}
 
 async fn time_round_trip(rg: Redguard) {
     let before = std::time::SystemTime::now()

@@ -1,13 +1,16 @@
 //! The seam between guards and where their state lives.
 //!
 //! [`Store`] is a small set of *guard operations* — each one atomic, each one a single round
-//! trip — not a list of Redis commands. [`RedisStore`] implements them as Lua scripts that read
-//! Redis's own clock; [`MemoryStore`] implements the same semantics in-process. Both run the
-//! same conformance suite (`tests/tests/conformance.rs`), so a guard behaves the same on
-//! either, and the guards never know which one is behind.
+//! trip — not a list of Redis commands. Each guard declares its operations as a sub-trait in
+//! its own file here ([`TokenOps`], …); [`Store`] is all of them together.
+//! [`RedisStore`] implements them as Lua scripts that read Redis's own clock;
+//! [`MemoryStore`] implements the same semantics in-process. Both run the same conformance
+//! suite (`tests/tests/conformance*.rs`), so a guard behaves the same on either, and the guards
+//! never know which one is behind.
 
 mod memory;
 mod redis;
+mod token;
 
 use std::fmt;
 use std::time::Duration;
@@ -15,10 +18,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::error::Result;
-use crate::key::Key;
 
 pub use self::memory::MemoryStore;
 pub use self::redis::RedisStore;
+pub use self::token::{TokenOps, TokenOutcome};
 
 /// Where guard state lives. Implemented by [`RedisStore`] and [`MemoryStore`].
 ///
@@ -36,20 +39,13 @@ pub use self::redis::RedisStore;
 /// # Ok(()) }
 /// ```
 #[async_trait]
-pub trait Store: Send + Sync + fmt::Debug + 'static {
+pub trait Store: TokenOps + Send + Sync + fmt::Debug + 'static {
     /// Which implementation this is.
     fn kind(&self) -> StoreKind;
 
     /// The store's clock, as a duration since the Unix epoch. Guards that need time read it
     /// inside their own operation; this is for diagnostics and tests.
     async fn time(&self) -> Result<Duration>;
-
-    /// Stores a fresh token for `scene`, living `ttl`.
-    async fn token_issue(&self, key: &Key, scene: &str, ttl: Duration) -> Result<()>;
-
-    /// Consumes a token atomically. A consumed token leaves a tombstone until its TTL ends, so
-    /// a second use is told apart from a token that never existed.
-    async fn token_consume(&self, key: &Key, scene: &str) -> Result<TokenOutcome>;
 }
 
 /// Which [`Store`] implementation is behind a handle.
@@ -76,19 +72,3 @@ impl fmt::Display for StoreKind {
         f.write_str(self.as_str())
     }
 }
-
-/// What [`Store::token_consume`] found.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TokenOutcome {
-    /// The token was live for this scene and is now used up.
-    Consumed,
-    /// The token was consumed before.
-    AlreadyUsed,
-    /// No such token: never issued, forged, or expired.
-    Unknown,
-    /// The token is live but belongs to another scene; it was left untouched.
-    Mismatch,
-}
-
-/// The value a consumed token is replaced with. Scenes cannot contain `!`.
-const TOKEN_TOMBSTONE: &str = "!used";

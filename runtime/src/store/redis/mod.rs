@@ -1,35 +1,26 @@
 //! [`Store`] on Redis: one multiplexed, self-reconnecting connection and one Lua script per
-//! guard operation.
+//! guard operation. Each guard's operations and scripts live in their own file here.
+
+mod token;
 
 use std::fmt;
 use std::future::Future;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use once_cell::sync::Lazy;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{FromRedisValue, RedisError, Script};
+use redis::{FromRedisValue, RedisError, Script, ToRedisArgs};
 
-use super::{Store, StoreKind, TOKEN_TOMBSTONE, TokenOutcome};
+use super::{Store, StoreKind};
 use crate::error::{BackendError, Error, Result};
 use crate::key::Key;
 
-/// The scripts, compiled into the binary and loaded with `SCRIPT LOAD` at connect.
+/// Every script, loaded with `SCRIPT LOAD` at connect.
 ///
 /// Invocations go through `EVALSHA`; after a Redis restart or `SCRIPT FLUSH` the first call
 /// gets `NOSCRIPT`, and the client loads the script and retries it transparently.
-struct Scripts {
-    token_consume: Script,
-}
-
-static SCRIPTS: Lazy<Scripts> = Lazy::new(|| Scripts {
-    token_consume: Script::new(include_str!("scripts/token_consume.lua")),
-});
-
-impl Scripts {
-    fn all(&self) -> [&Script; 1] {
-        [&self.token_consume]
-    }
+fn all_scripts() -> impl Iterator<Item = &'static Script> {
+    token::scripts().into_iter()
 }
 
 /// The Redis-backed [`Store`]. Built by [`Redguard::redis`](crate::Redguard::redis).
@@ -74,45 +65,67 @@ impl RedisStore {
         })
         .await?;
         let store = RedisStore { conn, timeout };
-        store.load_scripts(connect_timeout).await?;
-        Ok(store)
-    }
-
-    async fn load_scripts(&self, timeout: Duration) -> Result<()> {
-        for script in SCRIPTS.all() {
-            let mut conn = self.conn.clone();
-            bounded("script_load", timeout, async move {
+        for script in all_scripts() {
+            let mut conn = store.conn.clone();
+            bounded("script_load", connect_timeout, async move {
                 script.prepare_invoke().load_async(&mut conn).await
             })
             .await?;
         }
-        Ok(())
+        Ok(store)
     }
 
-    /// Runs `script` with one key and `args`, mapping errors and the timeout.
-    async fn eval<T: FromRedisValue>(
+    /// A clone of the multiplexed connection (cheap: a handle to the same socket).
+    pub(crate) fn conn(&self) -> ConnectionManager {
+        self.conn.clone()
+    }
+
+    /// The bound on each call.
+    pub(crate) fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// Runs `script` on `keys` with `args` under the timeout; `WRONGTYPE` becomes
+    /// [`Error::Corrupt`] naming the first key.
+    pub(crate) async fn eval<T: FromRedisValue>(
         &self,
         op: &'static str,
         script: &Script,
-        key: &Key,
-        args: &[&str],
+        keys: &[&Key],
+        args: &[&dyn ToRedisArgsDyn],
     ) -> Result<T> {
         let mut invocation = script.prepare_invoke();
-        invocation.key(key.as_str());
+        for key in keys {
+            invocation.key(key.as_str());
+        }
         for arg in args {
-            invocation.arg(*arg);
+            invocation.arg(arg.to_args());
         }
         let mut conn = self.conn.clone();
         bounded(op, self.timeout, async move {
             invocation.invoke_async(&mut conn).await
         })
         .await
-        .map_err(|err| corrupt_or(err, key))
+        .map_err(|err| match keys.first() {
+            Some(key) => corrupt_or(err, key),
+            None => err,
+        })
+    }
+}
+
+/// Object-safe argument for [`RedisStore::eval`]: scripts take strings and integers.
+pub(crate) trait ToRedisArgsDyn: Sync {
+    fn to_args(&self) -> Vec<Vec<u8>>;
+}
+
+impl<T: ToRedisArgs + Sync> ToRedisArgsDyn for T {
+    fn to_args(&self) -> Vec<Vec<u8>> {
+        self.to_redis_args()
     }
 }
 
 /// A `WRONGTYPE` reply means someone else's data sits at our key: say which key.
-fn corrupt_or(err: Error, key: &Key) -> Error {
+pub(crate) fn corrupt_or(err: Error, key: &Key) -> Error {
     match err {
         Error::Backend(BackendError::Redis { source, .. })
             if source.code() == Some("WRONGTYPE") =>
@@ -128,7 +141,7 @@ fn corrupt_or(err: Error, key: &Key) -> Error {
 
 /// Bounds a Redis call by `after`. The connection has its own response timeout; this one also
 /// covers waiting for a reconnect and the `NOSCRIPT` reload.
-async fn bounded<T>(
+pub(crate) async fn bounded<T>(
     op: &'static str,
     after: Duration,
     call: impl Future<Output = Result<T, RedisError>>,
@@ -148,51 +161,11 @@ impl Store for RedisStore {
     }
 
     async fn time(&self) -> Result<Duration> {
-        let mut conn = self.conn.clone();
+        let mut conn = self.conn();
         let (secs, micros): (u64, u64) = bounded("time", self.timeout, async move {
             redis::cmd("TIME").query_async(&mut conn).await
         })
         .await?;
         Ok(Duration::from_secs(secs) + Duration::from_micros(micros))
-    }
-
-    async fn token_issue(&self, key: &Key, scene: &str, ttl: Duration) -> Result<()> {
-        debug_assert_ne!(scene, TOKEN_TOMBSTONE);
-        let mut conn = self.conn.clone();
-        let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1);
-        let key_str = key.as_str();
-        bounded("token_issue", self.timeout, async move {
-            redis::cmd("SET")
-                .arg(key_str)
-                .arg(scene)
-                .arg("PX")
-                .arg(ttl_ms)
-                .arg("NX")
-                .query_async::<Option<String>>(&mut conn)
-                .await
-        })
-        .await
-        .map_err(|err| corrupt_or(err, key))?
-        .ok_or_else(|| Error::Corrupt {
-            key: key.to_string(),
-            detail: "a freshly generated token already exists".to_owned(),
-        })?;
-        Ok(())
-    }
-
-    async fn token_consume(&self, key: &Key, scene: &str) -> Result<TokenOutcome> {
-        let code: i64 = self
-            .eval("token_consume", &SCRIPTS.token_consume, key, &[scene])
-            .await?;
-        match code {
-            0 => Ok(TokenOutcome::Consumed),
-            1 => Ok(TokenOutcome::AlreadyUsed),
-            2 => Ok(TokenOutcome::Unknown),
-            3 => Ok(TokenOutcome::Mismatch),
-            other => Err(Error::Corrupt {
-                key: key.to_string(),
-                detail: format!("token script returned {other}"),
-            }),
-        }
     }
 }

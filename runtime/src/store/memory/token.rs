@@ -1,0 +1,44 @@
+//! Token operations in memory.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use super::MemoryStore;
+use crate::error::Result;
+use crate::key::Key;
+use crate::store::{TokenOps, TokenOutcome};
+
+#[derive(Debug)]
+pub(super) enum TokenState {
+    Live { scene: String },
+    Used,
+}
+
+#[async_trait]
+impl TokenOps for MemoryStore {
+    async fn token_issue(&self, key: &Key, scene: &str, ttl: Duration) -> Result<()> {
+        let (mut tokens, now) = self.lock(&self.tables.tokens);
+        let state = TokenState::Live {
+            scene: scene.to_owned(),
+        };
+        tokens.put(key, state, now + ttl);
+        Ok(())
+    }
+
+    async fn token_consume(&self, key: &Key, scene: &str) -> Result<TokenOutcome> {
+        let (mut tokens, _) = self.lock(&self.tables.tokens);
+        let Some(token) = tokens.get_mut(key) else {
+            return Ok(TokenOutcome::Unknown);
+        };
+        Ok(match token {
+            TokenState::Used => TokenOutcome::AlreadyUsed,
+            TokenState::Live { scene: issued } if issued != scene => TokenOutcome::Mismatch,
+            TokenState::Live { .. } => {
+                // The tombstone keeps the token's expiry, as the Redis script's KEEPTTL does.
+                *token = TokenState::Used;
+                TokenOutcome::Consumed
+            }
+        })
+    }
+}

@@ -1,0 +1,32 @@
+//! Store operations of idempotency tokens.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::error::Result;
+use crate::key::Key;
+
+/// Token operations of a [`Store`](super::Store).
+#[async_trait]
+pub trait TokenOps {
+    /// Stores a fresh token for `scene`, living `ttl`.
+    async fn token_issue(&self, key: &Key, scene: &str, ttl: Duration) -> Result<()>;
+
+    /// Consumes a token atomically. A consumed token leaves a tombstone until its TTL ends, so
+    /// a second use is told apart from a token that never existed.
+    async fn token_consume(&self, key: &Key, scene: &str) -> Result<TokenOutcome>;
+}
+
+/// What [`TokenOps::token_consume`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TokenOutcome {
+    /// The token was live for this scene and is now used up.
+    Consumed,
+    /// The token was consumed before.
+    AlreadyUsed,
+    /// No such token: never issued, forged, or expired.
+    Unknown,
+    /// The token is live but belongs to another scene; it was left untouched.
+    Mismatch,
+}
