@@ -17,7 +17,7 @@ use crate::template::{self, Segment};
 use crate::value::{self, Rate};
 
 /// The shape an argument's value must have.
-#[expect(dead_code, reason = "flags arrive with the lock attribute")]
+#[allow(dead_code, reason = "used by the guard expansions as they land")]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Kind {
     /// A key template string.
@@ -62,17 +62,13 @@ impl TemplateArg {
 }
 
 /// A value with the span of what the user wrote.
-#[expect(dead_code, reason = "read by the guard expansions as each guard lands")]
+#[allow(dead_code, reason = "used by the guard expansions as they land")]
 pub(crate) struct Spanned<T> {
     pub(crate) value: T,
     pub(crate) span: Span,
 }
 
 /// A parsed argument value.
-#[expect(
-    dead_code,
-    reason = "the guard expansions read these as each guard lands; `expect` flags the last one"
-)]
 pub(crate) enum Value {
     Template(TemplateArg),
     Duration(Spanned<Duration>),
@@ -89,10 +85,67 @@ pub(crate) struct Args {
     written: Vec<Ident>,
 }
 
+#[allow(dead_code, reason = "used by the guard expansions as they land")]
 impl Args {
     /// Whether the user wrote `name`, valid or not (so a bad value is not also "missing").
     pub(crate) fn written(&self, name: &str) -> bool {
         self.written.iter().any(|ident| ident == name)
+    }
+
+    fn get(&self, name: &str) -> Option<&Value> {
+        self.values
+            .iter()
+            .find(|(ident, _)| ident == name)
+            .map(|(_, value)| value)
+    }
+
+    pub(crate) fn template(&self, name: &str) -> Option<&TemplateArg> {
+        match self.get(name)? {
+            Value::Template(value) => Some(value),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn duration(&self, name: &str) -> Option<&Spanned<Duration>> {
+        match self.get(name)? {
+            Value::Duration(value) => Some(value),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn rate(&self, name: &str) -> Option<&Spanned<Rate>> {
+        match self.get(name)? {
+            Value::Rate(value) => Some(value),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn expr(&self, name: &str) -> Option<&Expr> {
+        match self.get(name)? {
+            Value::Expr(value) => Some(value),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn str(&self, name: &str) -> Option<&LitStr> {
+        match self.get(name)? {
+            Value::Str(value) => Some(value),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn int(&self, name: &str) -> Option<&Spanned<u64>> {
+        match self.get(name)? {
+            Value::Int(value) => Some(value),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn flag(&self, name: &str) -> Option<Span> {
+        match self.get(name)? {
+            Value::Flag(span) => Some(*span),
+            _ => None,
+        }
     }
 
     pub(crate) fn templates(&self) -> impl Iterator<Item = &TemplateArg> {

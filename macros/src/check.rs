@@ -61,3 +61,23 @@ fn check_template(attr: &str, template: &TemplateArg, params: &[String], errors:
         }
     }
 }
+
+/// Why: a guard's refusal (in progress, rate limited, lock timeout) is returned as the fn's
+/// error, so the fn must return `Result<T, E>` with `E: From<redguard::Error>`. The trait
+/// bound is checked by the expansion at the return type; a missing return type is caught here.
+pub(crate) fn return_type(attr: &str, item: &ItemFn, errors: &mut Errors) -> Option<syn::Type> {
+    let ret = match &item.sig.output {
+        syn::ReturnType::Type(_, ty) => Some((**ty).clone()),
+        syn::ReturnType::Default => None,
+    };
+    if ret.is_none() {
+        errors.push(
+            item.sig.ident.span(),
+            format!(
+                "`#[{attr}]` needs the fn to return `Result<T, E>` where \
+                 `E: From<redguard::Error>`, so a refusal can be returned"
+            ),
+        );
+    }
+    ret
+}

@@ -1,12 +1,10 @@
 //! `#[dist_lock]`.
 
-use proc_macro2::TokenStream;
 use syn::ItemFn;
 
 use crate::args::{ArgSpec, Args, Kind};
 use crate::errors::Errors;
-use crate::expand;
-use crate::guard::{Guard, arg};
+use crate::guard::{Expansion, Guard, arg};
 
 pub(crate) struct DistLock;
 
@@ -18,13 +16,15 @@ impl Guard for DistLock {
         arg("lease", Kind::Duration),
         arg("scope", Kind::Str),
     ];
-    type Checked = ();
 
-    fn check(_args: Args, _item: &ItemFn, _errors: &mut Errors) -> Option<()> {
-        Some(())
-    }
-
-    fn expand((): (), item: ItemFn) -> TokenStream {
-        expand::not_implemented(Self::NAME, &item)
+    fn check(_args: Args, item: &ItemFn, errors: &mut Errors) -> Option<Box<dyn Expansion>> {
+        errors.push(
+            item.sig.ident.span(),
+            format!(
+                "`#[{}]` is not implemented yet in this version of redguard",
+                Self::NAME
+            ),
+        );
+        None
     }
 }

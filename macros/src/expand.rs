@@ -1,14 +1,57 @@
-//! Turning checked arguments into code. Nothing here fails: every check ran before.
+//! Quoting shared by the guards' expansions. Nothing here fails: every check ran before.
 
 use proc_macro2::TokenStream;
-use quote::quote;
-use syn::ItemFn;
+use quote::{quote, quote_spanned};
+use syn::{Ident, Index, LitStr};
 
-/// Input: a fn whose guard has no expansion in this version.
-/// Output: the fn unchanged, plus an error saying so (never a silent pass-through: an
-/// unguarded fn that looks guarded is the worst outcome).
-pub(crate) fn not_implemented(attr: &str, item: &ItemFn) -> TokenStream {
-    let message = format!("`#[{attr}]` is not implemented yet in this version of redguard");
-    let error = syn::Error::new(item.sig.ident.span(), message).to_compile_error();
-    quote!(#item #error)
+use crate::args::TemplateArg;
+use crate::guard::Context;
+use crate::template::Segment;
+
+/// Input: `"stock:{sku}"`.
+/// Output: an expression of type `redguard::Result<KeyBody>`:
+/// `KeyBuilder::new().text("stock:").part("sku", key_part(&sku)).finish()`, each `key_part`
+/// spanned at its placeholder so a value that is not `KeyPart` is reported there.
+#[allow(dead_code, reason = "used by the guard expansions as they land")]
+pub(crate) fn key(template: &TemplateArg) -> TokenStream {
+    let steps = template.segments.iter().map(|segment| match segment {
+        Segment::Text { text, .. } => quote!(.text(#text)),
+        Segment::Placeholder {
+            root,
+            fields,
+            range,
+        } => {
+            let span = template.span_of(range.clone());
+            let root = if root == "self" {
+                quote_spanned!(span=> self)
+            } else {
+                let ident = Ident::new(root, span);
+                quote!(#ident)
+            };
+            let fields = fields.iter().map(|field| match field.parse::<u32>() {
+                Ok(index) => {
+                    let index = Index { index, span };
+                    quote!(.#index)
+                }
+                Err(_) => {
+                    let ident = Ident::new(field, span);
+                    quote!(.#ident)
+                }
+            });
+            let name = template.lit.value()[range.start + 1..range.end - 1].to_owned();
+            quote_spanned!(span=>
+                .part(#name, ::redguard::__private::key_part(&#root #(#fields)*))
+            )
+        }
+    });
+    quote!(::redguard::__private::KeyBuilder::new() #(#steps)* .finish())
+}
+
+/// The `scope = "..."` the user wrote, or the fn's module path and name.
+#[allow(dead_code, reason = "used by the guard expansions as they land")]
+pub(crate) fn scope(written: Option<&LitStr>, cx: &Context) -> TokenStream {
+    match written {
+        Some(lit) => quote!(#lit),
+        None => cx.default_scope.clone(),
+    }
 }

@@ -1,42 +1,129 @@
-//! What every attribute shares: the parse → check → expand pipeline.
+//! What every attribute shares: the parse → check → expand pipeline, and stacking.
 //!
 //! Each attribute is a [`Guard`] in its own module (`idempotent.rs`, `dist_lock.rs`,
-//! `rate_limit.rs`): an argument table, a conversion of the parsed arguments into its typed
-//! arguments (pushing every problem to [`Errors`]), and an expansion that cannot fail.
+//! `rate_limit.rs`): an argument table, a check that turns the parsed arguments into an
+//! [`Expansion`] (pushing every problem to [`Errors`]), and the expansion itself, which cannot
+//! fail.
+//!
+//! Stacking: attribute macros expand top-down, each seeing the attributes below it. Left to
+//! itself each would wrap the body in turn, so the *last* written guard would run first. To
+//! make guards apply outside-in in the order written, the topmost guard expands the whole
+//! stack: it takes the redguard attributes below it off the fn and composes every guard's
+//! wrapper itself.
+//!
+//! ```text
+//! #[rate_limit(..)]            async fn f(x: X) -> Result<T, E> {
+//! #[idempotent(..)]      =>        let __redguard_0 = <rate_limit prelude>;  // keys rendered
+//! async fn f(x: X) ..              let __redguard_1 = <idempotent prelude>;  // by reference
+//!                                  let __redguard_body = async move { body };
+//!                                  wrap_0(wrap_1(__redguard_body)).await
+//!                              }
+//! ```
 
 use proc_macro2::{Span, TokenStream};
-use quote::quote;
-use syn::ItemFn;
+use quote::{format_ident, quote, quote_spanned};
+use syn::spanned::Spanned as _;
+use syn::{Attribute, Ident, ItemFn, Type};
 
 use crate::args::{self, ArgSpec, Args};
 use crate::check;
+use crate::dist_lock::DistLock;
 use crate::errors::Errors;
+use crate::idempotent::Idempotent;
+use crate::rate_limit::RateLimit;
 
 /// One attribute macro.
 pub(crate) trait Guard {
-    /// The attribute's name, for messages.
+    /// The attribute's name, for messages and for recognising it in a stack.
     const NAME: &'static str;
     /// The arguments it accepts.
     const ARGS: &'static [ArgSpec];
-    /// Its arguments, typed and checked.
-    type Checked;
 
-    /// Checks what is specific to this guard and builds its typed arguments. Called only
-    /// when the shared checks could run; every problem goes to `errors`.
-    fn check(args: Args, item: &ItemFn, errors: &mut Errors) -> Option<Self::Checked>;
+    /// Checks what is specific to this guard and builds its expansion. Called after the
+    /// shared checks; every problem goes to `errors`.
+    fn check(args: Args, item: &ItemFn, errors: &mut Errors) -> Option<Box<dyn Expansion>>;
+}
 
-    /// Emits the guarded fn. Never fails: everything was checked.
-    fn expand(checked: Self::Checked, item: ItemFn) -> TokenStream;
+/// The code one checked guard contributes.
+pub(crate) trait Expansion {
+    /// An expression evaluated before the body is moved into its future, bound to `binding`:
+    /// render keys and fingerprints here (parameters are still borrowable). Must not fail or
+    /// return early: the runtime reports an invalid key when the wrapper runs.
+    fn prelude(&self, cx: &Context) -> TokenStream;
+
+    /// An expression wrapping `inner`, a future of the fn's return type, into another future
+    /// of that type. `binding` holds what `prelude` produced.
+    fn wrap(&self, cx: &Context, binding: &Ident, inner: TokenStream) -> TokenStream;
+}
+
+/// What every expansion may refer to.
+#[allow(dead_code, reason = "used by the guard expansions as they land")]
+pub(crate) struct Context {
+    /// An expression of type `&'static str`: the default scope, `module_path!()::fn_name`.
+    pub(crate) default_scope: TokenStream,
+    /// The fn's return type.
+    pub(crate) ret: Type,
 }
 
 pub(crate) const fn arg(name: &'static str, kind: args::Kind) -> ArgSpec {
     ArgSpec { name, kind }
 }
 
-/// Runs the pipeline. On any error the fn is still emitted unchanged next to the errors, so
-/// the rest of the crate type-checks and no cascade of "cannot find fn" follows.
+/// A guard attribute written on the fn, recognised by path: `name` or `redguard::name`.
+fn guard_name(attr: &Attribute) -> Option<&'static str> {
+    let path = attr.path();
+    let segments: Vec<String> = path.segments.iter().map(|s| s.ident.to_string()).collect();
+    let name = match segments.as_slice() {
+        [name] => name,
+        [krate, name] if krate == "redguard" => name,
+        _ => return None,
+    };
+    [Idempotent::NAME, DistLock::NAME, RateLimit::NAME]
+        .into_iter()
+        .find(|known| name == known)
+}
+
+/// Parses and checks one guard's arguments against the fn.
+fn check_guard<G: Guard>(
+    attr: TokenStream,
+    item: &ItemFn,
+    errors: &mut Errors,
+) -> Option<Box<dyn Expansion>> {
+    let args = match args::parse(G::NAME, G::ARGS, attr, errors) {
+        Ok(args) => args,
+        Err(err) => {
+            errors.push_error(err);
+            return None;
+        }
+    };
+    check::placeholders(G::NAME, &args, item, errors);
+    if !args.written("key") {
+        errors.push(
+            Span::call_site(),
+            format!("`#[{}]` needs a `key = \"...\"` template", G::NAME),
+        );
+    }
+    G::check(args, item, errors)
+}
+
+fn check_named(
+    name: &str,
+    attr: TokenStream,
+    item: &ItemFn,
+    errors: &mut Errors,
+) -> Option<Box<dyn Expansion>> {
+    match name {
+        Idempotent::NAME => check_guard::<Idempotent>(attr, item, errors),
+        DistLock::NAME => check_guard::<DistLock>(attr, item, errors),
+        _ => check_guard::<RateLimit>(attr, item, errors),
+    }
+}
+
+/// Runs the pipeline for the topmost guard `G` and every guard stacked below it. On any
+/// error the fn is still emitted unchanged next to the errors, so the rest of the crate
+/// type-checks and no cascade of "cannot find fn" follows.
 pub(crate) fn expand<G: Guard>(attr: TokenStream, item: TokenStream) -> TokenStream {
-    let item: ItemFn = match syn::parse2(item.clone()) {
+    let mut item: ItemFn = match syn::parse2(item.clone()) {
         Ok(item) => item,
         Err(err) => {
             let err = err.to_compile_error();
@@ -44,29 +131,103 @@ pub(crate) fn expand<G: Guard>(attr: TokenStream, item: TokenStream) -> TokenStr
         }
     };
     let mut errors = Errors::new();
-    let checked = match args::parse(G::NAME, G::ARGS, attr, &mut errors) {
-        Ok(args) => {
-            check::is_async(G::NAME, &item, &mut errors);
-            check::placeholders(G::NAME, &args, &item, &mut errors);
-            if !args.written("key") {
-                errors.push(
-                    Span::call_site(),
-                    format!("`#[{}]` needs a `key = \"...\"` template", G::NAME),
-                );
-            }
-            G::check(args, &item, &mut errors)
+    check::is_async(G::NAME, &item, &mut errors);
+    let ret = check::return_type(G::NAME, &item, &mut errors);
+
+    let mut stacked = Vec::new();
+    let mut kept = Vec::new();
+    for attr in std::mem::take(&mut item.attrs) {
+        match guard_name(&attr) {
+            Some(name) => stacked.push((name, attr)),
+            None => kept.push(attr),
         }
-        Err(err) => {
-            errors.push_error(err);
-            None
+    }
+    item.attrs = kept;
+
+    let mut expansions = Vec::new();
+    expansions.push(check_named(G::NAME, attr, &item, &mut errors));
+    for (name, attr) in &stacked {
+        let tokens = match &attr.meta {
+            syn::Meta::List(list) => list.tokens.clone(),
+            _ => TokenStream::new(),
+        };
+        expansions.push(check_named(name, tokens, &item, &mut errors));
+    }
+
+    match (errors.finish(), ret) {
+        (Ok(()), Some(ret)) => {
+            let expansions: Option<Vec<_>> = expansions.into_iter().collect();
+            let expansions = expansions.expect("every failed check pushed an error");
+            emit(item, ret, &expansions)
         }
-    };
-    match (errors.finish(), checked) {
-        (Ok(()), Some(checked)) => G::expand(checked, item),
         (Err(err), _) => {
             let err = err.to_compile_error();
+            for (_, attr) in stacked {
+                item.attrs.push(attr);
+            }
             quote!(#item #err)
         }
-        (Ok(()), None) => unreachable!("a guard's check returned None without an error"),
+        (Ok(()), None) => unreachable!("a failed return-type check pushed an error"),
+    }
+}
+
+/// Input: a checked fn and its guards, outermost first.
+/// Output: the fn with the same signature and attributes, its body wrapped by every guard.
+fn emit(item: ItemFn, ret: Type, expansions: &[Box<dyn Expansion>]) -> TokenStream {
+    let ItemFn {
+        attrs,
+        vis,
+        sig,
+        block,
+    } = item;
+    let name = &sig.ident;
+    let cx = Context {
+        default_scope: quote!(::core::concat!(
+            ::core::module_path!(),
+            "::",
+            ::core::stringify!(#name)
+        )),
+        ret,
+    };
+    let bindings: Vec<Ident> = (0..expansions.len())
+        .map(|i| format_ident!("__redguard_{}", i))
+        .collect();
+    let preludes = expansions
+        .iter()
+        .zip(&bindings)
+        .map(|(expansion, binding)| {
+            let prelude = expansion.prelude(&cx);
+            quote!(let #binding = #prelude;)
+        });
+    let ret = &cx.ret;
+    // Checked first and at the return type, so a fn returning something other than
+    // `Result<T, E: From<redguard::Error>>` gets one error pointing there.
+    let ret_check = quote_spanned!(ret.span()=>
+        ::redguard::__private::assert_guarded_return::<#ret>();
+    );
+    // The typed `let` gives the async block the fn's return type, so `?` in the body converts
+    // errors exactly as it did in the unguarded fn.
+    let body = quote_spanned!(block.span()=>
+        async move {
+            let __redguard_ret: #ret = #block;
+            __redguard_ret
+        }
+    );
+    let wrapped = expansions
+        .iter()
+        .zip(&bindings)
+        .rev()
+        .fold(quote!(__redguard_body), |inner, (expansion, binding)| {
+            expansion.wrap(&cx, binding, inner)
+        });
+    quote! {
+        #(#attrs)*
+        #vis #sig {
+            #ret_check
+            #(#preludes)*
+            #[allow(clippy::let_and_return, clippy::needless_return, unreachable_code)]
+            let __redguard_body = #body;
+            #wrapped.await
+        }
     }
 }

@@ -10,3 +10,19 @@ pub use crate::key::{KeyBuilder, KeyPart};
 pub fn key_part<T: KeyPart + ?Sized>(value: &T) -> &T {
     value
 }
+
+/// What a guarded fn must return: a `Result` whose error can carry a guard's refusal.
+#[diagnostic::on_unimplemented(
+    message = "a guarded fn must return `Result<T, E>` where `E: From<redguard::Error>`, \
+               not `{Self}`",
+    label = "a guard returns its refusals (in progress, rate limited, lock timeout) through \
+             this type",
+    note = "add `impl From<redguard::Error> for YourError`, or return `redguard::Result<T>`"
+)]
+pub trait GuardedReturn {}
+
+impl<T, E: From<crate::Error>> GuardedReturn for Result<T, E> {}
+
+/// Expansions call this first, spanned at the return type.
+#[inline(always)]
+pub fn assert_guarded_return<R: GuardedReturn>() {}
