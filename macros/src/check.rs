@@ -1,6 +1,6 @@
 //! Cross-checks between an attribute's arguments and the fn it is on.
 
-use syn::{FnArg, ItemFn, Pat};
+use syn::{FnArg, ItemFn, LitStr, Pat};
 
 use crate::args::{Args, TemplateArg};
 use crate::errors::Errors;
@@ -80,4 +80,23 @@ pub(crate) fn return_type(attr: &str, item: &ItemFn, errors: &mut Errors) -> Opt
         );
     }
     ret
+}
+
+/// Why: a scope or scene ends up inside keys; checking it here turns a runtime
+/// `InvalidKey` on every call into one compile error.
+pub(crate) fn name(what: &str, lit: &LitStr, errors: &mut Errors) {
+    let value = lit.value();
+    let valid = !value.is_empty()
+        && value.len() <= 200
+        && value
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'@' | b'-' | b':'));
+    if !valid {
+        errors.push(
+            lit.span(),
+            format!(
+                "`{what}` must be 1 to 200 characters from letters, digits and `.` `_` `@` `-` `:`"
+            ),
+        );
+    }
 }

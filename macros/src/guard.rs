@@ -39,6 +39,12 @@ pub(crate) trait Guard {
     /// The arguments it accepts.
     const ARGS: &'static [ArgSpec];
 
+    /// Whether `key` must be written (it is, unless a guard has another way to identify the
+    /// call, as `#[idempotent]`'s token mode does).
+    fn requires_key(_args: &Args) -> bool {
+        true
+    }
+
     /// Checks what is specific to this guard and builds its expansion. Called after the
     /// shared checks; every problem goes to `errors`.
     fn check(args: Args, item: &ItemFn, errors: &mut Errors) -> Option<Box<dyn Expansion>>;
@@ -97,7 +103,7 @@ fn check_guard<G: Guard>(
         }
     };
     check::placeholders(G::NAME, &args, item, errors);
-    if !args.written("key") {
+    if G::requires_key(&args) && !args.written("key") {
         errors.push(
             Span::call_site(),
             format!("`#[{}]` needs a `key = \"...\"` template", G::NAME),

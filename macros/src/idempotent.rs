@@ -1,10 +1,20 @@
-//! `#[idempotent]`.
+//! `#[idempotent]`: arguments, checks and expansion.
 
-use syn::ItemFn;
+use std::time::Duration;
+
+use proc_macro2::TokenStream;
+use quote::{quote, quote_spanned};
+use syn::spanned::Spanned as _;
+use syn::{Expr, Ident, ItemFn, LitStr};
 
 use crate::args::{ArgSpec, Args, Kind};
+use crate::check;
 use crate::errors::Errors;
-use crate::guard::{Expansion, Guard, arg};
+use crate::expand;
+use crate::guard::{Context, Expansion, Guard, arg};
+
+/// Longest `expire`; a record without a bound is a memory leak waiting for a bad client.
+const MAX_EXPIRE: Duration = Duration::from_secs(7 * 24 * 3600);
 
 pub(crate) struct Idempotent;
 
@@ -20,14 +30,125 @@ impl Guard for Idempotent {
         arg("scene", Kind::Str),
     ];
 
-    fn check(_args: Args, item: &ItemFn, errors: &mut Errors) -> Option<Box<dyn Expansion>> {
-        errors.push(
-            item.sig.ident.span(),
-            format!(
-                "`#[{}]` is not implemented yet in this version of redguard",
-                Self::NAME
-            ),
+    /// Token mode (`token = ..`) may stand alone: the token is then the whole guard.
+    fn requires_key(args: &Args) -> bool {
+        !args.written("token")
+    }
+
+    fn check(args: Args, _item: &ItemFn, errors: &mut Errors) -> Option<Box<dyn Expansion>> {
+        let key = args.template("key").map(expand::key);
+        let expire = args.duration("expire");
+        let token_only = args.written("token") && !args.written("key");
+        if !args.written("expire") && !token_only {
+            errors.push(
+                proc_macro2::Span::call_site(),
+                "`#[idempotent]` needs `expire = <seconds or \"10m\">`: how long the record \
+                 lives (at most 7 days)",
+            );
+        }
+        if let Some(expire) = expire
+            && (expire.value.is_zero() || expire.value > MAX_EXPIRE)
+        {
+            errors.push(
+                expire.span,
+                format!(
+                    "`expire` must be between 1 s and 7 days, got {:?}",
+                    expire.value
+                ),
+            );
+        }
+        if let Some(timeout) = args.duration("timeout")
+            && timeout.value.is_zero()
+        {
+            errors.push(timeout.span, "`timeout` must be greater than zero");
+        }
+        let token = match (args.template("token"), args.str("scene")) {
+            (Some(token), Some(scene)) => {
+                check::name("scene", scene, errors);
+                Some((token, scene.clone()))
+            }
+            (Some(token), None) => {
+                errors.push(
+                    token.lit.span(),
+                    "token mode needs `scene = \"...\"`: the operation the token was issued for",
+                );
+                None
+            }
+            (None, Some(scene)) if !args.written("token") => {
+                errors.push(
+                    scene.span(),
+                    "`scene` only applies with `token = \"{...}\"`",
+                );
+                None
+            }
+            _ => None,
+        };
+        if let Some(scope) = args.str("scope") {
+            check::name("scope", scope, errors);
+        }
+        Some(Box::new(IdempotentExpansion {
+            key,
+            expire: expire.map_or(Duration::from_secs(24 * 3600), |e| e.value),
+            payload: args.expr("payload").cloned(),
+            timeout: args.duration("timeout").map(|t| t.value),
+            token: token.map(|(token, scene)| (expand::key(token), scene)),
+            scope: args.str("scope").cloned(),
+        }))
+    }
+}
+
+struct IdempotentExpansion {
+    key: Option<TokenStream>,
+    expire: Duration,
+    payload: Option<Expr>,
+    timeout: Option<Duration>,
+    token: Option<(TokenStream, LitStr)>,
+    scope: Option<LitStr>,
+}
+
+fn millis(duration: Duration) -> TokenStream {
+    let ms = u64::try_from(duration.as_millis()).unwrap_or(u64::MAX);
+    quote!(::core::time::Duration::from_millis(#ms))
+}
+
+impl Expansion for IdempotentExpansion {
+    /// Output: `{ <return-type checks>; idempotency(scope, Some(key)).expire(..)
+    /// [.payload(&expr)] [.timeout(..)] [token] }`, evaluated while the parameters are
+    /// still borrowable.
+    fn prelude(&self, cx: &Context) -> TokenStream {
+        let ret = &cx.ret;
+        let checks = quote_spanned!(ret.span()=>
+            ::redguard::__private::assert_replayable::<#ret>();
+            ::redguard::__private::assert_classified::<#ret>();
         );
-        None
+        let scope = expand::scope(self.scope.as_ref(), cx);
+        let key = match &self.key {
+            Some(key) => quote!(::core::option::Option::Some(#key)),
+            None => quote!(::core::option::Option::None),
+        };
+        let expire = millis(self.expire);
+        let payload = self
+            .payload
+            .iter()
+            .map(|payload| quote_spanned!(payload.span()=> .payload(&(#payload))));
+        let timeout = self.timeout.map(|timeout| {
+            let timeout = millis(timeout);
+            quote!(.timeout(#timeout))
+        });
+        let mut guard = quote! {
+            ::redguard::__private::idempotency(#scope, #key)
+                .expire(#expire)
+                #(#payload)*
+                #timeout
+        };
+        if let Some((token, scene)) = &self.token {
+            guard = quote!(::redguard::__private::idempotency_token(#guard, #scene, #token));
+        }
+        quote!({ #checks #guard })
+    }
+
+    /// Output: `binding.run(inner)`.
+    fn wrap(&self, _cx: &Context, binding: &Ident, inner: TokenStream) -> TokenStream {
+        quote!(#binding.run(#inner))
     }
 }

@@ -26,3 +26,50 @@ impl<T, E: From<crate::Error>> GuardedReturn for Result<T, E> {}
 /// Expansions call this first, spanned at the return type.
 #[inline(always)]
 pub fn assert_guarded_return<R: GuardedReturn>() {}
+
+/// `#[idempotent]`: the guard for one call. `key` is `None` in token-only mode.
+pub fn idempotency(scope: &str, key: Option<crate::Result<crate::KeyBody>>) -> crate::Idempotency {
+    crate::Idempotency::parts(scope.to_owned(), key)
+}
+
+/// `#[idempotent(token = .., scene = ..)]`: the token rendered from its template.
+pub fn idempotency_token(
+    guard: crate::Idempotency,
+    scene: &str,
+    token: crate::Result<crate::KeyBody>,
+) -> crate::Idempotency {
+    guard.token_body(scene, token)
+}
+
+/// What `#[idempotent]` needs of the fn's return type: an Ok value it can store and replay.
+#[diagnostic::on_unimplemented(
+    message = "`#[idempotent]` stores the Ok value to replay it on retries, so it must be \
+               `Serialize + DeserializeOwned`; `{Self}` is not",
+    label = "the Ok type of this `Result` must implement `serde::Serialize` and \
+             `serde::de::DeserializeOwned`",
+    note = "derive `Serialize, Deserialize` on the Ok type, or return an id and load the \
+            rest from your database"
+)]
+pub trait Replayable {}
+
+impl<T: serde::Serialize + serde::de::DeserializeOwned, E> Replayable for Result<T, E> {}
+
+/// Expansions of `#[idempotent]` call this, spanned at the return type.
+#[inline(always)]
+pub fn assert_replayable<R: Replayable>() {}
+
+/// What `#[idempotent]` needs of the fn's error type: a classification of its errors.
+#[diagnostic::on_unimplemented(
+    message = "`#[idempotent]` must know which errors are safe to retry: `{Self}`'s error \
+               type does not implement `redguard::Classify`",
+    label = "the error type of this `Result` must implement `redguard::Classify`",
+    note = "add `impl redguard::Classify for YourError {{}}` (every error is a business error \
+            and a retry runs again), or override `class()` for errors whose outcome is unknown"
+)]
+pub trait ClassifiedReturn {}
+
+impl<T, E: crate::Classify> ClassifiedReturn for Result<T, E> {}
+
+/// Expansions of `#[idempotent]` call this, spanned at the return type.
+#[inline(always)]
+pub fn assert_classified<R: ClassifiedReturn>() {}

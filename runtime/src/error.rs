@@ -67,6 +67,28 @@ pub enum Error {
         detail: String,
     },
 
+    /// Another execution of this intent is running, or ended with an unknown outcome (a
+    /// timeout, a crash) and its record has not expired yet. HTTP 409.
+    #[error(
+        "this request is already being processed (or its outcome is unknown); retry later \
+         with the same idempotency key"
+    )]
+    InProgress,
+
+    /// The idempotency key was used before with a different payload. HTTP 422.
+    #[error(
+        "this idempotency key was already used with a different request payload; use a new \
+         key for a new request"
+    )]
+    KeyReuse,
+
+    /// A guarded body ran past its `timeout`; its outcome is unknown.
+    #[error("the guarded operation did not finish within {after:?}; its outcome is unknown")]
+    Timeout {
+        /// The bound that elapsed.
+        after: Duration,
+    },
+
     /// An idempotency token was already consumed by an earlier request.
     #[error("this idempotency token was already used; fetch a new one before submitting again")]
     TokenUsed,

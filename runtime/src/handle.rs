@@ -208,8 +208,8 @@ impl Redguard {
     /// assert_eq!(token.len(), 32);
     /// # Ok(()) }
     /// ```
-    pub async fn scope<F: Future>(&self, future: F) -> F::Output {
-        SCOPED.scope(self.clone(), future).await
+    pub fn scope<F: Future>(&self, future: F) -> impl Future<Output = F::Output> + use<F> {
+        SCOPED.scope(self.clone(), future)
     }
 
     /// The handle a guard should use right now: the scoped one, else the installed one.

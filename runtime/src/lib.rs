@@ -31,8 +31,9 @@ mod clock;
 mod degrade;
 mod error;
 mod handle;
+mod idempotency;
 mod key;
-mod store;
+pub mod store;
 mod tokens;
 
 #[doc(hidden)]
@@ -42,6 +43,9 @@ pub use crate::clock::{Clock, ManualClock, SystemClock};
 pub use crate::error::{BackendError, Error, Result};
 pub use crate::handle::{
     Builder, DEFAULT_CONNECT_TIMEOUT, DEFAULT_PREFIX, DEFAULT_TIMEOUT, FailMode, Redguard,
+};
+pub use crate::idempotency::{
+    Classify, ErrorClass, Idempotency, MAX_EXPIRE, idempotency, track_replay,
 };
 pub use crate::key::{
     GuardKind, Key, KeyBody, KeyBuilder, KeyPart, KeyRule, MAX_KEY_LEN, MAX_PART_LEN, MAX_SCOPE_LEN,

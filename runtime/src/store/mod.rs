@@ -8,6 +8,7 @@
 //! suite (`tests/tests/conformance*.rs`), so a guard behaves the same on either, and the guards
 //! never know which one is behind.
 
+mod idem;
 mod memory;
 mod redis;
 mod token;
@@ -19,6 +20,7 @@ use async_trait::async_trait;
 
 use crate::error::Result;
 
+pub use self::idem::{IdemBegin, IdemFinish, IdemFinished, IdemOps};
 pub use self::memory::MemoryStore;
 pub use self::redis::RedisStore;
 pub use self::token::{TokenOps, TokenOutcome};
@@ -39,7 +41,7 @@ pub use self::token::{TokenOps, TokenOutcome};
 /// # Ok(()) }
 /// ```
 #[async_trait]
-pub trait Store: TokenOps + Send + Sync + fmt::Debug + 'static {
+pub trait Store: TokenOps + IdemOps + Send + Sync + fmt::Debug + 'static {
     /// Which implementation this is.
     fn kind(&self) -> StoreKind;
 

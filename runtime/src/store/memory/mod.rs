@@ -4,6 +4,7 @@
 //! Each guard keeps its entries in its own [`Table`] behind its own mutex (key spaces of the
 //! guards never overlap), and implements its operations in its own file here.
 
+mod idem;
 mod table;
 mod token;
 
@@ -43,6 +44,7 @@ pub struct MemoryStore {
 #[derive(Debug, Default)]
 struct Tables {
     tokens: Mutex<Table<token::TokenState>>,
+    idem: Mutex<Table<idem::Record>>,
 }
 
 impl MemoryStore {
@@ -73,7 +75,7 @@ impl MemoryStore {
 
     /// Number of live entries across all guards; for tests and diagnostics.
     pub fn len(&self) -> usize {
-        self.lock(&self.tables.tokens).0.len()
+        self.lock(&self.tables.tokens).0.len() + self.lock(&self.tables.idem).0.len()
     }
 
     /// True when no entry is live.

@@ -1,0 +1,40 @@
+//! Telling a caller that its result was replayed from a record.
+
+use std::cell::Cell;
+use std::future::Future;
+
+tokio::task_local! {
+    static REPLAYED: Cell<bool>;
+}
+
+/// Runs `future` and reports whether an idempotency guard inside it answered from a stored
+/// result instead of running the body (an HTTP handler sets `Idempotent-Replayed: true`).
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> redguard::Result<()> {
+/// use redguard::{Idempotency, KeyBuilder, Redguard, track_replay};
+///
+/// let rg = Redguard::memory();
+/// let call = || async {
+///     let key = KeyBuilder::new().part("id", "order-1").finish()?;
+///     Idempotency::new("checkout", key).run(async { Ok::<_, redguard::Error>(7) }).await
+/// };
+/// let (first, replayed) = rg.scope(track_replay(call())).await;
+/// assert_eq!((first?, replayed), (7, false));
+/// let (again, replayed) = rg.scope(track_replay(call())).await;
+/// assert_eq!((again?, replayed), (7, true));
+/// # Ok(()) }
+/// ```
+pub async fn track_replay<F: Future>(future: F) -> (F::Output, bool) {
+    REPLAYED
+        .scope(Cell::new(false), async move {
+            let output = future.await;
+            (output, REPLAYED.with(Cell::get))
+        })
+        .await
+}
+
+/// Called by the guard when it replays; a no-op outside [`track_replay`].
+pub(crate) fn mark() {
+    let _ = REPLAYED.try_with(|replayed| replayed.set(true));
+}

@@ -1,0 +1,69 @@
+//! Store operations of idempotency records.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::error::Result;
+use crate::key::Key;
+
+/// Idempotency operations of a [`Store`](super::Store).
+///
+/// A record is `{status, owner, fp, result}`; `status` is PROCESSING, SUCCESS or FAIL. Each
+/// transition is one atomic operation; `owner` (a random id per execution) guards `finish`, so
+/// an execution that lost its record cannot overwrite a newer one.
+#[async_trait]
+pub trait IdemOps {
+    /// Starts an execution: no record (or a FAIL one) → PROCESSING owned by `owner`, living
+    /// `ttl`. `fingerprint` (empty = none) must match the record's when both have one.
+    async fn idem_begin(
+        &self,
+        key: &Key,
+        owner: &str,
+        fingerprint: &str,
+        ttl: Duration,
+    ) -> Result<IdemBegin>;
+
+    /// Ends the execution `owner` began: SUCCESS with `result`, or FAIL (a retry may run).
+    /// The record then lives `ttl` more.
+    async fn idem_finish(
+        &self,
+        key: &Key,
+        owner: &str,
+        outcome: IdemFinish<'_>,
+        ttl: Duration,
+    ) -> Result<IdemFinished>;
+}
+
+/// What [`IdemOps::idem_begin`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum IdemBegin {
+    /// No record: this caller now owns a PROCESSING one and runs the body.
+    Started,
+    /// A FAIL record: this caller took it over and runs the body again.
+    Retrying,
+    /// Another execution is PROCESSING (or its outcome is unknown).
+    InProgress,
+    /// A SUCCESS record: its stored result.
+    Done(Vec<u8>),
+    /// The record's fingerprint differs from this request's.
+    KeyReuse,
+}
+
+/// How an execution ended, for [`IdemOps::idem_finish`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IdemFinish<'a> {
+    /// The body returned `Ok`; its serialized value.
+    Success(&'a [u8]),
+    /// The body returned a business error: a retry may run.
+    Fail,
+}
+
+/// What [`IdemOps::idem_finish`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IdemFinished {
+    /// The record now holds the outcome.
+    Recorded,
+    /// The record was no longer this execution's (expired, or taken over): left untouched.
+    NotOwner,
+}

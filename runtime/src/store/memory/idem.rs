@@ -1,0 +1,84 @@
+//! Idempotency records in memory.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use super::MemoryStore;
+use crate::error::Result;
+use crate::key::Key;
+use crate::store::{IdemBegin, IdemFinish, IdemFinished, IdemOps};
+
+#[derive(Debug)]
+pub(super) struct Record {
+    status: Status,
+    owner: String,
+    fingerprint: String,
+}
+
+#[derive(Debug)]
+enum Status {
+    Processing,
+    Success(Vec<u8>),
+    Fail,
+}
+
+#[async_trait]
+impl IdemOps for MemoryStore {
+    async fn idem_begin(
+        &self,
+        key: &Key,
+        owner: &str,
+        fingerprint: &str,
+        ttl: Duration,
+    ) -> Result<IdemBegin> {
+        let (mut records, now) = self.lock(&self.tables.idem);
+        let Some(record) = records.get_mut(key) else {
+            let record = Record {
+                status: Status::Processing,
+                owner: owner.to_owned(),
+                fingerprint: fingerprint.to_owned(),
+            };
+            records.put(key, record, now + ttl);
+            return Ok(IdemBegin::Started);
+        };
+        if !fingerprint.is_empty()
+            && !record.fingerprint.is_empty()
+            && record.fingerprint != fingerprint
+        {
+            return Ok(IdemBegin::KeyReuse);
+        }
+        Ok(match &record.status {
+            Status::Processing => IdemBegin::InProgress,
+            Status::Success(result) => IdemBegin::Done(result.clone()),
+            Status::Fail => {
+                record.status = Status::Processing;
+                owner.clone_into(&mut record.owner);
+                records.set_expiry(key, now + ttl);
+                IdemBegin::Retrying
+            }
+        })
+    }
+
+    async fn idem_finish(
+        &self,
+        key: &Key,
+        owner: &str,
+        outcome: IdemFinish<'_>,
+        ttl: Duration,
+    ) -> Result<IdemFinished> {
+        let (mut records, now) = self.lock(&self.tables.idem);
+        let Some(record) = records.get_mut(key) else {
+            return Ok(IdemFinished::NotOwner);
+        };
+        if !matches!(record.status, Status::Processing) || record.owner != owner {
+            return Ok(IdemFinished::NotOwner);
+        }
+        record.status = match outcome {
+            IdemFinish::Success(result) => Status::Success(result.to_vec()),
+            IdemFinish::Fail => Status::Fail,
+        };
+        records.set_expiry(key, now + ttl);
+        Ok(IdemFinished::Recorded)
+    }
+}

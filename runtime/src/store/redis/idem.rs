@@ -1,0 +1,106 @@
+//! Idempotency records on Redis: a hash per record, one script per transition.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use once_cell::sync::Lazy;
+use redis::{Script, Value};
+
+use super::RedisStore;
+use crate::error::{Error, Result};
+use crate::key::Key;
+use crate::store::{IdemBegin, IdemFinish, IdemFinished, IdemOps};
+
+static BEGIN: Lazy<Script> = Lazy::new(|| Script::new(include_str!("scripts/idem_begin.lua")));
+static FINISH: Lazy<Script> = Lazy::new(|| Script::new(include_str!("scripts/idem_finish.lua")));
+
+pub(super) fn scripts() -> Vec<&'static Script> {
+    vec![&BEGIN, &FINISH]
+}
+
+fn millis(ttl: Duration) -> u64 {
+    u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
+fn corrupt(key: &Key, detail: impl Into<String>) -> Error {
+    Error::Corrupt {
+        key: key.to_string(),
+        detail: detail.into(),
+    }
+}
+
+fn bytes(value: &Value) -> Option<Vec<u8>> {
+    match value {
+        Value::BulkString(bytes) => Some(bytes.clone()),
+        Value::SimpleString(text) => Some(text.as_bytes().to_vec()),
+        _ => None,
+    }
+}
+
+#[async_trait]
+impl IdemOps for RedisStore {
+    async fn idem_begin(
+        &self,
+        key: &Key,
+        owner: &str,
+        fingerprint: &str,
+        ttl: Duration,
+    ) -> Result<IdemBegin> {
+        let reply: Vec<Value> = self
+            .eval(
+                "idem_begin",
+                &BEGIN,
+                &[key],
+                &[&owner, &fingerprint, &millis(ttl)],
+            )
+            .await?;
+        let code = match reply.first() {
+            Some(Value::Int(code)) => *code,
+            other => return Err(corrupt(key, format!("idem_begin replied {other:?}"))),
+        };
+        match (code, reply.get(1)) {
+            (0, _) => Ok(IdemBegin::Started),
+            (1, _) => Ok(IdemBegin::Retrying),
+            (2, _) => Ok(IdemBegin::InProgress),
+            (3, Some(result)) => bytes(result)
+                .map(IdemBegin::Done)
+                .ok_or_else(|| corrupt(key, "the stored result is not a string")),
+            (4, _) => Ok(IdemBegin::KeyReuse),
+            (5, status) => Err(corrupt(
+                key,
+                format!(
+                    "not an idempotency record (status {:?})",
+                    status
+                        .and_then(bytes)
+                        .map(|b| String::from_utf8_lossy(&b).into_owned())
+                ),
+            )),
+            (other, _) => Err(corrupt(key, format!("idem_begin returned {other}"))),
+        }
+    }
+
+    async fn idem_finish(
+        &self,
+        key: &Key,
+        owner: &str,
+        outcome: IdemFinish<'_>,
+        ttl: Duration,
+    ) -> Result<IdemFinished> {
+        let (status, result): (&str, &[u8]) = match outcome {
+            IdemFinish::Success(result) => ("S", result),
+            IdemFinish::Fail => ("F", b""),
+        };
+        let code: i64 = self
+            .eval(
+                "idem_finish",
+                &FINISH,
+                &[key],
+                &[&owner, &status, &result, &millis(ttl)],
+            )
+            .await?;
+        Ok(match code {
+            1 => IdemFinished::Recorded,
+            _ => IdemFinished::NotOwner,
+        })
+    }
+}
