@@ -1,0 +1,231 @@
+//! Load generator: sends every order intent several times, concurrently, across instances,
+//! then checks the database for what must never happen.
+//!
+//! ```text
+//! loadgen --targets http://127.0.0.1:8081,http://127.0.0.1:8082 --db /tmp/orders.db \
+//!         [--intents 2000] [--dups 3] [--concurrency 64] [--skus 5] [--stock 500] [--users 200]
+//! ```
+//! Exits non-zero when a must-be-0 line is not 0.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rusqlite::{Connection, OpenFlags};
+use serde_json::{Value, json};
+use tokio::sync::Semaphore;
+
+struct Args {
+    targets: Vec<String>,
+    db: String,
+    intents: usize,
+    dups: usize,
+    concurrency: usize,
+    skus: usize,
+    stock: u32,
+    users: u64,
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut args = Args {
+        targets: Vec::new(),
+        db: String::new(),
+        intents: 2000,
+        dups: 3,
+        concurrency: 64,
+        skus: 5,
+        stock: 500,
+        users: 200,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let value = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
+        let number = || value.parse::<usize>().map_err(|_| format!("{flag}: not a number"));
+        match flag.as_str() {
+            "--targets" => args.targets = value.split(',').map(str::to_owned).collect(),
+            "--db" => args.db = value,
+            "--intents" => args.intents = number()?,
+            "--dups" => args.dups = number()?.max(1),
+            "--concurrency" => args.concurrency = number()?.max(1),
+            "--skus" => args.skus = number()?.max(1),
+            "--stock" => args.stock = u32::try_from(number()?).map_err(|e| e.to_string())?,
+            "--users" => args.users = number()?.max(1) as u64,
+            other => return Err(format!("unknown flag {other}")),
+        }
+    }
+    if args.targets.is_empty() || args.db.is_empty() {
+        return Err("--targets and --db are required".into());
+    }
+    Ok(args)
+}
+
+struct Reply {
+    intent: usize,
+    status: u16,
+    replayed: bool,
+    order_id: Option<i64>,
+    latency: Duration,
+}
+
+#[tokio::main]
+async fn main() {
+    let args = match parse_args() {
+        Ok(args) => args,
+        Err(message) => {
+            eprintln!("loadgen: {message}");
+            std::process::exit(2);
+        }
+    };
+    match run(args).await {
+        Ok(true) => {}
+        Ok(false) => std::process::exit(1),
+        Err(err) => {
+            eprintln!("loadgen: {err}");
+            std::process::exit(2);
+        }
+    }
+}
+
+async fn run(args: Args) -> Result<bool, Box<dyn std::error::Error>> {
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .pool_max_idle_per_host(args.concurrency)
+        .build()?;
+    let skus: Vec<String> = (0..args.skus).map(|i| format!("LG-{i}")).collect();
+    for sku in &skus {
+        client
+            .post(format!("{}/admin/stock", args.targets[0]))
+            .json(&json!({ "sku": sku, "available": args.stock }))
+            .send()
+            .await?
+            .error_for_status()?;
+    }
+
+    // Every intent `dups` times, sends interleaved so duplicates race each other.
+    let run_id = std::process::id();
+    let mut sends: Vec<(usize, usize)> = (0..args.intents)
+        .flat_map(|intent| (0..args.dups).map(move |dup| (intent, dup)))
+        .collect();
+    sends.sort_by_key(|(intent, dup)| (intent / 16, *dup, *intent));
+    let limit = Arc::new(Semaphore::new(args.concurrency));
+    let started = Instant::now();
+    let mut tasks = Vec::with_capacity(sends.len());
+    for (intent, dup) in sends {
+        let permit = limit.clone().acquire_owned().await?;
+        let client = client.clone();
+        let target = args.targets[(intent + dup) % args.targets.len()].clone();
+        let sku = skus[intent % skus.len()].clone();
+        let user = intent as u64 % args.users + 1;
+        tasks.push(tokio::spawn(async move {
+            let sent = Instant::now();
+            let response = client
+                .post(format!("{target}/orders"))
+                .header("x-user-id", user.to_string())
+                .header("idempotency-key", format!("lg{run_id}-{intent}"))
+                .json(&json!({ "sku": sku, "qty": 1 + intent % 3 }))
+                .send()
+                .await;
+            drop(permit);
+            let latency = sent.elapsed();
+            match response {
+                Ok(response) => {
+                    let status = response.status().as_u16();
+                    let replayed = response.headers().contains_key("idempotent-replayed");
+                    let body: Value = response.json().await.unwrap_or(Value::Null);
+                    Reply {
+                        intent,
+                        status,
+                        replayed,
+                        order_id: body.get("order_id").and_then(Value::as_i64),
+                        latency,
+                    }
+                }
+                Err(_) => Reply {
+                    intent,
+                    status: 0,
+                    replayed: false,
+                    order_id: None,
+                    latency,
+                },
+            }
+        }));
+    }
+    let mut replies = Vec::with_capacity(tasks.len());
+    for task in tasks {
+        replies.push(task.await?);
+    }
+    let elapsed = started.elapsed();
+
+    let mut by_status: BTreeMap<u16, usize> = BTreeMap::new();
+    let mut order_ids: HashMap<usize, Vec<i64>> = HashMap::new();
+    for reply in &replies {
+        *by_status.entry(reply.status).or_default() += 1;
+        if let Some(id) = reply.order_id {
+            order_ids.entry(reply.intent).or_default().push(id);
+        }
+    }
+    let replays = replies.iter().filter(|r| r.replayed).count();
+    // Two answers with different order ids for one intent would be a duplicate order.
+    let inconsistent = order_ids
+        .values()
+        .filter(|ids| ids.iter().any(|id| *id != ids[0]))
+        .count();
+    let mut latencies: Vec<Duration> = replies.iter().map(|r| r.latency).collect();
+    latencies.sort();
+    let pct = |p: f64| latencies[((latencies.len() - 1) as f64 * p) as usize];
+
+    let db = Connection::open_with_flags(&args.db, OpenFlags::SQLITE_OPEN_READ_ONLY)?;
+    db.busy_timeout(Duration::from_secs(10))?;
+    let prefix = format!("lg{run_id}-%");
+    let orders: i64 = db.query_row(
+        "SELECT COUNT(*) FROM orders WHERE idempotency_key LIKE ?1",
+        [&prefix],
+        |r| r.get(0),
+    )?;
+    let distinct: i64 = db.query_row(
+        "SELECT COUNT(*) FROM (SELECT DISTINCT user_id, idempotency_key FROM orders WHERE idempotency_key LIKE ?1)",
+        [&prefix],
+        |r| r.get(0),
+    )?;
+    let duplicates = (orders - distinct) as usize + inconsistent;
+    let mut oversold = 0i64;
+    let mut stock_mismatch = 0i64;
+    for sku in &skus {
+        let sold: i64 = db.query_row(
+            "SELECT COALESCE(SUM(qty), 0) FROM orders WHERE sku = ?1 AND status != 'closed'",
+            [sku],
+            |r| r.get(0),
+        )?;
+        let available: i64 =
+            db.query_row("SELECT available FROM stock WHERE sku = ?1", [sku], |r| r.get(0))?;
+        oversold += (sold - i64::from(args.stock)).max(0);
+        stock_mismatch += (i64::from(args.stock) - sold - available).abs();
+    }
+    let runs: Vec<(i64, i64)> = db
+        .prepare("SELECT started_ms, ended_ms FROM job_runs ORDER BY started_ms, ended_ms")?
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .collect::<Result<_, _>>()?;
+    let overlaps = runs.windows(2).filter(|w| w[1].0 < w[0].1).count();
+
+    println!("loadgen: {} requests in {:.2?} ({:.0}/s)", replies.len(), elapsed, replies.len() as f64 / elapsed.as_secs_f64());
+    println!("{:<28} {:>10}", "metric", "value");
+    for (status, count) in &by_status {
+        println!("{:<28} {:>10}", format!("status {status}"), count);
+    }
+    let rows = [
+        ("replays", replays as i64),
+        ("orders in database", orders),
+        ("distinct intents ordered", distinct),
+        ("duplicate orders (must be 0)", duplicates as i64),
+        ("oversold units (must be 0)", oversold),
+        ("stock mismatch (must be 0)", stock_mismatch),
+        ("job runs", runs.len() as i64),
+        ("job-run overlaps (must be 0)", overlaps as i64),
+    ];
+    for (name, value) in rows {
+        println!("{name:<28} {value:>10}");
+    }
+    println!("{:<28} {:>10.2?}", "latency p50", pct(0.50));
+    println!("{:<28} {:>10.2?}", "latency p99", pct(0.99));
+    Ok(duplicates == 0 && oversold == 0 && stock_mismatch == 0 && overlaps == 0)
+}

@@ -1,0 +1,309 @@
+//! The database: the last line of defence. The guards keep duplicate and concurrent work away
+//! from it; its constraints (a conditional stock decrement, a unique index per intent, a unique
+//! payment id) make a slip impossible rather than unlikely.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
+use serde::Serialize;
+
+/// A connection shared by this instance's handlers. SQLite serialises writers anyway; several
+/// instances share the file through WAL and a busy timeout.
+#[derive(Debug, Clone)]
+pub struct Db {
+    conn: Arc<Mutex<Connection>>,
+}
+
+/// An order as stored.
+#[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq)]
+pub struct Order {
+    pub order_id: i64,
+    pub user_id: u64,
+    pub sku: String,
+    pub qty: u32,
+    pub status: String,
+    pub idempotency_key: String,
+    pub fence: u64,
+}
+
+/// Why an order was not placed.
+#[derive(Debug)]
+pub enum PlaceError {
+    OutOfStock,
+    /// A holder with a newer fencing token already wrote: this one's lock had expired.
+    StaleFence,
+    /// The unique index caught a duplicate intent the guards let through.
+    Duplicate(Order),
+    Sql(rusqlite::Error),
+}
+
+impl From<rusqlite::Error> for PlaceError {
+    fn from(err: rusqlite::Error) -> Self {
+        PlaceError::Sql(err)
+    }
+}
+
+pub fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+impl Db {
+    pub fn open(path: &Path) -> rusqlite::Result<Db> {
+        let conn = Connection::open(path)?;
+        conn.busy_timeout(Duration::from_secs(10))?;
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        conn.pragma_update(None, "synchronous", "NORMAL")?;
+        conn.execute_batch(
+            "CREATE TABLE IF NOT EXISTS stock (
+                 sku TEXT PRIMARY KEY,
+                 available INTEGER NOT NULL CHECK (available >= 0),
+                 fence INTEGER NOT NULL DEFAULT 0
+             );
+             CREATE TABLE IF NOT EXISTS orders (
+                 order_id INTEGER PRIMARY KEY AUTOINCREMENT,
+                 user_id INTEGER NOT NULL,
+                 idempotency_key TEXT NOT NULL,
+                 sku TEXT NOT NULL,
+                 qty INTEGER NOT NULL,
+                 status TEXT NOT NULL,
+                 fence INTEGER NOT NULL,
+                 created_ms INTEGER NOT NULL,
+                 UNIQUE (user_id, idempotency_key)
+             );
+             CREATE TABLE IF NOT EXISTS ledger (
+                 payment_id TEXT PRIMARY KEY,
+                 order_id INTEGER NOT NULL,
+                 amount INTEGER NOT NULL,
+                 created_ms INTEGER NOT NULL
+             );
+             CREATE TABLE IF NOT EXISTS job_runs (
+                 id INTEGER PRIMARY KEY AUTOINCREMENT,
+                 instance TEXT NOT NULL,
+                 started_ms INTEGER NOT NULL,
+                 ended_ms INTEGER NOT NULL,
+                 fence INTEGER NOT NULL,
+                 closed INTEGER NOT NULL
+             );",
+        )?;
+        Ok(Db {
+            conn: Arc::new(Mutex::new(conn)),
+        })
+    }
+
+    /// Runs `f` on the connection off the async runtime.
+    async fn with<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut Connection) -> T + Send + 'static,
+    ) -> T {
+        let conn = self.conn.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut conn = conn.lock().unwrap_or_else(|p| p.into_inner());
+            f(&mut conn)
+        })
+        .await
+        .unwrap_or_else(|panic| std::panic::resume_unwind(panic.into_panic()))
+    }
+
+    pub async fn set_stock(&self, sku: String, available: u32) -> rusqlite::Result<()> {
+        self.with(move |conn| {
+            conn.execute(
+                "INSERT INTO stock (sku, available) VALUES (?1, ?2)
+                 ON CONFLICT (sku) DO UPDATE SET available = excluded.available",
+                params![sku, available],
+            )
+            .map(drop)
+        })
+        .await
+    }
+
+    pub async fn stock(&self, sku: String) -> rusqlite::Result<Option<i64>> {
+        self.with(move |conn| {
+            conn.query_row("SELECT available FROM stock WHERE sku = ?1", [sku], |r| {
+                r.get(0)
+            })
+            .optional()
+        })
+        .await
+    }
+
+    /// Decrements stock and records the order in one transaction. The decrement is
+    /// conditional on enough stock *and* on `fence` being newer than the last writer's.
+    pub async fn place_order(
+        &self,
+        user_id: u64,
+        key: String,
+        sku: String,
+        qty: u32,
+        fence: u64,
+    ) -> Result<Order, PlaceError> {
+        self.with(move |conn| {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let existing = find_by_key(&tx, user_id, &key)?;
+            if let Some(order) = existing {
+                return Err(PlaceError::Duplicate(order));
+            }
+            let fence_sql = i64::try_from(fence).unwrap_or(i64::MAX);
+            let updated = tx.execute(
+                "UPDATE stock SET available = available - ?1, fence = ?2
+                 WHERE sku = ?3 AND available >= ?1 AND fence < ?2",
+                params![qty, fence_sql, sku],
+            )?;
+            if updated == 0 {
+                let last: Option<i64> = tx
+                    .query_row("SELECT fence FROM stock WHERE sku = ?1", [&sku], |r| r.get(0))
+                    .optional()?;
+                return Err(match last {
+                    Some(last) if last >= fence_sql => PlaceError::StaleFence,
+                    _ => PlaceError::OutOfStock,
+                });
+            }
+            tx.execute(
+                "INSERT INTO orders (user_id, idempotency_key, sku, qty, status, fence, created_ms)
+                 VALUES (?1, ?2, ?3, ?4, 'created', ?5, ?6)",
+                params![user_id, key, sku, qty, fence_sql, now_ms()],
+            )?;
+            let order_id = tx.last_insert_rowid();
+            tx.commit()?;
+            Ok(Order {
+                order_id,
+                user_id,
+                sku,
+                qty,
+                status: "created".to_owned(),
+                idempotency_key: key,
+                fence,
+            })
+        })
+        .await
+    }
+
+    pub async fn order(&self, order_id: i64) -> rusqlite::Result<Option<Order>> {
+        self.with(move |conn| {
+            conn.query_row(
+                &format!("{SELECT_ORDER} WHERE order_id = ?1"),
+                [order_id],
+                order_row,
+            )
+            .optional()
+        })
+        .await
+    }
+
+    pub async fn orders_of(&self, user_id: u64) -> rusqlite::Result<Vec<Order>> {
+        self.with(move |conn| {
+            let mut stmt =
+                conn.prepare(&format!("{SELECT_ORDER} WHERE user_id = ?1 ORDER BY order_id"))?;
+            stmt.query_map([user_id], order_row)?.collect()
+        })
+        .await
+    }
+
+    /// Records a payment once per `payment_id` and marks the order paid. Returns false when the
+    /// order does not exist.
+    pub async fn record_payment(
+        &self,
+        payment_id: String,
+        order_id: i64,
+        amount: u64,
+    ) -> rusqlite::Result<bool> {
+        self.with(move |conn| {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let exists: bool = tx
+                .query_row("SELECT 1 FROM orders WHERE order_id = ?1", [order_id], |_| Ok(true))
+                .optional()?
+                .unwrap_or(false);
+            if !exists {
+                return Ok(false);
+            }
+            tx.execute(
+                "INSERT INTO ledger (payment_id, order_id, amount, created_ms) VALUES (?1, ?2, ?3, ?4)
+                 ON CONFLICT (payment_id) DO NOTHING",
+                params![payment_id, order_id, i64::try_from(amount).unwrap_or(i64::MAX), now_ms()],
+            )?;
+            tx.execute(
+                "UPDATE orders SET status = 'paid' WHERE order_id = ?1 AND status = 'created'",
+                [order_id],
+            )?;
+            tx.commit()?;
+            Ok(true)
+        })
+        .await
+    }
+
+    /// Closes unpaid orders created before `older_than_ms` and gives their stock back.
+    pub async fn close_unpaid(&self, older_than_ms: i64) -> rusqlite::Result<usize> {
+        self.with(move |conn| {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let stale: Vec<(i64, String, i64)> = {
+                let mut stmt = tx.prepare(
+                    "SELECT order_id, sku, qty FROM orders WHERE status = 'created' AND created_ms < ?1",
+                )?;
+                stmt.query_map([older_than_ms], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
+                    .collect::<rusqlite::Result<_>>()?
+            };
+            for (order_id, sku, qty) in &stale {
+                tx.execute("UPDATE orders SET status = 'closed' WHERE order_id = ?1", [order_id])?;
+                tx.execute(
+                    "UPDATE stock SET available = available + ?1 WHERE sku = ?2",
+                    params![qty, sku],
+                )?;
+            }
+            tx.commit()?;
+            Ok(stale.len())
+        })
+        .await
+    }
+
+    pub async fn record_job_run(
+        &self,
+        instance: String,
+        started_ms: i64,
+        ended_ms: i64,
+        fence: u64,
+        closed: usize,
+    ) -> rusqlite::Result<()> {
+        self.with(move |conn| {
+            conn.execute(
+                "INSERT INTO job_runs (instance, started_ms, ended_ms, fence, closed)
+                 VALUES (?1, ?2, ?3, ?4, ?5)",
+                params![
+                    instance,
+                    started_ms,
+                    ended_ms,
+                    i64::try_from(fence).unwrap_or(i64::MAX),
+                    i64::try_from(closed).unwrap_or(i64::MAX)
+                ],
+            )
+            .map(drop)
+        })
+        .await
+    }
+}
+
+const SELECT_ORDER: &str =
+    "SELECT order_id, user_id, sku, qty, status, idempotency_key, fence FROM orders";
+
+fn order_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<Order> {
+    Ok(Order {
+        order_id: row.get(0)?,
+        user_id: row.get(1)?,
+        sku: row.get(2)?,
+        qty: row.get(3)?,
+        status: row.get(4)?,
+        idempotency_key: row.get(5)?,
+        fence: u64::try_from(row.get::<_, i64>(6)?).unwrap_or(0),
+    })
+}
+
+fn find_by_key(conn: &Connection, user_id: u64, key: &str) -> rusqlite::Result<Option<Order>> {
+    conn.query_row(
+        &format!("{SELECT_ORDER} WHERE user_id = ?1 AND idempotency_key = ?2"),
+        params![user_id, key],
+        order_row,
+    )
+    .optional()
+}
