@@ -28,6 +28,7 @@ pub struct RedisServer {
     port: u16,
     dir: tempfile::TempDir,
     child: Option<Child>,
+    core: Option<String>,
 }
 
 impl RedisServer {
@@ -37,6 +38,12 @@ impl RedisServer {
     /// When `redis-server` is not installed (naming the package to install) or does not come
     /// up: a test that needs Redis must fail loudly, never skip.
     pub fn start() -> RedisServer {
+        Self::start_pinned(None)
+    }
+
+    /// Like [`start`](RedisServer::start), with the server pinned to `core` by `taskset` (for
+    /// benchmarks, so the load and Redis do not share a core).
+    pub fn start_pinned(core: Option<&str>) -> RedisServer {
         // A port picked by the OS can be taken by another test between our probe and
         // redis-server's bind; try a few.
         for _ in 0..5 {
@@ -45,6 +52,7 @@ impl RedisServer {
                 port,
                 dir: tempfile::tempdir().expect("create a temp dir for redis-server"),
                 child: None,
+                core: core.map(str::to_owned),
             };
             if server.spawn() {
                 return server;
@@ -55,7 +63,15 @@ impl RedisServer {
 
     /// Spawns the process on `self.port`; true once it answers `PING`.
     fn spawn(&mut self) -> bool {
-        let child = Command::new("redis-server")
+        let mut command = match &self.core {
+            Some(core) => {
+                let mut taskset = Command::new("taskset");
+                taskset.args(["-c", core, "redis-server"]);
+                taskset
+            }
+            None => Command::new("redis-server"),
+        };
+        let child = command
             .args(["--port", &self.port.to_string()])
             .args(["--bind", "127.0.0.1"])
             .args(["--save", ""])

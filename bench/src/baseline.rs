@@ -1,0 +1,35 @@
+//! Redis's own figures for a script, from `redis-benchmark` in the same run.
+
+use std::process::Command;
+
+/// `redis-benchmark` running `EVALSHA <sha> <args>` with `clients` connections and
+/// `pipeline` commands in flight per connection; requests per second.
+pub(crate) fn redis_benchmark(
+    port: u16,
+    clients: usize,
+    pipeline: usize,
+    requests: usize,
+    args: &[String],
+) -> Option<f64> {
+    let mut command = Command::new("redis-benchmark");
+    if let Some(core) = crate::LOAD_CORE {
+        command = Command::new("taskset");
+        command.args(["-c", core, "redis-benchmark"]);
+    }
+    let output = command
+        .args(["-p", &port.to_string()])
+        .args(["-c", &clients.to_string()])
+        .args(["-P", &pipeline.to_string()])
+        .args(["-n", &requests.to_string()])
+        .args(["-r", "1000000"])
+        .args(["--csv"])
+        .args(args)
+        .output()
+        .ok()?;
+    // --csv prints a header line, then "name","rps",...
+    let text = String::from_utf8_lossy(&output.stdout);
+    text.lines()
+        .filter_map(|line| line.split(',').nth(1))
+        .filter_map(|field| field.trim_matches('"').parse::<f64>().ok())
+        .next_back()
+}
