@@ -108,7 +108,10 @@ impl Redguard {
     /// or `rediss://…` for TLS.
     pub fn redis(url: impl Into<String>) -> Builder {
         Builder {
-            backend: Backend::Redis(url.into()),
+            backend: Backend::Redis(RedisTarget {
+                url: url.into(),
+                tls_root_ca: None,
+            }),
             settings: Settings::default(),
             misuse: None,
         }
@@ -268,8 +271,16 @@ pub struct Builder {
 
 #[derive(Debug)]
 enum Backend {
-    Redis(String),
+    Redis(RedisTarget),
     Memory(Arc<dyn Clock>),
+}
+
+/// Where a Redis store connects.
+#[derive(Debug)]
+pub(crate) struct RedisTarget {
+    pub(crate) url: String,
+    /// PEM root certificate(s) to trust for `rediss://` instead of the system's roots.
+    pub(crate) tls_root_ca: Option<Vec<u8>>,
 }
 
 impl Builder {
@@ -303,6 +314,28 @@ impl Builder {
         self
     }
 
+    /// Trusts the PEM certificate(s) in `pem` for a `rediss://` connection, instead of the
+    /// system's root certificates (a private CA, a self-signed server).
+    ///
+    /// ```no_run
+    /// # async fn run() -> redguard::Result<()> {
+    /// let ca = std::fs::read("/etc/redis/tls/ca.crt").expect("read the CA");
+    /// let rg = redguard::Redguard::redis("rediss://redis.internal:6380")
+    ///     .tls_root_ca(ca)
+    ///     .connect()
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn tls_root_ca(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        match &mut self.backend {
+            Backend::Redis(target) => target.tls_root_ca = Some(pem.into()),
+            Backend::Memory(_) => {
+                self.misuse = Some("`tls_root_ca` applies to Redis stores only");
+            }
+        }
+        self
+    }
+
     /// The clock of an in-memory store (default: the system clock). Redis uses its own clock,
     /// so setting one on a Redis builder is a configuration error.
     pub fn clock(mut self, clock: impl Clock) -> Self {
@@ -331,8 +364,8 @@ impl Builder {
             ));
         }
         let store: Arc<dyn Store> = match self.backend {
-            Backend::Redis(url) => Arc::new(
-                RedisStore::connect(&url, settings.timeout, settings.connect_timeout).await?,
+            Backend::Redis(target) => Arc::new(
+                RedisStore::connect(target, settings.timeout, settings.connect_timeout).await?,
             ),
             Backend::Memory(clock) => Arc::new(MemoryStore::with_clock(clock)),
         };

@@ -29,6 +29,8 @@ pub struct RedisServer {
     dir: tempfile::TempDir,
     child: Option<Child>,
     core: Option<String>,
+    /// With TLS: the TLS port (the plain port stays open for the harness's own inspection).
+    tls_port: Option<u16>,
 }
 
 impl RedisServer {
@@ -53,12 +55,41 @@ impl RedisServer {
                 dir: tempfile::tempdir().expect("create a temp dir for redis-server"),
                 child: None,
                 core: core.map(str::to_owned),
+                tls_port: None,
             };
             if server.spawn() {
                 return server;
             }
         }
         panic!("redis-server did not start on any of 5 free ports");
+    }
+
+    /// Starts a server that also serves TLS (certificate from a fresh test CA made with
+    /// `openssl`) on [`tls_url`](RedisServer::tls_url); trust [`ca_pem`](RedisServer::ca_pem).
+    pub fn start_tls() -> RedisServer {
+        let mut server = RedisServer {
+            port: free_port(),
+            dir: tempfile::tempdir().expect("create a temp dir for redis-server"),
+            child: None,
+            core: None,
+            tls_port: Some(free_port()),
+        };
+        make_test_certificates(server.dir.path());
+        assert!(server.spawn(), "redis-server with TLS did not start");
+        server
+    }
+
+    /// `rediss://localhost:<tls port>/` (TLS servers only).
+    pub fn tls_url(&self) -> String {
+        let port = self
+            .tls_port
+            .expect("not a TLS server: use RedisServer::start_tls");
+        format!("rediss://localhost:{port}/")
+    }
+
+    /// The test CA's certificate, PEM.
+    pub fn ca_pem(&self) -> Vec<u8> {
+        std::fs::read(self.dir.path().join("ca.crt")).expect("read the test CA")
     }
 
     /// Spawns the process on `self.port`; true once it answers `PING`.
@@ -78,6 +109,7 @@ impl RedisServer {
             .args(["--appendonly", "no"])
             .arg("--dir")
             .arg(self.dir.path())
+            .args(self.tls_args())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn();
@@ -102,6 +134,25 @@ impl RedisServer {
         }
         self.kill();
         false
+    }
+
+    fn tls_args(&self) -> Vec<String> {
+        let Some(port) = self.tls_port else {
+            return Vec::new();
+        };
+        let file = |name: &str| self.dir.path().join(name).display().to_string();
+        vec![
+            "--tls-port".into(),
+            port.to_string(),
+            "--tls-cert-file".into(),
+            file("server.crt"),
+            "--tls-key-file".into(),
+            file("server.key"),
+            "--tls-ca-cert-file".into(),
+            file("ca.crt"),
+            "--tls-auth-clients".into(),
+            "no".into(),
+        ]
     }
 
     fn ping(&self) -> bool {
@@ -254,6 +305,71 @@ macro_rules! conformance {
             )*
         }
     };
+}
+
+/// A CA and a server certificate for `localhost`/127.0.0.1, written into `dir`.
+fn make_test_certificates(dir: &std::path::Path) {
+    let run = |args: &[&str]| {
+        let output = Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .expect("run openssl (install the `openssl` package)");
+        assert!(
+            output.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    };
+    std::fs::write(
+        dir.join("ext.cnf"),
+        "subjectAltName=DNS:localhost,IP:127.0.0.1\n",
+    )
+    .expect("write ext.cnf");
+    run(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=redguard-test-ca",
+    ]);
+    run(&[
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
+        "-subj",
+        "/CN=localhost",
+    ]);
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "server.crt",
+        "-days",
+        "2",
+        "-extfile",
+        "ext.cnf",
+    ]);
 }
 
 fn free_port() -> u16 {

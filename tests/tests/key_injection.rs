@@ -70,6 +70,12 @@ fn different_values_never_render_the_same_key() {
             );
         }
     }
-    println!("{accepted} accepted, {rejected} rejected, {} distinct keys", seen.len());
-    assert!(accepted > 1_000 && rejected > 1_000, "the generator must exercise both sides");
+    println!(
+        "{accepted} accepted, {rejected} rejected, {} distinct keys",
+        seen.len()
+    );
+    assert!(
+        accepted > 1_000 && rejected > 1_000,
+        "the generator must exercise both sides"
+    );
 }

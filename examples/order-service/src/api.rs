@@ -48,7 +48,9 @@ async fn set_stock(
 ) -> Result<Json<serde_json::Value>, ApiError> {
     check_id("sku", &body.sku)?;
     app.db.set_stock(body.sku.clone(), body.available).await?;
-    Ok(Json(json!({ "sku": body.sku, "available": body.available })))
+    Ok(Json(
+        json!({ "sku": body.sku, "available": body.available }),
+    ))
 }
 
 async fn stock(

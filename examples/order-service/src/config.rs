@@ -77,7 +77,9 @@ fn parse_flags(args: impl IntoIterator<Item = String>) -> Result<Vec<(String, St
     let mut args = args.into_iter();
     while let Some(arg) = args.next() {
         let Some(flag) = arg.strip_prefix("--") else {
-            return Err(format!("unexpected argument {arg:?}; flags look like --port 8080"));
+            return Err(format!(
+                "unexpected argument {arg:?}; flags look like --port 8080"
+            ));
         };
         match flag.split_once('=') {
             Some((name, value)) => flags.push((name.to_owned(), value.to_owned())),

@@ -154,7 +154,9 @@ impl Db {
             )?;
             if updated == 0 {
                 let last: Option<i64> = tx
-                    .query_row("SELECT fence FROM stock WHERE sku = ?1", [&sku], |r| r.get(0))
+                    .query_row("SELECT fence FROM stock WHERE sku = ?1", [&sku], |r| {
+                        r.get(0)
+                    })
                     .optional()?;
                 return Err(match last {
                     Some(last) if last >= fence_sql => PlaceError::StaleFence,
@@ -195,8 +197,9 @@ impl Db {
 
     pub async fn orders_of(&self, user_id: u64) -> rusqlite::Result<Vec<Order>> {
         self.with(move |conn| {
-            let mut stmt =
-                conn.prepare(&format!("{SELECT_ORDER} WHERE user_id = ?1 ORDER BY order_id"))?;
+            let mut stmt = conn.prepare(&format!(
+                "{SELECT_ORDER} WHERE user_id = ?1 ORDER BY order_id"
+            ))?;
             stmt.query_map([user_id], order_row)?.collect()
         })
         .await

@@ -55,7 +55,11 @@ impl IntoResponse for ApiError {
             ApiError::BadRequest(message) => {
                 (StatusCode::BAD_REQUEST, "bad_request", message.clone())
             }
-            ApiError::NotFound => (StatusCode::NOT_FOUND, "not_found", "no such resource".into()),
+            ApiError::NotFound => (
+                StatusCode::NOT_FOUND,
+                "not_found",
+                "no such resource".into(),
+            ),
             ApiError::OutOfStock => (
                 StatusCode::CONFLICT,
                 "out_of_stock",
@@ -63,7 +67,11 @@ impl IntoResponse for ApiError {
             ),
             ApiError::Internal(message) => {
                 tracing::error!(error = %message, "request failed");
-                (StatusCode::INTERNAL_SERVER_ERROR, "internal", "internal error".into())
+                (
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "internal",
+                    "internal error".into(),
+                )
             }
             ApiError::Guard(err) => {
                 let (status, code) = match err {
@@ -73,7 +81,9 @@ impl IntoResponse for ApiError {
                     G::InProgress => (StatusCode::CONFLICT, "in_progress"),
                     G::KeyReuse => (StatusCode::UNPROCESSABLE_ENTITY, "key_reuse"),
                     G::TokenUsed => (StatusCode::CONFLICT, "token_used"),
-                    G::TokenUnknown | G::TokenMismatch => (StatusCode::BAD_REQUEST, "token_invalid"),
+                    G::TokenUnknown | G::TokenMismatch => {
+                        (StatusCode::BAD_REQUEST, "token_invalid")
+                    }
                     G::RateLimited(decision) => {
                         headers.extend(decision.headers());
                         (StatusCode::TOO_MANY_REQUESTS, "rate_limited")

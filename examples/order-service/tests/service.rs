@@ -92,7 +92,10 @@ async fn three_instances_never_duplicate_or_oversell_under_load() {
         .expect("run loadgen");
     let report = String::from_utf8_lossy(&output.stdout);
     println!("{report}{}", String::from_utf8_lossy(&output.stderr));
-    assert!(output.status.success(), "loadgen found violations:\n{report}");
+    assert!(
+        output.status.success(),
+        "loadgen found violations:\n{report}"
+    );
     let value = |name: &str| -> i64 {
         report
             .lines()
@@ -105,16 +108,27 @@ async fn three_instances_never_duplicate_or_oversell_under_load() {
     assert_eq!(value("oversold units"), 0);
     assert_eq!(value("job-run overlaps"), 0);
     assert!(value("status 201") > 0);
-    assert!(value("status 409") > 0, "demand exceeds stock: some must be out_of_stock");
+    assert!(
+        value("status 409") > 0,
+        "demand exceeds stock: some must be out_of_stock"
+    );
     assert!(value("replays") > 0);
     assert!(value("job runs") > 0, "the job never ran");
     // Sold exactly what the stock allowed: nothing more, nothing lost.
     let conn = rusqlite::Connection::open(&db).unwrap();
     let available: i64 = conn
-        .query_row("SELECT SUM(available) FROM stock WHERE sku LIKE 'LG-%'", [], |r| r.get(0))
+        .query_row(
+            "SELECT SUM(available) FROM stock WHERE sku LIKE 'LG-%'",
+            [],
+            |r| r.get(0),
+        )
         .unwrap();
     let sold: i64 = conn
-        .query_row("SELECT SUM(qty) FROM orders WHERE sku LIKE 'LG-%' AND status != 'closed'", [], |r| r.get(0))
+        .query_row(
+            "SELECT SUM(qty) FROM orders WHERE sku LIKE 'LG-%' AND status != 'closed'",
+            [],
+            |r| r.get(0),
+        )
         .unwrap();
     assert_eq!(available + sold, 2500);
     redis.assert_every_key_has_ttl();
@@ -141,7 +155,10 @@ async fn error_code(response: reqwest::Response) -> (StatusCode, String) {
     let status = response.status();
     let body: Value = response.json().await.unwrap();
     assert!(body["message"].is_string(), "{body}");
-    (status, body["error"].as_str().unwrap_or_default().to_owned())
+    (
+        status,
+        body["error"].as_str().unwrap_or_default().to_owned(),
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -160,16 +177,34 @@ async fn every_status_of_the_contract() {
         .await
         .unwrap();
     assert_eq!(set.status(), 200);
-    let stock: Value = client.get(format!("{url}/stock/SK-1")).send().await.unwrap().json().await.unwrap();
+    let stock: Value = client
+        .get(format!("{url}/stock/SK-1"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert_eq!(stock, json!({ "sku": "SK-1", "available": 5 }));
-    assert_eq!(client.get(format!("{url}/stock/NOPE")).send().await.unwrap().status(), 404);
+    assert_eq!(
+        client
+            .get(format!("{url}/stock/NOPE"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        404
+    );
 
     // 201, then the replay with the same status and body.
     let first = post_order(&client, url, "1", "k-1", json!({ "sku": "SK-1", "qty": 2 })).await;
     assert_eq!(first.status(), 201);
     assert!(!first.headers().contains_key("idempotent-replayed"));
     let first: Value = first.json().await.unwrap();
-    assert_eq!((first["user_id"].as_u64(), first["qty"].as_u64()), (Some(1), Some(2)));
+    assert_eq!(
+        (first["user_id"].as_u64(), first["qty"].as_u64()),
+        (Some(1), Some(2))
+    );
     assert!(first["fence"].as_u64().unwrap() > 0);
     let again = post_order(&client, url, "1", "k-1", json!({ "sku": "SK-1", "qty": 2 })).await;
     assert_eq!(again.status(), 201);
@@ -178,12 +213,23 @@ async fn every_status_of_the_contract() {
 
     // 422: same key, different body.
     let reuse = post_order(&client, url, "1", "k-1", json!({ "sku": "SK-1", "qty": 3 })).await;
-    assert_eq!(error_code(reuse).await, (StatusCode::UNPROCESSABLE_ENTITY, "key_reuse".into()));
+    assert_eq!(
+        error_code(reuse).await,
+        (StatusCode::UNPROCESSABLE_ENTITY, "key_reuse".into())
+    );
 
     // 400s: nothing written anywhere.
     let keys_before = redis.keys().len();
-    for (user, key) in [("", "k-2"), ("x", "k-2"), ("2", ""), ("2", "bad key"), ("2", &"k".repeat(65))] {
-        let mut request = client.post(format!("{url}/orders")).json(&json!({ "sku": "SK-1", "qty": 1 }));
+    for (user, key) in [
+        ("", "k-2"),
+        ("x", "k-2"),
+        ("2", ""),
+        ("2", "bad key"),
+        ("2", &"k".repeat(65)),
+    ] {
+        let mut request = client
+            .post(format!("{url}/orders"))
+            .json(&json!({ "sku": "SK-1", "qty": 1 }));
         if !user.is_empty() {
             request = request.header("x-user-id", user);
         }
@@ -197,7 +243,10 @@ async fn every_status_of_the_contract() {
 
     // 409 out_of_stock is a business error: after a restock the same key runs again.
     let short = post_order(&client, url, "2", "k-3", json!({ "sku": "SK-1", "qty": 4 })).await;
-    assert_eq!(error_code(short).await, (StatusCode::CONFLICT, "out_of_stock".into()));
+    assert_eq!(
+        error_code(short).await,
+        (StatusCode::CONFLICT, "out_of_stock".into())
+    );
     client
         .post(format!("{url}/admin/stock"))
         .json(&json!({ "sku": "SK-1", "available": 10 }))
@@ -212,17 +261,30 @@ async fn every_status_of_the_contract() {
     let record = "redguard:idem:{order_service::orders::submit_order:3:k-4}";
     let _: () = redis::cmd("HSET")
         .arg(record)
-        .arg("status").arg("P")
-        .arg("owner").arg("crashed")
-        .arg("fp").arg("")
+        .arg("status")
+        .arg("P")
+        .arg("owner")
+        .arg("crashed")
+        .arg("fp")
+        .arg("")
         .query(&mut conn)
         .unwrap();
-    let _: () = redis::cmd("EXPIRE").arg(record).arg(60).query(&mut conn).unwrap();
+    let _: () = redis::cmd("EXPIRE")
+        .arg(record)
+        .arg(60)
+        .query(&mut conn)
+        .unwrap();
     let busy = post_order(&client, url, "3", "k-4", json!({ "sku": "SK-1", "qty": 1 })).await;
-    assert_eq!(error_code(busy).await, (StatusCode::CONFLICT, "in_progress".into()));
+    assert_eq!(
+        error_code(busy).await,
+        (StatusCode::CONFLICT, "in_progress".into())
+    );
 
     // 503 busy: the stock lock is held elsewhere past the 300 ms wait.
-    let holder = redguard::Redguard::redis(redis.url()).connect().await.unwrap();
+    let holder = redguard::Redguard::redis(redis.url())
+        .connect()
+        .await
+        .unwrap();
     let guard = holder
         .lock("stock:SK-1")
         .scope("order_service::orders::reserve_stock")
@@ -230,13 +292,26 @@ async fn every_status_of_the_contract() {
         .await
         .unwrap();
     let waited = post_order(&client, url, "4", "k-5", json!({ "sku": "SK-1", "qty": 1 })).await;
-    assert_eq!(waited.headers().get("retry-after").map(|v| v.to_str().unwrap()), Some("1"));
-    assert_eq!(error_code(waited).await, (StatusCode::SERVICE_UNAVAILABLE, "busy".into()));
+    assert_eq!(
+        waited
+            .headers()
+            .get("retry-after")
+            .map(|v| v.to_str().unwrap()),
+        Some("1")
+    );
+    assert_eq!(
+        error_code(waited).await,
+        (StatusCode::SERVICE_UNAVAILABLE, "busy".into())
+    );
     guard.release().await.unwrap();
 
     // Tokens: 201, then 409 token_used, and 400 token_invalid for a forgery.
     let token: Value = {
-        let response = client.post(format!("{url}/tokens?scene=order-submit")).send().await.unwrap();
+        let response = client
+            .post(format!("{url}/tokens?scene=order-submit"))
+            .send()
+            .await
+            .unwrap();
         assert_eq!(response.status(), 201);
         response.json().await.unwrap()
     };
@@ -250,17 +325,32 @@ async fn every_status_of_the_contract() {
             .json(&json!({ "sku": "SK-1", "qty": 1 }))
             .send()
     };
-    assert_eq!(with_token("k-6", token.to_owned()).await.unwrap().status(), 201);
+    assert_eq!(
+        with_token("k-6", token.to_owned()).await.unwrap().status(),
+        201
+    );
     let used = with_token("k-7", token.to_owned()).await.unwrap();
-    assert_eq!(error_code(used).await, (StatusCode::CONFLICT, "token_used".into()));
+    assert_eq!(
+        error_code(used).await,
+        (StatusCode::CONFLICT, "token_used".into())
+    );
     let forged = with_token("k-8", "0".repeat(32)).await.unwrap();
-    assert_eq!(error_code(forged).await, (StatusCode::BAD_REQUEST, "token_invalid".into()));
+    assert_eq!(
+        error_code(forged).await,
+        (StatusCode::BAD_REQUEST, "token_invalid".into())
+    );
 
     // 429 with the headers a client needs: user 6 bursts past 10 at 5/s.
     let mut limited = None;
     for i in 0..15 {
-        let response =
-            post_order(&client, url, "6", &format!("burst-{i}"), json!({ "sku": "SK-1", "qty": 1 })).await;
+        let response = post_order(
+            &client,
+            url,
+            "6",
+            &format!("burst-{i}"),
+            json!({ "sku": "SK-1", "qty": 1 }),
+        )
+        .await;
         if response.status() == StatusCode::TOO_MANY_REQUESTS {
             limited = Some(response);
             break;
@@ -274,27 +364,69 @@ async fn every_status_of_the_contract() {
 
     // Orders by id and by user.
     let order_id = first["order_id"].as_i64().unwrap();
-    let order: Value = client.get(format!("{url}/orders/{order_id}")).send().await.unwrap().json().await.unwrap();
+    let order: Value = client
+        .get(format!("{url}/orders/{order_id}"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert_eq!(order["idempotency_key"], "k-1");
-    assert_eq!(client.get(format!("{url}/orders/999999")).send().await.unwrap().status(), 404);
-    let mine: Value = client.get(format!("{url}/orders?user_id=1")).send().await.unwrap().json().await.unwrap();
+    assert_eq!(
+        client
+            .get(format!("{url}/orders/999999"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        404
+    );
+    let mine: Value = client
+        .get(format!("{url}/orders?user_id=1"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert_eq!(mine["orders"].as_array().unwrap().len(), 1);
 
     // Payment callbacks: retried by the provider, recorded once.
     let callback = json!({ "payment_id": "pay-1", "order_id": order_id, "amount": 1999 });
     let mut answers = Vec::new();
     for _ in 0..3 {
-        let response = client.post(format!("{url}/payments/callback")).json(&callback).send().await.unwrap();
+        let response = client
+            .post(format!("{url}/payments/callback"))
+            .json(&callback)
+            .send()
+            .await
+            .unwrap();
         assert_eq!(response.status(), 200);
         answers.push(response.json::<Value>().await.unwrap());
     }
-    assert!(answers.iter().all(|a| *a == json!({ "order_id": order_id, "status": "paid" })));
+    assert!(
+        answers
+            .iter()
+            .all(|a| *a == json!({ "order_id": order_id, "status": "paid" }))
+    );
     let ledger: i64 = rusqlite::Connection::open(&db)
         .unwrap()
-        .query_row("SELECT COUNT(*) FROM ledger WHERE payment_id = 'pay-1'", [], |r| r.get(0))
+        .query_row(
+            "SELECT COUNT(*) FROM ledger WHERE payment_id = 'pay-1'",
+            [],
+            |r| r.get(0),
+        )
         .unwrap();
     assert_eq!(ledger, 1);
 
-    let metrics = client.get(format!("{url}/metrics")).send().await.unwrap().text().await.unwrap();
+    let metrics = client
+        .get(format!("{url}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     assert!(metrics.contains("redguard_idempotency_total"), "{metrics}");
 }

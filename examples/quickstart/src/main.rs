@@ -53,7 +53,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     for attempt in 1..=3 {
         let (receipt, replayed) = track_replay(submit_order(42, "req-7f3a")).await;
         let receipt = receipt.map_err(|err| format!("{err:?}"))?;
-        println!("attempt {attempt}: order {} (replayed: {replayed})", receipt.order_id);
+        println!(
+            "attempt {attempt}: order {} (replayed: {replayed})",
+            receipt.order_id
+        );
     }
 
     // Values from requests are validated before they reach the store.

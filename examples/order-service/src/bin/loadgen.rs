@@ -40,7 +40,11 @@ fn parse_args() -> Result<Args, String> {
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let value = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
-        let number = || value.parse::<usize>().map_err(|_| format!("{flag}: not a number"));
+        let number = || {
+            value
+                .parse::<usize>()
+                .map_err(|_| format!("{flag}: not a number"))
+        };
         match flag.as_str() {
             "--targets" => args.targets = value.split(',').map(str::to_owned).collect(),
             "--db" => args.db = value,
@@ -197,7 +201,9 @@ async fn run(args: Args) -> Result<bool, Box<dyn std::error::Error>> {
             |r| r.get(0),
         )?;
         let available: i64 =
-            db.query_row("SELECT available FROM stock WHERE sku = ?1", [sku], |r| r.get(0))?;
+            db.query_row("SELECT available FROM stock WHERE sku = ?1", [sku], |r| {
+                r.get(0)
+            })?;
         oversold += (sold - i64::from(args.stock)).max(0);
         stock_mismatch += (i64::from(args.stock) - sold - available).abs();
     }
@@ -207,7 +213,12 @@ async fn run(args: Args) -> Result<bool, Box<dyn std::error::Error>> {
         .collect::<Result<_, _>>()?;
     let overlaps = runs.windows(2).filter(|w| w[1].0 < w[0].1).count();
 
-    println!("loadgen: {} requests in {:.2?} ({:.0}/s)", replies.len(), elapsed, replies.len() as f64 / elapsed.as_secs_f64());
+    println!(
+        "loadgen: {} requests in {:.2?} ({:.0}/s)",
+        replies.len(),
+        elapsed,
+        replies.len() as f64 / elapsed.as_secs_f64()
+    );
     println!("{:<28} {:>10}", "metric", "value");
     for (status, count) in &by_status {
         println!("{:<28} {:>10}", format!("status {status}"), count);

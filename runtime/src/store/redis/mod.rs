@@ -14,6 +14,7 @@ use redis::{FromRedisValue, RedisError, Script, ToRedisArgs};
 
 use super::{Store, StoreKind};
 use crate::error::{BackendError, Error, Result};
+use crate::handle::RedisTarget;
 use crate::key::Key;
 
 /// Every script, loaded with `SCRIPT LOAD` at connect.
@@ -44,12 +45,22 @@ impl RedisStore {
     /// Connects to `url` (`redis://` or `rediss://`, with optional `user:password@`), bounding
     /// every later call by `timeout`.
     pub(crate) async fn connect(
-        url: &str,
+        target: RedisTarget,
         timeout: Duration,
         connect_timeout: Duration,
     ) -> Result<Self> {
+        let client = match target.tls_root_ca {
+            None => redis::Client::open(target.url.as_str()),
+            Some(root_cert) => redis::Client::build_with_tls(
+                target.url.as_str(),
+                redis::TlsCertificates {
+                    client_tls: None,
+                    root_cert: Some(root_cert),
+                },
+            ),
+        };
         // The client's own message can echo the URL; keep credentials out of logs.
-        let client = redis::Client::open(url).map_err(|err| {
+        let client = client.map_err(|err| {
             Error::Config(format!(
                 "invalid Redis URL ({:?}): expected redis://[user:password@]host[:port][/db] \
                  or rediss://...",
