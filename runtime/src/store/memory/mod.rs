@@ -4,6 +4,7 @@
 //! Each guard keeps its entries in its own [`Table`] behind its own mutex (key spaces of the
 //! guards never overlap), and implements its operations in its own file here.
 
+mod rate;
 mod table;
 mod token;
 
@@ -43,6 +44,9 @@ pub struct MemoryStore {
 #[derive(Debug, Default)]
 struct Tables {
     tokens: Mutex<Table<token::TokenState>>,
+    rates: Mutex<Table<rate::RateState>>,
+    /// Penalty ends (µs since the epoch) of rate-limit keys under `block`.
+    rate_blocks: Mutex<Table<f64>>,
 }
 
 impl MemoryStore {
@@ -74,6 +78,8 @@ impl MemoryStore {
     /// Number of live entries across all guards; for tests and diagnostics.
     pub fn len(&self) -> usize {
         self.lock(&self.tables.tokens).0.len()
+            + self.lock(&self.tables.rates).0.len()
+            + self.lock(&self.tables.rate_blocks).0.len()
     }
 
     /// True when no entry is live.

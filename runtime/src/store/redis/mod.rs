@@ -1,6 +1,7 @@
 //! [`Store`] on Redis: one multiplexed, self-reconnecting connection and one Lua script per
 //! guard operation. Each guard's operations and scripts live in their own file here.
 
+mod rate;
 mod token;
 
 use std::fmt;
@@ -20,7 +21,7 @@ use crate::key::Key;
 /// Invocations go through `EVALSHA`; after a Redis restart or `SCRIPT FLUSH` the first call
 /// gets `NOSCRIPT`, and the client loads the script and retries it transparently.
 fn all_scripts() -> impl Iterator<Item = &'static Script> {
-    token::scripts().into_iter()
+    token::scripts().into_iter().chain(rate::scripts())
 }
 
 /// The Redis-backed [`Store`]. Built by [`Redguard::redis`](crate::Redguard::redis).
