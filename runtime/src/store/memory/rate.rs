@@ -74,7 +74,11 @@ impl RateOps for MemoryStore {
                         // Debt is rescaled in units when the rate changed, as in the script.
                         let tat = match state {
                             Some(RateState::Gcra { tat, interval }) if *tat > now => {
-                                now + ((tat - now) / interval * t).ceil()
+                                if *interval == t {
+                                    *tat
+                                } else {
+                                    now + ((tat - now) * t / interval).ceil()
+                                }
                             }
                             _ => now,
                         };

@@ -68,7 +68,11 @@ for i = 1, n do
       local a, old_t = string.match(v, '^(%d+):(%d+)$')
       a, old_t = tonumber(a), tonumber(old_t)
       if a and old_t and a > now then
-        tat = now + math.ceil((a - now) / old_t * T)
+        if old_t == T then
+          tat = a
+        else
+          tat = now + math.ceil((a - now) * T / old_t)
+        end
       end
     end
     local tau = burst * T
