@@ -50,6 +50,7 @@ impl Guard for RateLimit {
         arg("algorithm", Kind::Str),
         arg("cost", Kind::Expr),
         arg("block", Kind::Duration),
+        arg("wait", Kind::Duration),
         arg("scope", Kind::Str),
     ];
 
@@ -88,14 +89,9 @@ impl Guard for RateLimit {
                 ),
             );
         }
-        let block_ms = match args.duration("block") {
-            Some(block) if block.value.as_millis() > MAX_PERIOD_MS => {
-                errors.push(block.span, "`block` must be at most 30 days");
-                0
-            }
-            Some(block) => u64::try_from(block.value.as_millis()).unwrap_or(0),
-            None => 0,
-        };
+        let block_ms = millis(&args, "block", MAX_PERIOD_MS, "30 days", errors);
+        // A guarded call holding its caller for minutes is a bug, not a limit.
+        let wait_ms = millis(&args, "wait", 60_000, "1 minute", errors);
 
         let key = expand::key(args.template("key")?);
         let rate = match rate? {
@@ -132,7 +128,19 @@ impl Guard for RateLimit {
             algorithm: quote!(::redguard::__private::Algorithm::#variant),
             cost,
             block_ms,
+            wait_ms,
         }))
+    }
+}
+
+fn millis(args: &Args, name: &str, max_ms: u128, max: &str, errors: &mut Errors) -> u64 {
+    match args.duration(name) {
+        Some(d) if d.value.as_millis() > max_ms => {
+            errors.push(d.span, format!("`{name}` must be at most {max}"));
+            0
+        }
+        Some(d) => u64::try_from(d.value.as_millis()).unwrap_or(0),
+        None => 0,
     }
 }
 
@@ -271,11 +279,12 @@ struct RateLimitExpansion {
     algorithm: TokenStream,
     cost: TokenStream,
     block_ms: u64,
+    wait_ms: u64,
 }
 
 impl Expansion for RateLimitExpansion {
     /// Output: `::redguard::__private::rate_spec(<key>, <scope>, <rate>, <burst>, <algorithm>,
-    /// <cost>, <block ms>)`, every expression evaluated before the body is moved.
+    /// <cost>, <block ms>, <wait ms>)`, every expression evaluated before the body is moved.
     fn prelude(&self, cx: &Context) -> TokenStream {
         let RateLimitExpansion {
             key,
@@ -284,11 +293,12 @@ impl Expansion for RateLimitExpansion {
             algorithm,
             cost,
             block_ms,
+            wait_ms,
             ..
         } = self;
         let scope = expand::scope(self.scope.as_ref(), cx);
         quote!(::redguard::__private::rate_spec(
-            #key, #scope, #rate, #burst, #algorithm, #cost, #block_ms
+            #key, #scope, #rate, #burst, #algorithm, #cost, #block_ms, #wait_ms
         ))
     }
 

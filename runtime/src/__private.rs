@@ -45,6 +45,7 @@ pub fn rate_spec<R: crate::rate::IntoRate>(
     algorithm: Algorithm,
     cost: crate::Result<u64>,
     block_ms: u64,
+    wait_ms: u64,
 ) -> RateSpec {
     RateSpec::new(
         key,
@@ -54,6 +55,7 @@ pub fn rate_spec<R: crate::rate::IntoRate>(
         algorithm,
         cost,
         std::time::Duration::from_millis(block_ms),
+        std::time::Duration::from_millis(wait_ms),
     )
 }
 

@@ -39,8 +39,15 @@ async fn every_algorithm_admits_its_capacity_then_rejects(rg: Redguard) {
         let d = l.check().await.unwrap();
         assert!(!d.allowed, "{algorithm}: sixth call admitted");
         assert_eq!(d.remaining, 0, "{algorithm}");
+        // Within one period, except the sliding counter: its full previous window still
+        // weighs in early in the next one (up to 1.2 periods here).
+        let longest = if algorithm == Algorithm::SlidingCounter {
+            12
+        } else {
+            10
+        };
         assert!(
-            d.retry_after > Duration::ZERO && d.retry_after <= Duration::from_secs(10),
+            d.retry_after > Duration::ZERO && d.retry_after <= Duration::from_secs(longest),
             "{algorithm}: {d:?}"
         );
         assert!(

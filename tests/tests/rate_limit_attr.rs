@@ -43,6 +43,43 @@ async fn login(ip: &str) -> Result<(), Error> {
     Ok(())
 }
 
+#[redguard::rate_limit(key = "report:{user}", rate = "10/s", burst = 1, wait = "300ms")]
+async fn report(user: u64) -> Result<(), Error> {
+    let _ = user;
+    Ok(())
+}
+
+#[redguard::rate_limit(key = "export:{user}", rate = "1/min", wait = "300ms")]
+async fn export(user: u64) -> Result<(), Error> {
+    let _ = user;
+    Ok(())
+}
+
+async fn wait_is_bounded(rg: Redguard) {
+    rg.scope(async {
+        report(1).await.unwrap();
+        // Rejected with retry_after ≈ 100 ms ≤ wait: waits, then admitted.
+        let started = std::time::Instant::now();
+        report(1).await.unwrap();
+        let waited = started.elapsed();
+        assert!(
+            waited >= Duration::from_millis(80),
+            "did not wait: {waited:?}"
+        );
+        assert!(waited < Duration::from_millis(600), "waited {waited:?}");
+        // retry_after ≈ 60 s > wait: rejected at once.
+        export(1).await.unwrap();
+        let started = std::time::Instant::now();
+        let err = export(1).await.unwrap_err();
+        assert!(matches!(err, Error::RateLimited(d) if d.retry_after > Duration::from_secs(50)));
+        assert!(
+            started.elapsed() < Duration::from_millis(200),
+            "waited for nothing"
+        );
+    })
+    .await;
+}
+
 async fn stacked_attributes_are_all_or_nothing(rg: Redguard) {
     let runs = AtomicU32::new(0);
     rg.scope(async {
@@ -131,6 +168,7 @@ redguard_tests::conformance!(
     config_rate_and_cost_expressions,
     block_penalty,
     invalid_key_part_is_reported,
+    wait_is_bounded,
 );
 
 #[tokio::test]

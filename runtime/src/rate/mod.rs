@@ -60,6 +60,7 @@ pub fn limiter(text: &str) -> Limiter {
         algorithm: Algorithm::Gcra,
         cost: 1,
         block: Duration::ZERO,
+        wait: Duration::ZERO,
     };
     if !text.is_empty() {
         match KeyBuilder::new().text(text).finish() {
@@ -83,6 +84,7 @@ pub struct Limiter {
     algorithm: Algorithm,
     cost: u64,
     block: Duration,
+    wait: Duration,
 }
 
 /// A key-rendering failure, kept so a reused limiter reports it on every check.
@@ -204,6 +206,14 @@ impl Limiter {
         self
     }
 
+    /// Bounded waiting for [`enforce`](Limiter::enforce): when rejected with a `retry_after`
+    /// of at most `wait`, sleep that long (plus up to 10% jitter, so waiters do not return in
+    /// lockstep) and try once more. [`check`](Limiter::check) never waits.
+    pub fn wait(mut self, wait: Duration) -> Self {
+        self.wait = wait;
+        self
+    }
+
     /// Runs on `handle` instead of the current one.
     pub fn on(mut self, handle: &Redguard) -> Self {
         self.handle = Some(handle.clone());
@@ -270,7 +280,8 @@ fn single(mut decisions: Vec<Decision>) -> Result<Decision> {
 /// let both = global.clone().and(user);
 /// assert!(both.enforce().await.is_ok());
 /// assert!(both.enforce().await.is_err()); // the user limit says no...
-/// assert_eq!(global.peek().await?.remaining, 99); // ...and the global one was not charged
+/// // ...and the global one was not charged: one call used, one more would leave 98.
+/// assert_eq!(global.peek().await?.remaining, 98);
 /// # Ok(()) }).await }
 /// ```
 #[derive(Debug, Clone, Default)]
@@ -302,16 +313,15 @@ impl RateLimits {
     }
 
     /// Like [`check`](RateLimits::check), with a rejection as [`Error::RateLimited`] carrying
-    /// the rejecting decision that asks to wait longest.
+    /// the rejecting decision that asks to wait longest. Waits once if every rejecting limit
+    /// allows it (see [`Limiter::wait`]).
     pub async fn enforce(&self) -> Result<Vec<Decision>> {
-        let decisions = self.check().await?;
-        match most_restrictive(&decisions) {
-            Some(rejected) => Err(Error::RateLimited(rejected)),
-            None => Ok(decisions),
-        }
+        let (handle, resolved) = self.resolve()?;
+        let waits: Vec<Duration> = self.limiters.iter().map(|l| l.wait).collect();
+        enforce_resolved(&handle, &resolved, &waits).await
     }
 
-    async fn run(&self, mode: RateMode) -> Result<Vec<Decision>> {
+    fn resolve(&self) -> Result<(Redguard, Vec<(Key, Limit, &str)>)> {
         let handle = match self.limiters.first().and_then(|l| l.handle.clone()) {
             Some(handle) => handle,
             None => Redguard::current()?,
@@ -321,8 +331,51 @@ impl RateLimits {
             let (key, limit) = limiter.resolve(&handle)?;
             resolved.push((key, limit, limiter.scope.as_str()));
         }
+        Ok((handle, resolved))
+    }
+
+    async fn run(&self, mode: RateMode) -> Result<Vec<Decision>> {
+        let (handle, resolved) = self.resolve()?;
         decide(&handle, &resolved, mode).await
     }
+}
+
+/// Checks `limits`; when rejected, and every rejecting limit's wait covers its
+/// `retry_after`, sleeps (with jitter) and checks once more.
+async fn enforce_resolved(
+    handle: &Redguard,
+    limits: &[(Key, Limit, &str)],
+    waits: &[Duration],
+) -> Result<Vec<Decision>> {
+    let decisions = decide(handle, limits, RateMode::Consume).await?;
+    let Some(rejected) = most_restrictive(&decisions) else {
+        return Ok(decisions);
+    };
+    let may_wait = decisions
+        .iter()
+        .zip(waits)
+        .all(|(d, wait)| d.allowed || d.retry_after <= *wait);
+    if !may_wait {
+        return Err(Error::RateLimited(rejected));
+    }
+    tokio::time::sleep(rejected.retry_after + jitter(rejected.retry_after)).await;
+    let decisions = decide(handle, limits, RateMode::Consume).await?;
+    match most_restrictive(&decisions) {
+        Some(rejected) => Err(Error::RateLimited(rejected)),
+        None => Ok(decisions),
+    }
+}
+
+/// Up to 10% of `base` (at most 50 ms), random: waiters released by the same refill do not
+/// all come back in the same millisecond.
+fn jitter(base: Duration) -> Duration {
+    let cap = (base / 10).min(Duration::from_millis(50));
+    let cap_us = u64::try_from(cap.as_micros()).unwrap_or(0);
+    if cap_us == 0 {
+        return Duration::ZERO;
+    }
+    let random = uuid::Uuid::new_v4().as_u128() as u64;
+    Duration::from_micros(random % cap_us)
 }
 
 /// The rejecting decision that asks to wait longest, if any limit rejected.
@@ -399,6 +452,7 @@ pub struct RateSpec {
     algorithm: Algorithm,
     cost: Result<u64>,
     block: Duration,
+    wait: Duration,
 }
 
 impl RateSpec {
@@ -410,6 +464,7 @@ impl RateSpec {
         algorithm: Algorithm,
         cost: Result<u64>,
         block: Duration,
+        wait: Duration,
     ) -> RateSpec {
         RateSpec {
             key,
@@ -419,6 +474,7 @@ impl RateSpec {
             algorithm,
             cost,
             block,
+            wait,
         }
     }
 }
@@ -428,15 +484,12 @@ impl RateSpec {
 pub(crate) async fn enforce_specs(specs: Vec<RateSpec>) -> Result<()> {
     let handle = Redguard::current()?;
     let mut resolved = Vec::with_capacity(specs.len());
+    let waits: Vec<Duration> = specs.iter().map(|spec| spec.wait).collect();
     for spec in specs {
         let burst = spec.burst.transpose()?;
         let limit = Limit::new(spec.algorithm, spec.rate?, burst, spec.cost?, spec.block)?;
         let key = handle.key(GuardKind::RateLimit, spec.scope, &spec.key?)?;
         resolved.push((key, limit, spec.scope));
     }
-    let decisions = decide(&handle, &resolved, RateMode::Consume).await?;
-    match most_restrictive(&decisions) {
-        Some(rejected) => Err(Error::RateLimited(rejected)),
-        None => Ok(()),
-    }
+    enforce_resolved(&handle, &resolved, &waits).await.map(drop)
 }
