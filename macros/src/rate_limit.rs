@@ -51,6 +51,7 @@ impl Guard for RateLimit {
         arg("cost", Kind::Expr),
         arg("block", Kind::Duration),
         arg("wait", Kind::Duration),
+        arg("local", Kind::Expr),
         arg("scope", Kind::Str),
     ];
 
@@ -92,6 +93,17 @@ impl Guard for RateLimit {
         let block_ms = millis(&args, "block", MAX_PERIOD_MS, "30 days", errors);
         // A guarded call holding its caller for minutes is a bug, not a limit.
         let wait_ms = millis(&args, "wait", 60_000, "1 minute", errors);
+        let local = match literal(&args, "local") {
+            None => false,
+            Some((Some(Lit::Bool(b)), _)) => b.value,
+            Some((_, expr)) => {
+                errors.push(
+                    expr.span(),
+                    "`local` of `#[rate_limit]` expects `true` or `false`",
+                );
+                false
+            }
+        };
 
         let key = expand::key(args.template("key")?);
         let rate = match rate? {
@@ -129,6 +141,7 @@ impl Guard for RateLimit {
             cost,
             block_ms,
             wait_ms,
+            local,
         }))
     }
 }
@@ -280,11 +293,12 @@ struct RateLimitExpansion {
     cost: TokenStream,
     block_ms: u64,
     wait_ms: u64,
+    local: bool,
 }
 
 impl Expansion for RateLimitExpansion {
     /// Output: `::redguard::__private::rate_spec(<key>, <scope>, <rate>, <burst>, <algorithm>,
-    /// <cost>, <block ms>, <wait ms>)`, every expression evaluated before the body is moved.
+    /// <cost>, <block ms>, <wait ms>, <local>)`, every expression evaluated before the body is moved.
     fn prelude(&self, cx: &Context) -> TokenStream {
         let RateLimitExpansion {
             key,
@@ -294,11 +308,12 @@ impl Expansion for RateLimitExpansion {
             cost,
             block_ms,
             wait_ms,
+            local,
             ..
         } = self;
         let scope = expand::scope(self.scope.as_ref(), cx);
         quote!(::redguard::__private::rate_spec(
-            #key, #scope, #rate, #burst, #algorithm, #cost, #block_ms, #wait_ms
+            #key, #scope, #rate, #burst, #algorithm, #cost, #block_ms, #wait_ms, #local
         ))
     }
 

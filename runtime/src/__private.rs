@@ -46,6 +46,7 @@ pub fn rate_spec<R: crate::rate::IntoRate>(
     cost: crate::Result<u64>,
     block_ms: u64,
     wait_ms: u64,
+    local: bool,
 ) -> RateSpec {
     RateSpec::new(
         key,
@@ -56,6 +57,7 @@ pub fn rate_spec<R: crate::rate::IntoRate>(
         cost,
         std::time::Duration::from_millis(block_ms),
         std::time::Duration::from_millis(wait_ms),
+        local,
     )
 }
 

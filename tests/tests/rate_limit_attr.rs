@@ -194,3 +194,47 @@ async fn keys_are_scoped_by_fn_and_expire() {
     );
     server.assert_every_key_has_ttl();
 }
+
+#[redguard::rate_limit(key = "search:{user}", rate = "2/min", local = true)]
+async fn search(user: u64, runs: &AtomicU32) -> Result<(), Error> {
+    let _ = user;
+    runs.fetch_add(1, Ordering::SeqCst);
+    Ok(())
+}
+
+/// The local tier answers repeated rejections without Redis: proven by pausing Redis (a
+/// call that reached it would time out and fail open, i.e. be admitted).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_tier_rejects_known_exhausted_keys_without_redis() {
+    let server = RedisServer::start();
+    let rg = Redguard::redis(server.url())
+        .timeout(Duration::from_millis(100))
+        .connect()
+        .await
+        .unwrap();
+    let runs = AtomicU32::new(0);
+    rg.scope(async {
+        search(1, &runs).await.unwrap();
+        search(1, &runs).await.unwrap();
+        let err = search(1, &runs).await.unwrap_err();
+        assert!(matches!(err, Error::RateLimited(_)), "{err:?}");
+        server.pause();
+        for _ in 0..20 {
+            let started = std::time::Instant::now();
+            let err = search(1, &runs).await.unwrap_err();
+            let Error::RateLimited(d) = err else {
+                panic!("{err:?}")
+            };
+            assert!(d.retry_after > Duration::from_secs(20), "{d:?}");
+            assert!(
+                started.elapsed() < Duration::from_millis(50),
+                "went to Redis"
+            );
+        }
+        // A key the tier knows nothing about still goes to the (paused) store: fails open.
+        search(2, &runs).await.unwrap();
+        server.resume();
+    })
+    .await;
+    assert_eq!(runs.load(Ordering::SeqCst), 3);
+}

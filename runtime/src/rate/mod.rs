@@ -7,6 +7,7 @@
 //! counted (`redguard_backend_errors_total`).
 
 mod decision;
+mod local;
 mod spec;
 
 use std::time::Duration;
@@ -61,6 +62,7 @@ pub fn limiter(text: &str) -> Limiter {
         cost: 1,
         block: Duration::ZERO,
         wait: Duration::ZERO,
+        local: false,
     };
     if !text.is_empty() {
         match KeyBuilder::new().text(text).finish() {
@@ -85,6 +87,7 @@ pub struct Limiter {
     cost: u64,
     block: Duration,
     wait: Duration,
+    local: bool,
 }
 
 /// A key-rendering failure, kept so a reused limiter reports it on every check.
@@ -116,6 +119,12 @@ impl KeyError {
 
 /// What [`Limiter::rate`] accepts: a [`Rate`], or text such as `"100/s"` from configuration
 /// (checked when the limiter runs: a bad value is [`Error::InvalidLimit`], never a panic).
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a rate",
+    label = "expected a `redguard::Rate`, or text such as \"100/s\"",
+    note = "build one with `redguard::Rate::new(count, period)` or `Rate::per_second(n)`, or \
+            pass the configured text (`&str` / `String`)"
+)]
 pub trait IntoRate {
     /// The rate, or why the value is not one.
     fn into_rate(self) -> Result<Rate>;
@@ -211,6 +220,14 @@ impl Limiter {
     /// lockstep) and try once more. [`check`](Limiter::check) never waits.
     pub fn wait(mut self, wait: Duration) -> Self {
         self.wait = wait;
+        self
+    }
+
+    /// The in-process first tier: once the store rejected this key, reject further calls
+    /// (of at least that cost) locally until its `retry_after`, without a round trip. It only
+    /// repeats the store's own rejections, so it never admits more than the store would.
+    pub fn local(mut self, local: bool) -> Self {
+        self.local = local;
         self
     }
 
@@ -321,7 +338,7 @@ impl RateLimits {
         enforce_resolved(&handle, &resolved, &waits).await
     }
 
-    fn resolve(&self) -> Result<(Redguard, Vec<(Key, Limit, &str)>)> {
+    fn resolve(&self) -> Result<(Redguard, Vec<Resolved<'_>>)> {
         let handle = match self.limiters.first().and_then(|l| l.handle.clone()) {
             Some(handle) => handle,
             None => Redguard::current()?,
@@ -329,7 +346,12 @@ impl RateLimits {
         let mut resolved = Vec::with_capacity(self.limiters.len());
         for limiter in &self.limiters {
             let (key, limit) = limiter.resolve(&handle)?;
-            resolved.push((key, limit, limiter.scope.as_str()));
+            resolved.push(Resolved {
+                key,
+                limit,
+                scope: limiter.scope.as_str(),
+                local: limiter.local,
+            });
         }
         Ok((handle, resolved))
     }
@@ -344,7 +366,7 @@ impl RateLimits {
 /// `retry_after`, sleeps (with jitter) and checks once more.
 async fn enforce_resolved(
     handle: &Redguard,
-    limits: &[(Key, Limit, &str)],
+    limits: &[Resolved<'_>],
     waits: &[Duration],
 ) -> Result<Vec<Decision>> {
     let decisions = decide(handle, limits, RateMode::Consume).await?;
@@ -387,33 +409,58 @@ fn most_restrictive(decisions: &[Decision]) -> Option<Decision> {
         .copied()
 }
 
-/// Asks the store, applying the fail mode, and records the outcome.
+/// One limit ready for the store.
+#[derive(Debug)]
+struct Resolved<'a> {
+    key: Key,
+    limit: Limit,
+    scope: &'a str,
+    local: bool,
+}
+
+/// Asks the store (or the local tier), applying the fail mode, and records the outcome.
 async fn decide(
     handle: &Redguard,
-    limits: &[(Key, Limit, &str)],
+    limits: &[Resolved<'_>],
     mode: RateMode,
 ) -> Result<Vec<Decision>> {
-    let Some((first_key, _, _)) = limits.first() else {
+    let Some(first) = limits.first() else {
         return Ok(Vec::new());
     };
+    if mode == RateMode::Consume
+        && let Some(decisions) = local_rejection(handle, limits)
+    {
+        return Ok(decisions);
+    }
     let checks: Vec<RateCheck<'_>> = limits
         .iter()
-        .map(|(key, limit, _)| RateCheck { key, limit })
+        .map(|r| RateCheck {
+            key: &r.key,
+            limit: &r.limit,
+        })
         .collect();
     let op = match mode {
         RateMode::Consume => "rate_check",
         RateMode::Peek => "rate_peek",
     };
     let outcome = handle.store().rate_check(&checks, mode).await;
-    let Some(outcome) = outcome.or_degrade(handle, GuardKind::RateLimit, op, first_key)? else {
+    let Some(outcome) = outcome.or_degrade(handle, GuardKind::RateLimit, op, &first.key)? else {
         return Ok(limits
             .iter()
-            .map(|(_, limit, _)| Decision::degraded(limit.burst, limit.window()))
+            .map(|r| Decision::degraded(r.limit.burst, r.limit.window()))
             .collect());
     };
     if mode == RateMode::Consume {
         let allowed = outcome.allowed();
-        for ((key, _, scope), decision) in limits.iter().zip(&outcome.decisions) {
+        for (r, decision) in limits.iter().zip(&outcome.decisions) {
+            let (key, scope) = (&r.key, r.scope);
+            if r.local {
+                if decision.allowed {
+                    local::forget(handle, key);
+                } else {
+                    local::remember(handle, key, r.limit.cost, *decision);
+                }
+            }
             let result = match (allowed, decision.allowed) {
                 (true, _) => "allowed",
                 (false, false) => "rejected",
@@ -440,6 +487,37 @@ async fn decide(
     Ok(outcome.decisions)
 }
 
+/// Decisions when the local tier already knows a limit is exhausted: the known rejection for
+/// those limits, and for the others an "admitted, not charged" decision (they were not asked).
+fn local_rejection(handle: &Redguard, limits: &[Resolved<'_>]) -> Option<Vec<Decision>> {
+    let known: Vec<Option<Decision>> = limits
+        .iter()
+        .map(|r| {
+            r.local
+                .then(|| local::rejected(handle, &r.key, r.limit.cost))
+                .flatten()
+        })
+        .collect();
+    if known.iter().all(Option::is_none) {
+        return None;
+    }
+    Some(
+        limits
+            .iter()
+            .zip(known)
+            .map(|(r, known)| {
+                metrics::counter!(
+                    "redguard_rate_decisions_total",
+                    "scope" => r.scope.to_string(),
+                    "outcome" => if known.is_some() { "rejected_local" } else { "not_charged" },
+                )
+                .increment(1);
+                known.unwrap_or_else(|| Decision::degraded(r.limit.burst, r.limit.window()))
+            })
+            .collect(),
+    )
+}
+
 /// A limit as `#[rate_limit]` evaluated it for one call, before the body ran. Errors (a bad
 /// key part, a bad configured rate) are kept and reported when the wrapper runs.
 #[doc(hidden)]
@@ -453,6 +531,7 @@ pub struct RateSpec {
     cost: Result<u64>,
     block: Duration,
     wait: Duration,
+    local: bool,
 }
 
 impl RateSpec {
@@ -465,6 +544,7 @@ impl RateSpec {
         cost: Result<u64>,
         block: Duration,
         wait: Duration,
+        local: bool,
     ) -> RateSpec {
         RateSpec {
             key,
@@ -475,6 +555,7 @@ impl RateSpec {
             cost,
             block,
             wait,
+            local,
         }
     }
 }
@@ -489,7 +570,12 @@ pub(crate) async fn enforce_specs(specs: Vec<RateSpec>) -> Result<()> {
         let burst = spec.burst.transpose()?;
         let limit = Limit::new(spec.algorithm, spec.rate?, burst, spec.cost?, spec.block)?;
         let key = handle.key(GuardKind::RateLimit, spec.scope, &spec.key?)?;
-        resolved.push((key, limit, spec.scope));
+        resolved.push(Resolved {
+            key,
+            limit,
+            scope: spec.scope,
+            local: spec.local,
+        });
     }
     enforce_resolved(&handle, &resolved, &waits).await.map(drop)
 }
