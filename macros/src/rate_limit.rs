@@ -114,34 +114,40 @@ impl Guard for RateLimit {
             }
             Arg::Expr(expr) => quote_spanned!(expr.span()=> #expr),
         };
-        let burst = match burst {
-            None => quote!(::core::option::Option::None),
-            Some(Count::Literal(n, _)) => {
-                quote!(::core::option::Option::Some(::core::result::Result::Ok(#n)))
+        // Only what the user wrote, as calls on the spec: `.burst(..)`, `.cost(..)`, ...
+        let mut options = Vec::new();
+        for (name, count) in [("burst", burst), ("cost", cost)] {
+            let method = Ident::new(name, Span::call_site());
+            match count {
+                None => {}
+                Some(Count::Literal(n, _)) => {
+                    options.push(quote!(.#method(::core::result::Result::Ok(#n))));
+                }
+                Some(Count::Expr(expr)) => options.push(quote_spanned!(expr.span()=>
+                    .#method(::redguard::__private::rate_count(#expr, #name))
+                )),
             }
-            Some(Count::Expr(expr)) => quote_spanned!(expr.span()=>
-                ::core::option::Option::Some(::redguard::__private::rate_count(#expr, "burst"))
-            ),
-        };
-        let cost = match cost {
-            None => quote!(::core::result::Result::Ok(1u64)),
-            Some(Count::Literal(n, _)) => quote!(::core::result::Result::Ok(#n)),
-            Some(Count::Expr(expr)) => quote_spanned!(expr.span()=>
-                ::redguard::__private::rate_count(#expr, "cost")
-            ),
-        };
-        let (_, variant) = algorithm.unwrap_or(ALGORITHMS[0]);
-        let variant = Ident::new(variant, Span::call_site());
+        }
+        if let Some((name, variant)) = algorithm
+            && name != ALGORITHMS[0].0
+        {
+            let variant = Ident::new(variant, Span::call_site());
+            options.push(quote!(.algorithm(::redguard::__private::Algorithm::#variant)));
+        }
+        if block_ms > 0 {
+            options.push(quote!(.block_ms(#block_ms)));
+        }
+        if wait_ms > 0 {
+            options.push(quote!(.wait_ms(#wait_ms)));
+        }
+        if local {
+            options.push(quote!(.local(true)));
+        }
         Some(Box::new(RateLimitExpansion {
             key,
             scope: args.str("scope").cloned(),
             rate,
-            burst,
-            algorithm: quote!(::redguard::__private::Algorithm::#variant),
-            cost,
-            block_ms,
-            wait_ms,
-            local,
+            options,
         }))
     }
 }
@@ -288,33 +294,19 @@ struct RateLimitExpansion {
     key: TokenStream,
     scope: Option<LitStr>,
     rate: TokenStream,
-    burst: TokenStream,
-    algorithm: TokenStream,
-    cost: TokenStream,
-    block_ms: u64,
-    wait_ms: u64,
-    local: bool,
+    /// `.burst(..)`, `.cost(..)`, `.algorithm(..)`, ... for each argument written.
+    options: Vec<TokenStream>,
 }
 
 impl Expansion for RateLimitExpansion {
-    /// Output: `::redguard::__private::rate_spec(<key>, <scope>, <rate>, <burst>, <algorithm>,
-    /// <cost>, <block ms>, <wait ms>, <local>)`, every expression evaluated before the body is moved.
+    /// Output: `::redguard::__private::rate_spec(<key>, <scope>, <rate>).burst(..).cost(..)`,
+    /// every expression evaluated before the body is moved.
     fn prelude(&self, cx: &Context) -> TokenStream {
         let RateLimitExpansion {
-            key,
-            rate,
-            burst,
-            algorithm,
-            cost,
-            block_ms,
-            wait_ms,
-            local,
-            ..
+            key, rate, options, ..
         } = self;
         let scope = expand::scope(self.scope.as_ref(), cx);
-        quote!(::redguard::__private::rate_spec(
-            #key, #scope, #rate, #burst, #algorithm, #cost, #block_ms, #wait_ms, #local
-        ))
+        quote!(::redguard::__private::rate_spec(#key, #scope, #rate) #(#options)*)
     }
 
     /// Output: `::redguard::__private::rate_limit([binding, ..], inner)`, merged with an

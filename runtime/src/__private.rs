@@ -36,29 +36,14 @@ pub fn rate_count<T: TryInto<u64>>(value: T, what: &'static str) -> crate::Resul
         .map_err(|_| crate::Error::InvalidLimit(format!("`{what}` must be a non-negative integer")))
 }
 
-/// What `#[rate_limit]`'s prelude evaluates, before the body is moved.
+/// What `#[rate_limit]`'s prelude evaluates, before the body is moved; the other arguments
+/// follow as method calls on the result.
 pub fn rate_spec<R: crate::rate::IntoRate>(
     key: crate::Result<crate::KeyBody>,
     scope: &'static str,
     rate: R,
-    burst: Option<crate::Result<u64>>,
-    algorithm: Algorithm,
-    cost: crate::Result<u64>,
-    block_ms: u64,
-    wait_ms: u64,
-    local: bool,
 ) -> RateSpec {
-    RateSpec::new(
-        key,
-        scope,
-        rate.into_rate(),
-        burst,
-        algorithm,
-        cost,
-        std::time::Duration::from_millis(block_ms),
-        std::time::Duration::from_millis(wait_ms),
-        local,
-    )
+    RateSpec::new(key, scope, rate.into_rate())
 }
 
 /// The wrapper of one or more adjacent `#[rate_limit]`s: decides them all-or-nothing, then

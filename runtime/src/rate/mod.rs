@@ -534,29 +534,52 @@ pub struct RateSpec {
     local: bool,
 }
 
+/// Built by the expansion as `rate_spec(key, scope, rate)` followed by one call per argument
+/// the user wrote.
+#[doc(hidden)]
 impl RateSpec {
-    pub(crate) fn new(
-        key: Result<KeyBody>,
-        scope: &'static str,
-        rate: Result<Rate>,
-        burst: Option<Result<u64>>,
-        algorithm: Algorithm,
-        cost: Result<u64>,
-        block: Duration,
-        wait: Duration,
-        local: bool,
-    ) -> RateSpec {
+    pub fn new(key: Result<KeyBody>, scope: &'static str, rate: Result<Rate>) -> RateSpec {
         RateSpec {
             key,
             scope,
             rate,
-            burst,
-            algorithm,
-            cost,
-            block,
-            wait,
-            local,
+            burst: None,
+            algorithm: Algorithm::Gcra,
+            cost: Ok(1),
+            block: Duration::ZERO,
+            wait: Duration::ZERO,
+            local: false,
         }
+    }
+
+    pub fn burst(mut self, burst: Result<u64>) -> Self {
+        self.burst = Some(burst);
+        self
+    }
+
+    pub fn algorithm(mut self, algorithm: Algorithm) -> Self {
+        self.algorithm = algorithm;
+        self
+    }
+
+    pub fn cost(mut self, cost: Result<u64>) -> Self {
+        self.cost = cost;
+        self
+    }
+
+    pub fn block_ms(mut self, ms: u64) -> Self {
+        self.block = Duration::from_millis(ms);
+        self
+    }
+
+    pub fn wait_ms(mut self, ms: u64) -> Self {
+        self.wait = Duration::from_millis(ms);
+        self
+    }
+
+    pub fn local(mut self, local: bool) -> Self {
+        self.local = local;
+        self
     }
 }
 
