@@ -243,6 +243,9 @@ async fn bad_runtime_values_are_errors_not_panics(rg: Redguard) {
         .await
         .unwrap_err();
     assert!(matches!(err, Error::InvalidLimit(_)), "{err:?}");
+    let twice = base().rate("5/s").and(base().rate("10/s"));
+    let err = twice.check().await.unwrap_err();
+    assert!(matches!(err, Error::InvalidLimit(_)), "{err:?}");
     let err = redguard::limiter("ip:")
         .on(&rg)
         .part("ip", "a b")

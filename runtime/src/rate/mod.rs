@@ -427,6 +427,16 @@ async fn decide(
     let Some(first) = limits.first() else {
         return Ok(Vec::new());
     };
+    // The same key twice in one call would be decided twice on the same state and charged
+    // once: refuse it rather than under-count.
+    for (i, r) in limits.iter().enumerate() {
+        if limits[..i].iter().any(|other| other.key == r.key) {
+            return Err(Error::InvalidLimit(format!(
+                "two limits of one call use the key `{}`; give them different keys or scopes",
+                r.key
+            )));
+        }
+    }
     if mode == RateMode::Consume
         && let Some(decisions) = local_rejection(handle, limits)
     {
