@@ -43,8 +43,52 @@ pub fn dist_lock(attr: TokenStream, item: TokenStream) -> TokenStream {
 /// Admits at most N calls per period, decided in Redis with Redis's clock.
 ///
 /// ```ignore
-/// #[redguard::rate_limit(key = "order:submit:user:{user_id}", rate = "5/s", burst = 10)]
+/// #[redguard::rate_limit(key = "order:submit", rate = "500/s", burst = 1000)]            // whole API
+/// #[redguard::rate_limit(key = "order:submit:user:{user_id}", rate = "5/s", burst = 10)] // per user
 /// async fn submit_order(user_id: u64, req: SubmitOrder) -> Result<Receipt, OrderError> { .. }
+/// ```
+///
+/// A rejected call does not run: it returns `Err(redguard::Error::RateLimited(decision))`
+/// through the fn's error type; `decision.headers()` renders `Retry-After` and the IETF
+/// `RateLimit` / `RateLimit-Policy` headers for a `429`.
+///
+/// # Arguments
+/// - `key = "..."` (required): the key template; placeholders name parameters
+///   (`"login:ip:{ip}"`, `"{user.id}"`), checked at compile time.
+/// - `rate = "100/s"` (required): `count/period` with `ms`, `s`, `m`/`min`, `h`, `d`
+///   (`"5/10s"`, `"1000/min"`), checked at compile time; or any expression giving a
+///   `redguard::Rate` or text (`rate = config.login_rate()`), checked on each call — a bad
+///   configured value is `Error::InvalidLimit`, never a panic.
+/// - `burst = 10`: the capacity of `gcra`, `token_bucket` and `leaky_bucket` (default: the
+///   rate's count); a literal or an expression. Window algorithms take no burst.
+/// - `algorithm = "gcra"`: `gcra` (default), `fixed_window`, `sliding_window` (exact log),
+///   `sliding_counter` (approximate, O(1)), `token_bucket`, `leaky_bucket`.
+/// - `cost = req.items.len()`: units this call consumes (default 1); more than the burst
+///   is an error (a compile error for literals), not a forever-rejected key.
+/// - `block = "15m"`: penalty — once the key exceeds its limit, reject it for that long
+///   without counting.
+/// - `wait = "200ms"`: when rejected with a `retry_after` within this bound, wait (with
+///   jitter) and try once more instead of failing at once (at most 1 minute).
+/// - `local = true`: an in-process first tier that repeats the store's rejections of a key
+///   until its `retry_after` without a round trip (never admits more than the store).
+/// - `scope = "..."`: key namespace (default: the fn's module path and name).
+///
+/// Several `#[rate_limit]`s written next to each other are decided together in one store
+/// call: the call runs only if every limit admits, and a rejection by one charges none of
+/// the others.
+///
+/// # Equivalent code without `#[rate_limit]`
+/// ```ignore
+/// async fn submit_order(user_id: u64, req: SubmitOrder) -> Result<Receipt, OrderError> {
+///     redguard::limiter("order:submit:user:")
+///         .part("user_id", &user_id)
+///         .scope(concat!(module_path!(), "::submit_order"))
+///         .rate("5/s")
+///         .burst(10)
+///         .enforce()
+///         .await?;
+///     // ... the body
+/// }
 /// ```
 #[proc_macro_attribute]
 pub fn rate_limit(attr: TokenStream, item: TokenStream) -> TokenStream {

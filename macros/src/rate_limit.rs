@@ -1,32 +1,345 @@
 //! `#[rate_limit]`.
+//!
+//! ```text
+//! #[rate_limit(key = "order:user:{user_id}", rate = "5/s", burst = 10, cost = req.items)]
+//! ```
+//! `rate`, `burst` and `cost` are literals (checked here) or expressions evaluated per call
+//! (limits usually come from configuration; the runtime checks those values).
+//!
+//! Stacking: adjacent `#[rate_limit]`s are decided all-or-nothing in one store call. The
+//! pipeline wraps inside-out, so when a rate-limit wrapper finds that `inner` is itself a
+//! rate-limit call, it adds its limit to that call instead of wrapping it:
+//!
+//! ```text
+//! rate_limit([__redguard_1], body)  --outer limit-->  rate_limit([__redguard_0, __redguard_1], body)
+//! ```
 
-use syn::ItemFn;
+use proc_macro2::{Span, TokenStream};
+use quote::{quote, quote_spanned};
+use syn::spanned::Spanned as _;
+use syn::{Expr, ExprArray, ExprCall, ExprLit, Ident, ItemFn, Lit, LitStr};
 
 use crate::args::{ArgSpec, Args, Kind};
 use crate::errors::Errors;
-use crate::guard::{Expansion, Guard, arg};
+use crate::expand;
+use crate::guard::{Context, Expansion, Guard, arg};
+use crate::value;
 
 pub(crate) struct RateLimit;
+
+/// The algorithms by attribute name, with the runtime's variant.
+const ALGORITHMS: &[(&str, &str)] = &[
+    ("gcra", "Gcra"),
+    ("fixed_window", "FixedWindow"),
+    ("sliding_window", "SlidingWindow"),
+    ("sliding_counter", "SlidingCounter"),
+    ("token_bucket", "TokenBucket"),
+    ("leaky_bucket", "LeakyBucket"),
+];
+
+/// The runtime's bounds (`redguard::MAX_RATE_COUNT`, `MAX_RATE_PERIOD`), checked early.
+const MAX_COUNT: u64 = 1_000_000_000;
+const MAX_PERIOD_MS: u128 = 30 * 86_400 * 1000;
 
 impl Guard for RateLimit {
     const NAME: &'static str = "rate_limit";
     const ARGS: &'static [ArgSpec] = &[
         arg("key", Kind::Template),
-        arg("rate", Kind::Rate),
-        arg("burst", Kind::Int),
+        arg("rate", Kind::Expr),
+        arg("burst", Kind::Expr),
         arg("algorithm", Kind::Str),
         arg("cost", Kind::Expr),
+        arg("block", Kind::Duration),
+        arg("wait", Kind::Duration),
+        arg("local", Kind::Expr),
         arg("scope", Kind::Str),
     ];
 
-    fn check(_args: Args, item: &ItemFn, errors: &mut Errors) -> Option<Box<dyn Expansion>> {
+    fn check(args: Args, _item: &ItemFn, errors: &mut Errors) -> Option<Box<dyn Expansion>> {
+        let algorithm = algorithm(&args, errors);
+        let window = algorithm
+            .is_some_and(|(name, _)| name.ends_with("window") || name == "sliding_counter");
+        let rate = rate(&args, errors);
+        let burst = count(&args, "burst", errors);
+        let cost = count(&args, "cost", errors);
+
+        if let (true, Some(Count::Literal(_, span))) = (window, &burst) {
+            errors.push(
+                *span,
+                format!(
+                    "`{}` admits the rate's count per period and takes no `burst`; put the \
+                     count in `rate` instead",
+                    algorithm.map_or("", |(name, _)| name)
+                ),
+            );
+        }
+        // The capacity known at compile time: the burst, else the rate's count.
+        let capacity = match (&burst, &rate) {
+            (Some(Count::Literal(n, _)), _) => Some(*n),
+            (None, Some(Arg::Literal(rate))) => Some(rate.count),
+            _ => None,
+        };
+        if let (Some(Count::Literal(cost, span)), Some(capacity)) = (&cost, capacity)
+            && *cost > capacity
+        {
+            errors.push(
+                *span,
+                format!(
+                    "`cost = {cost}` exceeds the burst of {capacity}: such a call could never \
+                     be admitted; raise `burst` or lower `cost`"
+                ),
+            );
+        }
+        let block_ms = millis(&args, "block", MAX_PERIOD_MS, "30 days", errors);
+        // A guarded call holding its caller for minutes is a bug, not a limit.
+        let wait_ms = millis(&args, "wait", 60_000, "1 minute", errors);
+        let local = match literal(&args, "local") {
+            None => false,
+            Some((Some(Lit::Bool(b)), _)) => b.value,
+            Some((_, expr)) => {
+                errors.push(
+                    expr.span(),
+                    "`local` of `#[rate_limit]` expects `true` or `false`",
+                );
+                false
+            }
+        };
+
+        let key = expand::key(args.template("key")?);
+        let rate = match rate? {
+            Arg::Literal(rate) => {
+                let count = rate.count;
+                let period_ms = u64::try_from(rate.period.as_millis()).unwrap_or(u64::MAX);
+                quote!(::redguard::__private::Rate::__checked(#count, #period_ms))
+            }
+            Arg::Expr(expr) => quote_spanned!(expr.span()=> #expr),
+        };
+        // Only what the user wrote, as calls on the spec: `.burst(..)`, `.cost(..)`, ...
+        let mut options = Vec::new();
+        for (name, count) in [("burst", burst), ("cost", cost)] {
+            let method = Ident::new(name, Span::call_site());
+            match count {
+                None => {}
+                Some(Count::Literal(n, _)) => {
+                    options.push(quote!(.#method(::core::result::Result::Ok(#n))));
+                }
+                Some(Count::Expr(expr)) => options.push(quote_spanned!(expr.span()=>
+                    .#method(::redguard::__private::rate_count(#expr, #name))
+                )),
+            }
+        }
+        if let Some((name, variant)) = algorithm
+            && name != ALGORITHMS[0].0
+        {
+            let variant = Ident::new(variant, Span::call_site());
+            options.push(quote!(.algorithm(::redguard::__private::Algorithm::#variant)));
+        }
+        if block_ms > 0 {
+            options.push(quote!(.block_ms(#block_ms)));
+        }
+        if wait_ms > 0 {
+            options.push(quote!(.wait_ms(#wait_ms)));
+        }
+        if local {
+            options.push(quote!(.local(true)));
+        }
+        Some(Box::new(RateLimitExpansion {
+            key,
+            scope: args.str("scope").cloned(),
+            rate,
+            options,
+        }))
+    }
+}
+
+fn millis(args: &Args, name: &str, max_ms: u128, max: &str, errors: &mut Errors) -> u64 {
+    match args.duration(name) {
+        Some(d) if d.value.as_millis() > max_ms => {
+            errors.push(d.span, format!("`{name}` must be at most {max}"));
+            0
+        }
+        Some(d) => u64::try_from(d.value.as_millis()).unwrap_or(0),
+        None => 0,
+    }
+}
+
+enum Arg {
+    Literal(value::Rate),
+    Expr(Expr),
+}
+
+enum Count {
+    Literal(u64, Span),
+    Expr(Expr),
+}
+
+fn literal(args: &Args, name: &str) -> Option<(Option<Lit>, Expr)> {
+    let expr = args.expr(name)?;
+    let lit = match expr {
+        Expr::Lit(ExprLit { lit, .. }) => Some(lit.clone()),
+        _ => None,
+    };
+    Some((lit, expr.clone()))
+}
+
+/// `rate = "5/s"` (checked now) or `rate = <expr>` (a `Rate` or text, checked per call).
+fn rate(args: &Args, errors: &mut Errors) -> Option<Arg> {
+    let Some((lit, expr)) = literal(args, "rate") else {
+        if !args.written("rate") {
+            errors.push(
+                Span::call_site(),
+                "`#[rate_limit]` needs a `rate = \"...\"`, e.g. `rate = \"100/s\"`",
+            );
+        }
+        return None;
+    };
+    match lit {
+        Some(Lit::Str(lit)) => match value::parse_rate(&lit.value()) {
+            Ok(rate) if rate.count > MAX_COUNT => {
+                errors.push(
+                    lit.span(),
+                    format!("invalid `rate`: the count must be at most {MAX_COUNT}"),
+                );
+                None
+            }
+            Ok(rate) if rate.period.as_millis() > MAX_PERIOD_MS => {
+                errors.push(
+                    lit.span(),
+                    "invalid `rate`: the period must be at most 30 days",
+                );
+                None
+            }
+            Ok(rate) => Some(Arg::Literal(rate)),
+            Err(message) => {
+                errors.push(lit.span(), format!("invalid `rate`: {message}"));
+                None
+            }
+        },
+        Some(other) => {
+            errors.push(
+                other.span(),
+                "`rate` of `#[rate_limit]` expects a rate string such as \"100/s\", or an \
+                 expression giving a `redguard::Rate` or such a string",
+            );
+            None
+        }
+        None => Some(Arg::Expr(expr)),
+    }
+}
+
+/// `burst`/`cost`: an integer literal (checked now) or an expression (checked per call).
+fn count(args: &Args, name: &str, errors: &mut Errors) -> Option<Count> {
+    let (lit, expr) = literal(args, name)?;
+    match lit {
+        Some(Lit::Int(lit)) => match lit.base10_parse::<u64>() {
+            Ok(0) => {
+                let what = if name == "burst" {
+                    "a burst of 0 admits nothing"
+                } else {
+                    "a cost of 0 counts nothing (use the runtime `peek` to look without counting)"
+                };
+                errors.push(
+                    lit.span(),
+                    format!("invalid `{name}`: {what}; use at least 1"),
+                );
+                None
+            }
+            Ok(n) if n > MAX_COUNT => {
+                errors.push(
+                    lit.span(),
+                    format!("invalid `{name}`: must be at most {MAX_COUNT}"),
+                );
+                None
+            }
+            Ok(n) => Some(Count::Literal(n, lit.span())),
+            Err(_) => {
+                errors.push(
+                    lit.span(),
+                    format!("`{name}` must be a non-negative integer"),
+                );
+                None
+            }
+        },
+        Some(other) => {
+            errors.push(
+                other.span(),
+                format!("`{name}` of `#[rate_limit]` expects an integer or an expression"),
+            );
+            None
+        }
+        None => Some(Count::Expr(expr)),
+    }
+}
+
+fn algorithm(args: &Args, errors: &mut Errors) -> Option<(&'static str, &'static str)> {
+    let Some(lit) = args.str("algorithm") else {
+        return Some(ALGORITHMS[0]);
+    };
+    let name = lit.value();
+    let found = ALGORITHMS.iter().find(|(known, _)| *known == name).copied();
+    if found.is_none() {
+        let names: Vec<String> = ALGORITHMS.iter().map(|(n, _)| format!("`{n}`")).collect();
         errors.push(
-            item.sig.ident.span(),
+            lit.span(),
             format!(
-                "`#[{}]` is not implemented yet in this version of redguard",
-                Self::NAME
+                "unknown rate-limit algorithm `{name}`; expected one of {}",
+                names.join(", ")
             ),
         );
-        None
     }
+    found
+}
+
+struct RateLimitExpansion {
+    key: TokenStream,
+    scope: Option<LitStr>,
+    rate: TokenStream,
+    /// `.burst(..)`, `.cost(..)`, `.algorithm(..)`, ... for each argument written.
+    options: Vec<TokenStream>,
+}
+
+impl Expansion for RateLimitExpansion {
+    /// Output: `::redguard::__private::rate_spec(<key>, <scope>, <rate>).burst(..).cost(..)`,
+    /// every expression evaluated before the body is moved.
+    fn prelude(&self, cx: &Context) -> TokenStream {
+        let RateLimitExpansion {
+            key, rate, options, ..
+        } = self;
+        let scope = expand::scope(self.scope.as_ref(), cx);
+        quote!(::redguard::__private::rate_spec(#key, #scope, #rate) #(#options)*)
+    }
+
+    /// Output: `::redguard::__private::rate_limit([binding, ..], inner)`, merged with an
+    /// `inner` that is already such a call (adjacent limits are decided together).
+    fn wrap(&self, _cx: &Context, binding: &Ident, inner: TokenStream) -> TokenStream {
+        if let Ok(Expr::Call(call)) = syn::parse2::<Expr>(inner.clone())
+            && let Some((mut specs, body)) = rate_limit_call(&call)
+        {
+            specs.elems.insert(0, syn::parse_quote!(#binding));
+            return quote!(::redguard::__private::rate_limit(#specs, #body));
+        }
+        quote!(::redguard::__private::rate_limit([#binding], #inner))
+    }
+}
+
+/// Recognises what [`RateLimitExpansion::wrap`] emits: `(specs array, inner future)`.
+fn rate_limit_call(call: &ExprCall) -> Option<(ExprArray, Expr)> {
+    let Expr::Path(path) = &*call.func else {
+        return None;
+    };
+    let names: Vec<String> = path
+        .path
+        .segments
+        .iter()
+        .map(|s| s.ident.to_string())
+        .collect();
+    if path.path.leading_colon.is_none() || names != ["redguard", "__private", "rate_limit"] {
+        return None;
+    }
+    let mut args = call.args.iter();
+    let (Some(Expr::Array(specs)), Some(body), None) = (args.next(), args.next(), args.next())
+    else {
+        return None;
+    };
+    Some((specs.clone(), body.clone()))
 }

@@ -88,6 +88,20 @@ pub enum Error {
         /// The bound that elapsed.
         after: Duration,
     },
+    /// A rate limit rejected the call. The [`Decision`](crate::Decision) says when to retry
+    /// and renders the `429` headers ([`Decision::headers`](crate::Decision::headers)).
+    #[error(
+        "rate limited: retry after {:.3}s ({} of {} remaining)",
+        .0.retry_after.as_secs_f64(),
+        .0.remaining,
+        .0.limit
+    )]
+    RateLimited(crate::rate::Decision),
+
+    /// A rate, burst, cost or block given at runtime (from configuration or an expression) is
+    /// unusable; nothing was sent to the store.
+    #[error("invalid rate limit: {0}")]
+    InvalidLimit(String),
 
     /// An idempotency token was already consumed by an earlier request.
     #[error("this idempotency token was already used; fetch a new one before submitting again")]

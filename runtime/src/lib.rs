@@ -33,6 +33,7 @@ mod error;
 mod handle;
 mod idempotency;
 mod key;
+mod rate;
 pub mod store;
 mod tokens;
 
@@ -50,7 +51,14 @@ pub use crate::idempotency::{
 pub use crate::key::{
     GuardKind, Key, KeyBody, KeyBuilder, KeyPart, KeyRule, MAX_KEY_LEN, MAX_PART_LEN, MAX_SCOPE_LEN,
 };
-pub use crate::store::{MemoryStore, RedisStore, Store, StoreKind, TokenOps, TokenOutcome};
+pub use crate::rate::{
+    Algorithm, Decision, IntoRate, Limit, Limiter, MAX_RATE_COUNT, MAX_RATE_PERIOD, Rate,
+    RateLimits, limiter,
+};
+pub use crate::store::{
+    MemoryStore, RateCheck, RateMode, RateOps, RateOutcome, RedisStore, Store, StoreKind, TokenOps,
+    TokenOutcome,
+};
 pub use crate::tokens::{MAX_TOKEN_TTL, Tokens, tokens};
 
 #[doc(inline)]

@@ -11,6 +11,8 @@
 //! # let _ = url;
 //! ```
 
+pub mod rate;
+
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};

@@ -2,7 +2,7 @@
 //!
 //! [`Store`] is a small set of *guard operations* — each one atomic, each one a single round
 //! trip — not a list of Redis commands. Each guard declares its operations as a sub-trait in
-//! its own file here ([`TokenOps`], …); [`Store`] is all of them together.
+//! its own file here ([`TokenOps`], [`RateOps`], …); [`Store`] is all of them together.
 //! [`RedisStore`] implements them as Lua scripts that read Redis's own clock;
 //! [`MemoryStore`] implements the same semantics in-process. Both run the same conformance
 //! suite (`tests/tests/conformance*.rs`), so a guard behaves the same on either, and the guards
@@ -10,6 +10,7 @@
 
 mod idem;
 mod memory;
+mod rate;
 mod redis;
 mod token;
 
@@ -22,6 +23,7 @@ use crate::error::Result;
 
 pub use self::idem::{IdemBegin, IdemFinish, IdemFinished, IdemOps};
 pub use self::memory::MemoryStore;
+pub use self::rate::{RateCheck, RateMode, RateOps, RateOutcome};
 pub use self::redis::RedisStore;
 pub use self::token::{TokenOps, TokenOutcome};
 
@@ -41,7 +43,7 @@ pub use self::token::{TokenOps, TokenOutcome};
 /// # Ok(()) }
 /// ```
 #[async_trait]
-pub trait Store: TokenOps + IdemOps + Send + Sync + fmt::Debug + 'static {
+pub trait Store: TokenOps + IdemOps + RateOps + Send + Sync + fmt::Debug + 'static {
     /// Which implementation this is.
     fn kind(&self) -> StoreKind;
 

@@ -5,6 +5,7 @@
 //! guards never overlap), and implements its operations in its own file here.
 
 mod idem;
+mod rate;
 mod table;
 mod token;
 
@@ -45,6 +46,9 @@ pub struct MemoryStore {
 struct Tables {
     tokens: Mutex<Table<token::TokenState>>,
     idem: Mutex<Table<idem::Record>>,
+    rates: Mutex<Table<rate::RateState>>,
+    /// Penalty ends (µs since the epoch) of rate-limit keys under `block`.
+    rate_blocks: Mutex<Table<f64>>,
 }
 
 impl MemoryStore {
@@ -75,7 +79,10 @@ impl MemoryStore {
 
     /// Number of live entries across all guards; for tests and diagnostics.
     pub fn len(&self) -> usize {
-        self.lock(&self.tables.tokens).0.len() + self.lock(&self.tables.idem).0.len()
+        self.lock(&self.tables.tokens).0.len()
+            + self.lock(&self.tables.idem).0.len()
+            + self.lock(&self.tables.rates).0.len()
+            + self.lock(&self.tables.rate_blocks).0.len()
     }
 
     /// True when no entry is live.

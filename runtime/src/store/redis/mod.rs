@@ -2,6 +2,7 @@
 //! guard operation. Each guard's operations and scripts live in their own file here.
 
 mod idem;
+mod rate;
 mod token;
 
 use std::fmt;
@@ -22,7 +23,10 @@ use crate::key::Key;
 /// Invocations go through `EVALSHA`; after a Redis restart or `SCRIPT FLUSH` the first call
 /// gets `NOSCRIPT`, and the client loads the script and retries it transparently.
 fn all_scripts() -> impl Iterator<Item = &'static Script> {
-    token::scripts().into_iter().chain(idem::scripts())
+    token::scripts()
+        .into_iter()
+        .chain(idem::scripts())
+        .chain(rate::scripts())
 }
 
 /// The Redis-backed [`Store`]. Built by [`Redguard::redis`](crate::Redguard::redis).

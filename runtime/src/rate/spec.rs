@@ -1,0 +1,487 @@
+//! What a limit is: a [`Rate`], an [`Algorithm`], a burst and a cost, validated into a
+//! [`Limit`] before anything reaches the store.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+
+/// Largest count of a rate or a burst. Keeps every quantity a script computes (in
+/// microseconds) far below 2^53, where Lua's numbers stop being exact.
+pub const MAX_RATE_COUNT: u64 = 1_000_000_000;
+/// Longest period of a rate (and longest `block`): 30 days.
+pub const MAX_RATE_PERIOD: Duration = Duration::from_secs(30 * 86_400);
+
+/// `count` events per `period`: `"100/s"`, `"5/10s"`, `"1000/min"`, `"50000/h"`.
+///
+/// ```
+/// use std::time::Duration;
+/// use redguard::Rate;
+///
+/// let rate: Rate = "5/10s".parse()?;
+/// assert_eq!((rate.count(), rate.period()), (5, Duration::from_secs(10)));
+/// assert_eq!(Rate::per_minute(1000), "1000/min".parse()?);
+///
+/// // Values from configuration are checked, never trusted: an error, not a panic.
+/// assert!("0/s".parse::<Rate>().is_err());
+/// assert!("100 per second".parse::<Rate>().is_err());
+/// # Ok::<(), redguard::Error>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Rate {
+    count: u64,
+    period: Duration,
+}
+
+impl Rate {
+    /// `count` per `period`; `count` in 1..=[`MAX_RATE_COUNT`], `period` from 1 ms to
+    /// [`MAX_RATE_PERIOD`].
+    pub fn new(count: u64, period: Duration) -> Result<Rate> {
+        if count == 0 {
+            return Err(invalid(format!(
+                "a rate of 0 per {period:?} allows nothing; the count must be at least 1"
+            )));
+        }
+        if count > MAX_RATE_COUNT {
+            return Err(invalid(format!(
+                "a rate count of {count} is above the maximum {MAX_RATE_COUNT}"
+            )));
+        }
+        if period < Duration::from_millis(1) || period > MAX_RATE_PERIOD {
+            return Err(invalid(format!(
+                "a rate period of {period:?} is outside 1ms..=30 days"
+            )));
+        }
+        Ok(Rate { count, period })
+    }
+
+    /// `count` per second.
+    ///
+    /// # Panics
+    /// When `count` is 0 or above [`MAX_RATE_COUNT`]; use [`Rate::new`] for values from
+    /// configuration.
+    pub fn per_second(count: u64) -> Rate {
+        Self::known(count, Duration::from_secs(1))
+    }
+
+    /// `count` per minute (panics like [`Rate::per_second`]).
+    pub fn per_minute(count: u64) -> Rate {
+        Self::known(count, Duration::from_secs(60))
+    }
+
+    /// `count` per hour (panics like [`Rate::per_second`]).
+    pub fn per_hour(count: u64) -> Rate {
+        Self::known(count, Duration::from_secs(3600))
+    }
+
+    fn known(count: u64, period: Duration) -> Rate {
+        match Rate::new(count, period) {
+            Ok(rate) => rate,
+            Err(err) => panic!("{err}"),
+        }
+    }
+
+    /// A rate the macro already validated at compile time.
+    #[doc(hidden)]
+    pub const fn __checked(count: u64, period_ms: u64) -> Rate {
+        Rate {
+            count,
+            period: Duration::from_millis(period_ms),
+        }
+    }
+
+    /// Events per period.
+    pub fn count(&self) -> u64 {
+        self.count
+    }
+
+    /// The period.
+    pub fn period(&self) -> Duration {
+        self.period
+    }
+
+    /// The emission interval in whole microseconds, rounded up: the time one unit of cost
+    /// takes to replenish. Rounding up means a limiter is at most 1 µs per event stricter than
+    /// the exact rate, never looser.
+    pub(crate) fn interval_us(&self) -> u64 {
+        let period = micros(self.period);
+        period.div_ceil(self.count).max(1)
+    }
+}
+
+impl FromStr for Rate {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Rate> {
+        let shape = || {
+            invalid(format!(
+                "`{s}` is not a rate; write count/period, e.g. \"100/s\", \"5/10s\", \
+                 \"1000/min\" or \"50000/h\""
+            ))
+        };
+        let (count, period) = s.trim().split_once('/').ok_or_else(shape)?;
+        let count = count.trim();
+        if count.is_empty() || !count.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(shape());
+        }
+        let count: u64 = count.parse().map_err(|_| shape())?;
+        let period = period.trim();
+        let digits = period.bytes().take_while(u8::is_ascii_digit).count();
+        let (number, unit) = period.split_at(digits);
+        let number: u64 = if number.is_empty() {
+            1
+        } else {
+            number.parse().map_err(|_| shape())?
+        };
+        let unit = match unit {
+            "ms" => Duration::from_millis(1),
+            "s" => Duration::from_secs(1),
+            "m" | "min" => Duration::from_secs(60),
+            "h" => Duration::from_secs(3600),
+            "d" => Duration::from_secs(86_400),
+            _ => {
+                return Err(invalid(format!(
+                    "`{s}` has no valid period unit; use one of ms, s, m (or min), h, d"
+                )));
+            }
+        };
+        let period = u32::try_from(number)
+            .ok()
+            .and_then(|n| unit.checked_mul(n))
+            .ok_or_else(shape)?;
+        Rate::new(count, period)
+    }
+}
+
+impl TryFrom<&str> for Rate {
+    type Error = Error;
+    fn try_from(s: &str) -> Result<Rate> {
+        s.parse()
+    }
+}
+
+impl TryFrom<&String> for Rate {
+    type Error = Error;
+    fn try_from(s: &String) -> Result<Rate> {
+        s.parse()
+    }
+}
+
+impl TryFrom<String> for Rate {
+    type Error = Error;
+    fn try_from(s: String) -> Result<Rate> {
+        s.parse()
+    }
+}
+
+impl fmt::Display for Rate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let ms = self.period.as_millis();
+        match ms {
+            1000 => write!(f, "{}/s", self.count),
+            60_000 => write!(f, "{}/min", self.count),
+            3_600_000 => write!(f, "{}/h", self.count),
+            ms if ms % 1000 == 0 => write!(f, "{}/{}s", self.count, ms / 1000),
+            ms => write!(f, "{}/{}ms", self.count, ms),
+        }
+    }
+}
+
+/// How a limit counts. All read time from the store (Redis's `TIME`), never the client.
+///
+/// | algorithm | state per key | bound on admitted calls |
+/// |---|---|---|
+/// | [`Gcra`](Algorithm::Gcra) (default) | one integer | any interval t: ≤ burst + rate·t |
+/// | [`TokenBucket`](Algorithm::TokenBucket) | tokens + timestamp | any interval t: ≤ burst + rate·t |
+/// | [`LeakyBucket`](Algorithm::LeakyBucket) | level + timestamp | any interval t: ≤ burst + rate·t |
+/// | [`SlidingWindow`](Algorithm::SlidingWindow) | one entry per admitted unit | any window-long interval: ≤ count |
+/// | [`SlidingCounter`](Algorithm::SlidingCounter) | two counters | ≤ count if the previous window's traffic was even; < 2·count in the worst case |
+/// | [`FixedWindow`](Algorithm::FixedWindow) | one counter | each window: ≤ count; across an edge up to 2·count |
+///
+/// The window algorithms admit `rate.count()` per `rate.period()` and take no burst; the
+/// others refill at `rate` up to `burst` (default: `rate.count()`).
+///
+/// ```
+/// use redguard::Algorithm;
+/// assert_eq!("sliding_window".parse::<Algorithm>()?, Algorithm::SlidingWindow);
+/// assert_eq!(Algorithm::default(), Algorithm::Gcra);
+/// # Ok::<(), redguard::Error>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum Algorithm {
+    /// Generic cell rate algorithm: one key holding the theoretical arrival time.
+    #[default]
+    Gcra,
+    /// A counter per aligned window.
+    FixedWindow,
+    /// A log of admission times (sorted set): exact, memory grows with the count.
+    SlidingWindow,
+    /// The previous and current window's counters, weighted: approximate, O(1) memory.
+    SlidingCounter,
+    /// Tokens refilled at the rate up to the burst.
+    TokenBucket,
+    /// A bucket draining at the rate, holding up to the burst (the "meter" form).
+    LeakyBucket,
+}
+
+impl Algorithm {
+    /// Every algorithm, in the order of the table above.
+    pub const ALL: [Algorithm; 6] = [
+        Algorithm::Gcra,
+        Algorithm::TokenBucket,
+        Algorithm::LeakyBucket,
+        Algorithm::SlidingWindow,
+        Algorithm::SlidingCounter,
+        Algorithm::FixedWindow,
+    ];
+
+    /// The name used in attributes and scripts: `gcra`, `fixed_window`, ….
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Algorithm::Gcra => "gcra",
+            Algorithm::FixedWindow => "fixed_window",
+            Algorithm::SlidingWindow => "sliding_window",
+            Algorithm::SlidingCounter => "sliding_counter",
+            Algorithm::TokenBucket => "token_bucket",
+            Algorithm::LeakyBucket => "leaky_bucket",
+        }
+    }
+
+    /// True for the window algorithms, which take no burst.
+    pub fn is_window(self) -> bool {
+        matches!(
+            self,
+            Algorithm::FixedWindow | Algorithm::SlidingWindow | Algorithm::SlidingCounter
+        )
+    }
+}
+
+impl FromStr for Algorithm {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Algorithm> {
+        Algorithm::ALL
+            .into_iter()
+            .find(|algorithm| algorithm.as_str() == s)
+            .ok_or_else(|| {
+                invalid(format!(
+                    "unknown rate-limit algorithm `{s}`; expected one of gcra, fixed_window, \
+                     sliding_window, sliding_counter, token_bucket, leaky_bucket"
+                ))
+            })
+    }
+}
+
+impl fmt::Display for Algorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.pad(self.as_str())
+    }
+}
+
+/// One validated limit on one key's counting: what a store checks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Limit {
+    pub(crate) algorithm: Algorithm,
+    pub(crate) rate: Rate,
+    pub(crate) burst: u64,
+    pub(crate) cost: u64,
+    pub(crate) block: Duration,
+}
+
+impl Limit {
+    /// Validates a limit. `burst` defaults to `rate.count()` and is refused for window
+    /// algorithms; `cost` must not exceed the burst (such a call could never be admitted);
+    /// `block` (zero for none) is how long a key that exceeded its limit stays rejected.
+    ///
+    /// ```
+    /// use redguard::{Algorithm, Limit, Rate};
+    /// let limit = Limit::new(Algorithm::Gcra, Rate::per_second(5), Some(10), 1, Default::default())?;
+    /// assert_eq!(limit.burst(), 10);
+    /// let too_costly = Limit::new(Algorithm::Gcra, Rate::per_second(5), Some(10), 11, Default::default());
+    /// assert!(too_costly.is_err());
+    /// # Ok::<(), redguard::Error>(())
+    /// ```
+    pub fn new(
+        algorithm: Algorithm,
+        rate: Rate,
+        burst: Option<u64>,
+        cost: u64,
+        block: Duration,
+    ) -> Result<Limit> {
+        let burst = match burst {
+            Some(burst) if algorithm.is_window() && burst != rate.count => {
+                return Err(invalid(format!(
+                    "`{algorithm}` admits rate.count per period and takes no burst; set the \
+                     rate (e.g. \"{}/{}ms\") instead of burst = {burst}",
+                    burst,
+                    rate.period.as_millis()
+                )));
+            }
+            Some(0) => {
+                return Err(invalid(
+                    "a burst of 0 admits nothing; the burst must be at least 1".to_owned(),
+                ));
+            }
+            Some(burst) if burst > MAX_RATE_COUNT => {
+                return Err(invalid(format!(
+                    "a burst of {burst} is above the maximum {MAX_RATE_COUNT}"
+                )));
+            }
+            Some(burst) => burst,
+            None => rate.count,
+        };
+        if cost == 0 {
+            return Err(invalid(
+                "a cost of 0 is not a check; the cost must be at least 1 (use `peek` to look \
+                 without consuming)"
+                    .to_owned(),
+            ));
+        }
+        if cost > burst {
+            return Err(invalid(format!(
+                "a cost of {cost} exceeds the burst of {burst}: such a call could never be \
+                 admitted; raise the burst or lower the cost"
+            )));
+        }
+        // Keeps every microsecond quantity in the scripts exact in Lua's doubles.
+        if u128::from(burst) * u128::from(rate.interval_us()) > 1 << 50 {
+            return Err(invalid(format!(
+                "burst {burst} at {rate} spans more than 35 years; lower the burst or the period"
+            )));
+        }
+        if block > MAX_RATE_PERIOD {
+            return Err(invalid(format!(
+                "a block of {block:?} is longer than the maximum of 30 days"
+            )));
+        }
+        Ok(Limit {
+            algorithm,
+            rate,
+            burst,
+            cost,
+            block,
+        })
+    }
+
+    /// The algorithm.
+    pub fn algorithm(&self) -> Algorithm {
+        self.algorithm
+    }
+
+    /// The rate.
+    pub fn rate(&self) -> Rate {
+        self.rate
+    }
+
+    /// The capacity: the burst for bucket algorithms, `rate.count()` for window ones.
+    pub fn burst(&self) -> u64 {
+        self.burst
+    }
+
+    /// Units this call consumes.
+    pub fn cost(&self) -> u64 {
+        self.cost
+    }
+
+    /// How long a key that exceeded this limit stays rejected (zero: no penalty).
+    pub fn block(&self) -> Duration {
+        self.block
+    }
+
+    /// The time the full capacity takes to come back: the `w` of `RateLimit-Policy`.
+    pub(crate) fn window(&self) -> Duration {
+        if self.algorithm.is_window() {
+            self.rate.period
+        } else {
+            Duration::from_micros(self.burst.saturating_mul(self.rate.interval_us()))
+        }
+    }
+}
+
+fn invalid(message: String) -> Error {
+    Error::InvalidLimit(message)
+}
+
+pub(crate) fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rates() {
+        let rate = |count, secs| Rate::new(count, Duration::from_secs(secs)).unwrap();
+        assert_eq!("100/s".parse::<Rate>().unwrap(), rate(100, 1));
+        assert_eq!("5/10s".parse::<Rate>().unwrap(), rate(5, 10));
+        assert_eq!("1000/min".parse::<Rate>().unwrap(), rate(1000, 60));
+        assert_eq!("50000/h".parse::<Rate>().unwrap(), rate(50_000, 3600));
+        assert_eq!(" 7 / 2m ".parse::<Rate>().unwrap(), rate(7, 120));
+        for bad in [
+            "",
+            "100",
+            "100/",
+            "/s",
+            "0/s",
+            "5/0s",
+            "x/s",
+            "5/sec",
+            "5/ 1 s",
+            "-1/s",
+            "+1/s",
+            "1.5/s",
+            "99999999999999999999/s",
+            "5/99999999999s",
+            "2000000000/s",
+            "1/31d",
+        ] {
+            let err = bad.parse::<Rate>().unwrap_err();
+            assert!(matches!(err, Error::InvalidLimit(_)), "{bad:?}: {err:?}");
+        }
+        assert_eq!(rate(5, 10).to_string(), "5/10s");
+        assert_eq!(Rate::per_minute(3).to_string(), "3/min");
+    }
+
+    #[test]
+    fn interval_rounds_up() {
+        assert_eq!(Rate::per_second(3).interval_us(), 333_334);
+        assert_eq!(Rate::per_second(1_000_000).interval_us(), 1);
+        assert_eq!(Rate::per_second(1_000_000_000).interval_us(), 1);
+    }
+
+    #[test]
+    fn limits() {
+        let gcra = |burst, cost| {
+            Limit::new(
+                Algorithm::Gcra,
+                Rate::per_second(5),
+                burst,
+                cost,
+                Duration::ZERO,
+            )
+        };
+        assert_eq!(gcra(None, 1).unwrap().burst(), 5);
+        assert!(gcra(Some(0), 1).is_err());
+        assert!(gcra(Some(10), 0).is_err());
+        assert!(gcra(Some(10), 11).is_err());
+        assert!(gcra(None, 6).is_err());
+        let window = Limit::new(
+            Algorithm::FixedWindow,
+            Rate::per_second(5),
+            Some(10),
+            1,
+            Duration::ZERO,
+        );
+        assert!(window.is_err());
+        let slow = Limit::new(
+            Algorithm::Gcra,
+            Rate::new(1, MAX_RATE_PERIOD).unwrap(),
+            Some(MAX_RATE_COUNT),
+            1,
+            Duration::ZERO,
+        );
+        assert!(slow.is_err());
+    }
+}

@@ -1,0 +1,254 @@
+//! Rate-limit operations in memory: the same arithmetic as `rate_check.lua`, on the
+//! store's clock, under one lock so several limits are decided all-or-nothing.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use super::MemoryStore;
+use crate::error::Result;
+use crate::rate::{Algorithm, Decision, micros};
+use crate::store::{RateCheck, RateMode, RateOps, RateOutcome};
+
+/// A limit's state. Numbers are `f64` microseconds/units, as in the Lua script, so both
+/// stores round identically.
+#[derive(Debug, Clone)]
+pub(super) enum RateState {
+    Gcra {
+        tat: f64,
+        interval: f64,
+    },
+    FixedWindow {
+        win: f64,
+        used: f64,
+    },
+    SlidingWindow {
+        log: VecDeque<f64>,
+    },
+    SlidingCounter {
+        win: f64,
+        cur: f64,
+        prev: f64,
+    },
+    /// Token and leaky bucket, both kept as the level in use.
+    Bucket {
+        algorithm: Algorithm,
+        level: f64,
+        at: f64,
+    },
+}
+
+fn ceil_ms_us(us: f64) -> f64 {
+    // The Redis store's TTLs are whole milliseconds, rounded up; mirror that.
+    ((us / 1000.0).ceil().max(1.0)) * 1000.0
+}
+
+#[async_trait]
+impl RateOps for MemoryStore {
+    async fn rate_check(&self, checks: &[RateCheck<'_>], mode: RateMode) -> Result<RateOutcome> {
+        let (mut blocks, _) = self.lock(&self.tables.rate_blocks);
+        let (mut states, now_d) = self.lock(&self.tables.rates);
+        let now = micros(now_d) as f64;
+        let peek = mode == RateMode::Peek;
+        let mut decisions = Vec::with_capacity(checks.len());
+        let mut commits: Vec<Option<(RateState, f64)>> = Vec::with_capacity(checks.len());
+        for check in checks {
+            let limit = check.limit;
+            let count = limit.rate.count() as f64;
+            let period = micros(limit.rate.period()) as f64;
+            let burst = limit.burst as f64;
+            let cost = limit.cost as f64;
+            let block = micros(limit.block) as f64;
+            let t = (period / count).ceil().max(1.0);
+            let (mut allowed, mut remaining, mut reset, mut retry) = (false, 0.0, 0.0, 0.0);
+            let mut commit = None;
+            let until = blocks.get(check.key).copied().unwrap_or(0.0);
+            let state = states.get(check.key);
+            if until > now {
+                retry = until - now;
+                reset = retry;
+            } else {
+                match limit.algorithm {
+                    Algorithm::Gcra => {
+                        // Debt is rescaled in units when the rate changed, as in the script.
+                        let tat = match state {
+                            Some(RateState::Gcra { tat, interval }) if *tat > now => {
+                                if *interval == t {
+                                    *tat
+                                } else {
+                                    now + ((tat - now) * t / interval).ceil()
+                                }
+                            }
+                            _ => now,
+                        };
+                        let tau = burst * t;
+                        let new = tat + cost * t;
+                        let allow_at = new - tau;
+                        if now >= allow_at {
+                            allowed = true;
+                            remaining = ((tau - (new - now)) / t).floor();
+                            reset = new - now;
+                            commit = Some((
+                                RateState::Gcra {
+                                    tat: new,
+                                    interval: t,
+                                },
+                                new - now,
+                            ));
+                        } else {
+                            remaining = ((tau - (tat - now)) / t).floor();
+                            reset = tat - now;
+                            retry = allow_at - now;
+                        }
+                    }
+                    Algorithm::FixedWindow => {
+                        let win = (now / period).floor();
+                        let used = match state {
+                            Some(RateState::FixedWindow { win: w, used }) if *w == win => *used,
+                            _ => 0.0,
+                        };
+                        let end = (win + 1.0) * period;
+                        reset = end - now;
+                        if used + cost <= burst {
+                            allowed = true;
+                            remaining = burst - used - cost;
+                            let used = used + cost;
+                            commit = Some((RateState::FixedWindow { win, used }, end - now));
+                        } else {
+                            remaining = (burst - used).max(0.0);
+                            retry = end - now;
+                        }
+                    }
+                    Algorithm::SlidingWindow => {
+                        let lo = now - period;
+                        let mut log: VecDeque<f64> = match state {
+                            Some(RateState::SlidingWindow { log }) => {
+                                log.iter().copied().filter(|&at| at > lo).collect()
+                            }
+                            _ => VecDeque::new(),
+                        };
+                        let used = log.len() as f64;
+                        if used + cost <= burst {
+                            allowed = true;
+                            remaining = burst - used - cost;
+                            reset = period;
+                            for _ in 0..limit.cost {
+                                log.push_back(now);
+                            }
+                            commit = Some((RateState::SlidingWindow { log }, period));
+                        } else {
+                            remaining = (burst - used).max(0.0);
+                            // `used + cost - burst` is in 1..=used because cost <= burst.
+                            let k = (used + cost - burst) as usize;
+                            retry = log.get(k - 1).map_or(period, |at| at + period - now);
+                            reset = log.back().map_or(0.0, |at| at + period - now);
+                        }
+                    }
+                    Algorithm::SlidingCounter => {
+                        let win = (now / period).floor();
+                        let (cur, prev) = match state {
+                            Some(RateState::SlidingCounter { win: w, cur, prev }) if *w == win => {
+                                (*cur, *prev)
+                            }
+                            Some(RateState::SlidingCounter { win: w, cur, .. })
+                                if *w == win - 1.0 =>
+                            {
+                                (0.0, *cur)
+                            }
+                            _ => (0.0, 0.0),
+                        };
+                        let elapsed = now - win * period;
+                        let est = prev * (period - elapsed) / period + cur;
+                        if cur > 0.0 {
+                            reset = (win + 2.0) * period - now;
+                        } else if prev > 0.0 {
+                            reset = (win + 1.0) * period - now;
+                        }
+                        if est + cost <= burst {
+                            allowed = true;
+                            remaining = (burst - est - cost).floor();
+                            reset = (win + 2.0) * period - now;
+                            let state = RateState::SlidingCounter {
+                                win,
+                                cur: cur + cost,
+                                prev,
+                            };
+                            commit = Some((state, (win + 2.0) * period - now));
+                        } else {
+                            remaining = (burst - est).floor().max(0.0);
+                            let room = burst - cost - cur;
+                            retry = if room >= 0.0 && prev > 0.0 {
+                                (win * period + period * (1.0 - room / prev) - now).ceil()
+                            } else {
+                                let e = if cur > 0.0 {
+                                    (period * (1.0 - (burst - cost) / cur)).max(0.0)
+                                } else {
+                                    0.0
+                                };
+                                ((win + 1.0) * period + e - now).ceil()
+                            };
+                            retry = retry.max(1.0);
+                        }
+                    }
+                    algorithm @ (Algorithm::TokenBucket | Algorithm::LeakyBucket) => {
+                        let level = match state {
+                            Some(RateState::Bucket {
+                                algorithm: a,
+                                level,
+                                at,
+                            }) if *a == algorithm => (level - (now - at) / t).max(0.0),
+                            _ => 0.0,
+                        };
+                        if level + cost <= burst {
+                            allowed = true;
+                            let after = level + cost;
+                            remaining = (burst - after).floor();
+                            reset = (after * t).ceil();
+                            let state = RateState::Bucket {
+                                algorithm,
+                                level: after,
+                                at: now,
+                            };
+                            commit = Some((state, after * t));
+                        } else {
+                            remaining = (burst - level).floor().max(0.0);
+                            reset = (level * t).ceil();
+                            retry = ((level + cost - burst) * t).ceil().max(1.0);
+                        }
+                    }
+                }
+            }
+            if !allowed && block > 0.0 && !peek && until <= now {
+                blocks.put(
+                    check.key,
+                    now + block,
+                    Duration::from_micros((now + ceil_ms_us(block)) as u64),
+                );
+                retry = retry.max(block);
+                reset = reset.max(block);
+            }
+            commits.push(commit);
+            decisions.push(Decision {
+                allowed,
+                limit: limit.burst,
+                remaining: remaining as u64,
+                reset_after: Duration::from_micros(reset as u64),
+                retry_after: Duration::from_micros(retry as u64),
+                window: limit.window(),
+            });
+        }
+        if !peek && decisions.iter().all(|d| d.allowed) {
+            for (check, commit) in checks.iter().zip(commits) {
+                if let Some((state, ttl)) = commit {
+                    let expires = Duration::from_micros((now + ceil_ms_us(ttl)) as u64);
+                    states.put(check.key, state, expires);
+                }
+            }
+        }
+        Ok(RateOutcome {
+            now: Duration::from_micros(now as u64),
+            decisions,
+        })
+    }
+}

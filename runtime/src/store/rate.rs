@@ -1,0 +1,60 @@
+//! Store operations of rate limits.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::error::Result;
+use crate::key::Key;
+use crate::rate::{Decision, Limit};
+
+/// Rate-limit operations of a [`Store`](super::Store).
+///
+/// One call checks any number of limits **all-or-nothing**: each limit's decision is computed
+/// against the same store time, and only when every one admits (and `mode` is
+/// [`RateMode::Consume`]) are they all charged. A limit that rejects charges nothing anywhere,
+/// so a per-user limit turning a call away does not use up the global one, and vice versa.
+///
+/// On Redis this is one script over every key. Today's Redis store is single-node, where any
+/// keys may share a script; Redis Cluster support (issue 8) will have to group limits by hash
+/// slot (each limit key carries its own `{scope:body}` tag) and fall back to a documented
+/// two-phase rule across slots.
+#[async_trait]
+pub trait RateOps {
+    /// Decides `checks` together at the store's current time.
+    async fn rate_check(&self, checks: &[RateCheck<'_>], mode: RateMode) -> Result<RateOutcome>;
+}
+
+/// One limit on one key.
+#[derive(Debug, Clone, Copy)]
+pub struct RateCheck<'a> {
+    /// The limit's state key.
+    pub key: &'a Key,
+    /// The limit.
+    pub limit: &'a Limit,
+}
+
+/// Whether a check counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RateMode {
+    /// Charge every limit when all admit.
+    Consume,
+    /// Report the decisions, change nothing.
+    Peek,
+}
+
+/// What [`RateOps::rate_check`] decided.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RateOutcome {
+    /// The store's time the decisions were made at (Redis `TIME`), since the Unix epoch.
+    pub now: Duration,
+    /// One decision per check, in order. The call is admitted only when all allow.
+    pub decisions: Vec<Decision>,
+}
+
+impl RateOutcome {
+    /// True when every limit admitted the call.
+    pub fn allowed(&self) -> bool {
+        self.decisions.iter().all(|d| d.allowed)
+    }
+}

@@ -1,0 +1,235 @@
+-- Check several rate limits all-or-nothing at Redis's time.
+-- KEYS: per limit i, KEYS[2i-1] its state key and KEYS[2i] its block (penalty) key.
+-- ARGV[1] '1' to peek (write nothing), ARGV[2] a per-call nonce (sliding-log members);
+-- then per limit 6 values: algorithm, count, period_us, burst, cost, block_us.
+-- Returns { now_us, then per limit: allowed (0/1), remaining, reset_us, retry_us }.
+--
+-- Numbers: every quantity is an integer number of microseconds or units below 2^53, so
+-- Lua's doubles hold it exactly; numbers are formatted with %.0f / %.17g before reaching
+-- Redis, because Redis would print them with 14 significant digits.
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local peek = ARGV[1] == '1'
+local nonce = ARGV[2]
+local n = #KEYS / 2
+
+local function int(x) return string.format('%.0f', x) end
+local function num(x) return string.format('%.17g', x) end
+local function ms(us) -- a PX/PEXPIRE value covering `us`, at least 1
+  local v = math.ceil(us / 1000)
+  if v < 1 then v = 1 end
+  return int(v)
+end
+
+-- The state of `key` if it has `ty` (and, for hashes, belongs to `algo`); nil when absent or
+-- left by another algorithm (a configuration change: that state is replaced on commit).
+local function hash_state(key, algo)
+  local ty = redis.call('TYPE', key).ok
+  if ty == 'none' then return nil, false end
+  if ty ~= 'hash' then return nil, true end
+  local h = redis.call('HGETALL', key)
+  local s = {}
+  for j = 1, #h, 2 do s[h[j]] = h[j + 1] end
+  if s.a ~= algo then return nil, true end
+  return s, false
+end
+
+local out = { now }
+local commits = {}
+local all = true
+
+for i = 1, n do
+  local key, bkey = KEYS[2 * i - 1], KEYS[2 * i]
+  local b = 2 + (i - 1) * 6
+  local algo = ARGV[b + 1]
+  local count = tonumber(ARGV[b + 2])
+  local period = tonumber(ARGV[b + 3])
+  local burst = tonumber(ARGV[b + 4])
+  local cost = tonumber(ARGV[b + 5])
+  local block = tonumber(ARGV[b + 6])
+  local T = math.ceil(period / count)
+  if T < 1 then T = 1 end
+
+  local allowed, remaining, reset, retry = 0, 0, 0, 0
+  local commit = nil
+  local until_us = tonumber(redis.call('GET', bkey) or '0') or 0
+
+  if until_us > now then
+    -- Blocked: rejected without counting.
+    retry = until_us - now
+    reset = retry
+  elseif algo == 'gcra' then
+    -- State: "<tat>:<T it was computed with>". When the rate changed, the debt is rescaled
+    -- in units (not in time), so a lowered rate never admits beyond the new limit.
+    local ty = redis.call('TYPE', key).ok
+    local tat = now
+    if ty == 'string' then
+      local v = redis.call('GET', key)
+      local a, old_t = string.match(v, '^(%d+):(%d+)$')
+      a, old_t = tonumber(a), tonumber(old_t)
+      if a and old_t and a > now then
+        if old_t == T then
+          tat = a
+        else
+          tat = now + math.ceil((a - now) * T / old_t)
+        end
+      end
+    end
+    local tau = burst * T
+    local new = tat + cost * T
+    local allow_at = new - tau
+    if now >= allow_at then
+      allowed = 1
+      remaining = math.floor((tau - (new - now)) / T)
+      reset = new - now
+      commit = function()
+        if ty ~= 'string' and ty ~= 'none' then redis.call('DEL', key) end
+        redis.call('SET', key, int(new) .. ':' .. int(T), 'PX', ms(new - now))
+      end
+    else
+      remaining = math.floor((tau - (tat - now)) / T)
+      reset = tat - now
+      retry = allow_at - now
+    end
+  elseif algo == 'fixed_window' then
+    local s, foreign = hash_state(key, 'fw')
+    local win = math.floor(now / period)
+    local used = 0
+    if s and tonumber(s.w) == win then used = tonumber(s.n) or 0 end
+    local win_end = (win + 1) * period
+    if used + cost <= burst then
+      allowed = 1
+      remaining = burst - used - cost
+      reset = win_end - now
+      commit = function()
+        if foreign then redis.call('DEL', key) end
+        redis.call('HSET', key, 'a', 'fw', 'w', int(win), 'n', int(used + cost))
+        redis.call('PEXPIRE', key, ms(win_end - now))
+      end
+    else
+      remaining = math.max(burst - used, 0)
+      reset = win_end - now
+      retry = win_end - now
+    end
+  elseif algo == 'sliding_window' then
+    local ty = redis.call('TYPE', key).ok
+    local foreign = ty ~= 'zset' and ty ~= 'none'
+    local lo = '(' .. int(now - period)
+    local used = 0
+    if ty == 'zset' then used = redis.call('ZCOUNT', key, lo, '+inf') end
+    if used + cost <= burst then
+      allowed = 1
+      remaining = burst - used - cost
+      reset = period
+      commit = function()
+        if foreign then redis.call('DEL', key) end
+        redis.call('ZREMRANGEBYSCORE', key, '-inf', int(now - period))
+        for j = 1, cost do
+          redis.call('ZADD', key, int(now), nonce .. j)
+        end
+        redis.call('PEXPIRE', key, ms(period))
+      end
+    else
+      remaining = math.max(burst - used, 0)
+      -- The call fits once the (used + cost - burst)-th oldest entry leaves the window.
+      local k = used + cost - burst
+      local e = redis.call('ZRANGEBYSCORE', key, lo, '+inf', 'WITHSCORES', 'LIMIT', k - 1, 1)
+      retry = tonumber(e[2]) + period - now
+      local last = redis.call('ZREVRANGEBYSCORE', key, '+inf', lo, 'WITHSCORES', 'LIMIT', 0, 1)
+      reset = tonumber(last[2]) + period - now
+    end
+  elseif algo == 'sliding_counter' then
+    local s, foreign = hash_state(key, 'sc')
+    local win = math.floor(now / period)
+    local cur, prev = 0, 0
+    if s then
+      local w = tonumber(s.w)
+      if w == win then
+        cur, prev = tonumber(s.c) or 0, tonumber(s.p) or 0
+      elseif w == win - 1 then
+        prev = tonumber(s.c) or 0
+      end
+    end
+    local elapsed = now - win * period
+    local est = prev * (period - elapsed) / period + cur
+    if cur > 0 then
+      reset = (win + 2) * period - now
+    elseif prev > 0 then
+      reset = (win + 1) * period - now
+    end
+    if est + cost <= burst then
+      allowed = 1
+      remaining = math.floor(burst - est - cost)
+      reset = (win + 2) * period - now
+      commit = function()
+        if foreign then redis.call('DEL', key) end
+        redis.call('HSET', key, 'a', 'sc', 'w', int(win), 'c', int(cur + cost), 'p', int(prev))
+        redis.call('PEXPIRE', key, ms((win + 2) * period - now))
+      end
+    else
+      remaining = math.max(math.floor(burst - est), 0)
+      local room = burst - cost - cur
+      if room >= 0 and prev > 0 then
+        -- Later in this window, once the previous window's weight has shrunk enough.
+        retry = math.ceil(win * period + period * (1 - room / prev) - now)
+      else
+        -- In the next window, where this window's count becomes the weighted one.
+        local e = 0
+        if cur > 0 then e = period * (1 - (burst - cost) / cur) end
+        if e < 0 then e = 0 end
+        retry = math.ceil((win + 1) * period + e - now)
+      end
+      if retry < 1 then retry = 1 end
+    end
+  elseif algo == 'token_bucket' or algo == 'leaky_bucket' then
+    -- Both keep the level in use (tokens taken / water held), in units, draining one unit
+    -- per T microseconds; a token bucket's tokens are burst - level. Units rather than
+    -- tokens survive a change of burst without admitting beyond the new one.
+    local tag = algo == 'token_bucket' and 'tb' or 'lb'
+    local s, foreign = hash_state(key, tag)
+    local level = 0 -- units in use, as a leaky bucket's level
+    if s then
+      local last = tonumber(s.u) or now
+      level = (tonumber(s.v) or 0) - (now - last) / T
+      if level < 0 then level = 0 end
+    end
+    if level + cost <= burst then
+      allowed = 1
+      local after = level + cost
+      remaining = math.floor(burst - after)
+      reset = math.ceil(after * T)
+      commit = function()
+        if foreign then redis.call('DEL', key) end
+        redis.call('HSET', key, 'a', tag, 'v', num(after), 'u', int(now))
+        redis.call('PEXPIRE', key, ms(after * T))
+      end
+    else
+      remaining = math.max(math.floor(burst - level), 0)
+      reset = math.ceil(level * T)
+      retry = math.ceil((level + cost - burst) * T)
+      if retry < 1 then retry = 1 end
+    end
+  else
+    return redis.error_reply('ERR redguard rate_check: unknown algorithm ' .. tostring(algo))
+  end
+
+  if allowed == 0 then
+    all = false
+    if block > 0 and not peek and until_us <= now then
+      -- The penalty: reject this key for `block` without counting.
+      redis.call('SET', bkey, int(now + block), 'PX', ms(block))
+      retry = math.max(retry, block)
+      reset = math.max(reset, block)
+    end
+  end
+  commits[i] = commit
+  out[#out + 1] = allowed
+  out[#out + 1] = math.max(remaining, 0)
+  out[#out + 1] = math.max(reset, 0)
+  out[#out + 1] = math.max(retry, 0)
+end
+
+if all and not peek then
+  for i = 1, n do commits[i]() end
+end
+return out

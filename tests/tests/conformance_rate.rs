@@ -1,0 +1,291 @@
+//! Rate-limit conformance: each case runs against the in-memory store and a real Redis
+//! (see `redguard_tests::conformance!`), which must decide identically.
+
+use std::time::Duration;
+
+use redguard::{Algorithm, Error, Limiter, Rate, Redguard};
+
+redguard_tests::conformance!(
+    every_algorithm_admits_its_capacity_then_rejects,
+    gcra_retry_after_is_the_emission_interval,
+    peek_does_not_count,
+    cost_counts_units_and_cost_above_burst_is_refused,
+    stacked_rejection_by_user_does_not_charge_global,
+    stacked_rejection_by_global_does_not_charge_user,
+    block_rejects_without_counting_then_lifts,
+    lowering_the_limit_never_admits_beyond_it,
+    changing_the_algorithm_replaces_state,
+    bad_runtime_values_are_errors_not_panics,
+    decision_headers_for_a_rejection,
+);
+
+fn limiter(rg: &Redguard, name: &str, algorithm: Algorithm, rate: &str) -> Limiter {
+    redguard::limiter(name)
+        .on(rg)
+        .algorithm(algorithm)
+        .rate(rate)
+}
+
+async fn every_algorithm_admits_its_capacity_then_rejects(rg: Redguard) {
+    for algorithm in Algorithm::ALL {
+        let l = limiter(&rg, algorithm.as_str(), algorithm, "5/10s");
+        for i in 0..5 {
+            let d = l.check().await.unwrap();
+            assert!(d.allowed, "{algorithm}: call {i} rejected: {d:?}");
+            assert_eq!(d.limit, 5, "{algorithm}");
+            assert_eq!(d.remaining, 4 - i, "{algorithm}: {d:?}");
+            assert_eq!(d.retry_after, Duration::ZERO, "{algorithm}");
+        }
+        let d = l.check().await.unwrap();
+        assert!(!d.allowed, "{algorithm}: sixth call admitted");
+        assert_eq!(d.remaining, 0, "{algorithm}");
+        // Within one period, except the sliding counter: its full previous window still
+        // weighs in early in the next one (up to 1.2 periods here).
+        let longest = if algorithm == Algorithm::SlidingCounter {
+            12
+        } else {
+            10
+        };
+        assert!(
+            d.retry_after > Duration::ZERO && d.retry_after <= Duration::from_secs(longest),
+            "{algorithm}: {d:?}"
+        );
+        assert!(
+            d.reset_after <= Duration::from_secs(20),
+            "{algorithm}: {d:?}"
+        );
+        let err = l.enforce().await.unwrap_err();
+        assert!(
+            matches!(err, Error::RateLimited(d) if !d.allowed),
+            "{err:?}"
+        );
+    }
+}
+
+async fn gcra_retry_after_is_the_emission_interval(rg: Redguard) {
+    // 10/s: one unit every 100 ms; burst 3.
+    let l = limiter(&rg, "gcra", Algorithm::Gcra, "10/s").burst(3);
+    for _ in 0..3 {
+        assert!(l.check().await.unwrap().allowed);
+    }
+    let d = l.check().await.unwrap();
+    assert!(!d.allowed);
+    // Some time passed between the calls, so a little less than 100 ms is left.
+    assert!(
+        d.retry_after <= Duration::from_millis(100) && d.retry_after > Duration::from_millis(20),
+        "{d:?}"
+    );
+    assert!(d.reset_after <= Duration::from_millis(300), "{d:?}");
+    assert_eq!(d.window, Duration::from_millis(300));
+    tokio::time::sleep(d.retry_after + Duration::from_millis(5)).await;
+    assert!(l.check().await.unwrap().allowed);
+}
+
+async fn peek_does_not_count(rg: Redguard) {
+    for algorithm in Algorithm::ALL {
+        let l = limiter(&rg, "peek", algorithm, "2/min").scope(algorithm.as_str());
+        for _ in 0..5 {
+            let d = l.peek().await.unwrap();
+            assert!(d.allowed && d.remaining == 1, "{algorithm}: {d:?}");
+        }
+        assert!(l.check().await.unwrap().allowed);
+        assert!(l.check().await.unwrap().allowed);
+        let d = l.peek().await.unwrap();
+        assert!(!d.allowed && d.remaining == 0, "{algorithm}: {d:?}");
+    }
+}
+
+async fn cost_counts_units_and_cost_above_burst_is_refused(rg: Redguard) {
+    for algorithm in Algorithm::ALL {
+        let l = limiter(&rg, "cost", algorithm, "10/min").scope(algorithm.as_str());
+        let d = l.clone().cost(7).check().await.unwrap();
+        assert!(d.allowed && d.remaining == 3, "{algorithm}: {d:?}");
+        let d = l.clone().cost(4).check().await.unwrap();
+        assert!(!d.allowed && d.remaining == 3, "{algorithm}: {d:?}");
+        let d = l.clone().cost(3).check().await.unwrap();
+        assert!(d.allowed && d.remaining == 0, "{algorithm}: {d:?}");
+        let err = l.clone().cost(11).check().await.unwrap_err();
+        assert!(
+            matches!(err, Error::InvalidLimit(ref m) if m.contains("exceeds the burst")),
+            "{err}"
+        );
+    }
+}
+
+async fn stacked_rejection_by_user_does_not_charge_global(rg: Redguard) {
+    for algorithm in Algorithm::ALL {
+        let scope = algorithm.as_str();
+        let global = limiter(&rg, "orders", algorithm, "100/min").scope(scope);
+        let user = |id: u64| {
+            limiter(&rg, "orders:user:", algorithm, "2/min")
+                .part("user", &id)
+                .scope(scope)
+        };
+        let both = global.clone().and(user(1));
+        assert!(both.enforce().await.is_ok());
+        assert!(both.enforce().await.is_ok());
+        for _ in 0..10 {
+            let err = both.enforce().await.unwrap_err();
+            assert!(matches!(err, Error::RateLimited(_)), "{err:?}");
+            // The decisions say which limit said no.
+            let ds = both.peek().await.unwrap();
+            assert!(ds[0].allowed && !ds[1].allowed, "{ds:?}");
+        }
+        // Only the two admitted calls were charged to the global limit.
+        assert_eq!(global.peek().await.unwrap().remaining, 97, "{algorithm}");
+        // Another user still gets in.
+        assert!(global.clone().and(user(2)).enforce().await.is_ok());
+        assert_eq!(global.peek().await.unwrap().remaining, 96, "{algorithm}");
+    }
+}
+
+async fn stacked_rejection_by_global_does_not_charge_user(rg: Redguard) {
+    for algorithm in Algorithm::ALL {
+        let scope = algorithm.as_str();
+        let global = limiter(&rg, "search", algorithm, "3/min").scope(scope);
+        let user = |id: u64| {
+            limiter(&rg, "search:user:", algorithm, "10/min")
+                .part("user", &id)
+                .scope(scope)
+        };
+        for id in 1..=3 {
+            assert!(global.clone().and(user(id)).enforce().await.is_ok());
+        }
+        for id in 1..=5 {
+            let ds = global.clone().and(user(id)).check().await.unwrap();
+            assert!(!ds[0].allowed && ds[1].allowed, "{algorithm}: {ds:?}");
+        }
+        assert_eq!(user(1).peek().await.unwrap().remaining, 8, "{algorithm}");
+        assert_eq!(user(4).peek().await.unwrap().remaining, 9, "{algorithm}");
+    }
+}
+
+async fn block_rejects_without_counting_then_lifts(rg: Redguard) {
+    // 10/s refills a unit every 100 ms; the 400 ms block is what keeps the key out after.
+    let l = limiter(&rg, "login", Algorithm::Gcra, "10/s")
+        .burst(2)
+        .block(Duration::from_millis(400));
+    assert!(l.check().await.unwrap().allowed);
+    assert!(l.check().await.unwrap().allowed);
+    let d = l.check().await.unwrap();
+    assert!(!d.allowed);
+    assert!(d.retry_after >= Duration::from_millis(390), "{d:?}");
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    for _ in 0..5 {
+        let d = l.check().await.unwrap();
+        assert!(!d.allowed, "admitted while blocked");
+        assert!(
+            d.retry_after <= Duration::from_millis(260),
+            "block extended: {d:?}"
+        );
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The rejected calls were not counted: the full burst is back.
+    let d = l.check().await.unwrap();
+    assert!(d.allowed, "{d:?}");
+    assert_eq!(d.remaining, 1);
+}
+
+async fn lowering_the_limit_never_admits_beyond_it(rg: Redguard) {
+    for algorithm in Algorithm::ALL {
+        let scope = algorithm.as_str();
+        let before = limiter(&rg, "cfg", algorithm, "10/min").scope(scope);
+        for _ in 0..6 {
+            assert!(before.check().await.unwrap().allowed, "{algorithm}");
+        }
+        // Configuration now says 4/min: 6 were already admitted, so nothing more is.
+        let after = limiter(&rg, "cfg", algorithm, "4/min").scope(scope);
+        let d = after.check().await.unwrap();
+        assert!(
+            !d.allowed,
+            "{algorithm}: admitted beyond the lowered limit: {d:?}"
+        );
+        // Raising it again admits only up to the new capacity.
+        let raised = limiter(&rg, "cfg", algorithm, "8/min").scope(scope);
+        let mut admitted = 0;
+        for _ in 0..10 {
+            admitted += u32::from(raised.check().await.unwrap().allowed);
+        }
+        assert_eq!(admitted, 2, "{algorithm}");
+    }
+}
+
+async fn changing_the_algorithm_replaces_state(rg: Redguard) {
+    let mut previous: Option<Algorithm> = None;
+    for algorithm in Algorithm::ALL.into_iter().chain([Algorithm::Gcra]) {
+        let l = limiter(&rg, "switch", algorithm, "3/min");
+        let d = l
+            .check()
+            .await
+            .unwrap_or_else(|e| panic!("{previous:?} -> {algorithm}: {e}"));
+        assert!(d.allowed, "{previous:?} -> {algorithm}: {d:?}");
+        previous = Some(algorithm);
+    }
+}
+
+async fn bad_runtime_values_are_errors_not_panics(rg: Redguard) {
+    let base = || redguard::limiter("cfg").on(&rg);
+    for rate in ["0/s", "ten/s", "5/fortnight", "", "1/0s"] {
+        let err = base().rate(rate).check().await.unwrap_err();
+        assert!(matches!(err, Error::InvalidLimit(_)), "{rate:?}: {err:?}");
+    }
+    let err = base().check().await.unwrap_err();
+    assert!(matches!(err, Error::InvalidLimit(_)), "{err:?}");
+    let err = base().rate("5/s").burst(0).check().await.unwrap_err();
+    assert!(matches!(err, Error::InvalidLimit(_)), "{err:?}");
+    let err = base().rate("5/s").cost(0).check().await.unwrap_err();
+    assert!(matches!(err, Error::InvalidLimit(_)), "{err:?}");
+    let err = base()
+        .rate("5/s")
+        .algorithm(Algorithm::FixedWindow)
+        .burst(9)
+        .check()
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::InvalidLimit(_)), "{err:?}");
+    let twice = base().rate("5/s").and(base().rate("10/s"));
+    let err = twice.check().await.unwrap_err();
+    assert!(matches!(err, Error::InvalidLimit(_)), "{err:?}");
+    let err = redguard::limiter("ip:")
+        .on(&rg)
+        .part("ip", "a b")
+        .rate("5/s")
+        .check()
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::InvalidKey { .. }), "{err:?}");
+    let err = redguard::limiter("ip:")
+        .on(&rg)
+        .part("ip", &None::<String>)
+        .rate("5/s")
+        .check()
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::MissingKey { .. }), "{err:?}");
+}
+
+async fn decision_headers_for_a_rejection(rg: Redguard) {
+    let l = limiter(&rg, "hdr", Algorithm::FixedWindow, "2/h");
+    let allowed = l.check().await.unwrap();
+    let headers = allowed.headers();
+    assert_eq!(headers.len(), 2, "{headers:?}");
+    assert_eq!(
+        headers[0],
+        ("RateLimit-Policy", "\"default\";q=2;w=3600".to_owned())
+    );
+    assert!(
+        headers[1].1.starts_with("\"default\";r=1;t="),
+        "{headers:?}"
+    );
+    l.check().await.unwrap();
+    let rejected = l.check().await.unwrap();
+    let headers = rejected.headers();
+    assert_eq!(headers[0].0, "Retry-After");
+    let secs: u64 = headers[0].1.parse().unwrap();
+    assert!((1..=3600).contains(&secs), "{headers:?}");
+    assert!(
+        headers[2].1.starts_with("\"default\";r=0;t="),
+        "{headers:?}"
+    );
+    let _ = Rate::per_hour(2);
+}

@@ -1,0 +1,197 @@
+//! Rate limits under a failing Redis: killed mid-run the limiter fails open (allow, log,
+//! count), and enforces again once Redis is back, without a restart of the service. Also
+//! reports the memory each algorithm's state takes in Redis.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use metrics::{
+    Counter, CounterFn, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit,
+};
+use redguard::{Algorithm, Error, FailMode, GuardKind, Redguard};
+use redguard_tests::RedisServer;
+
+/// Counts `redguard_backend_errors_total{guard="rate", outcome=...}` increments.
+#[derive(Debug, Default)]
+struct BackendErrors {
+    fail_open: Arc<AtomicU64>,
+    fail_closed: Arc<AtomicU64>,
+}
+
+#[derive(Debug)]
+struct Count(Arc<AtomicU64>);
+
+impl CounterFn for Count {
+    fn increment(&self, value: u64) {
+        self.0.fetch_add(value, Ordering::SeqCst);
+    }
+    fn absolute(&self, value: u64) {
+        self.0.store(value, Ordering::SeqCst);
+    }
+}
+
+impl Recorder for BackendErrors {
+    fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+    fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+    fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+
+    fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
+        let label = |name: &str| {
+            key.labels()
+                .find(|l| l.key() == name)
+                .map(|l| l.value().to_owned())
+        };
+        if key.name() == "redguard_backend_errors_total"
+            && label("guard").as_deref() == Some("rate")
+        {
+            match label("outcome").as_deref() {
+                Some("fail_open") => {
+                    return Counter::from_arc(Arc::new(Count(self.fail_open.clone())));
+                }
+                Some("fail_closed") => {
+                    return Counter::from_arc(Arc::new(Count(self.fail_closed.clone())));
+                }
+                _ => {}
+            }
+        }
+        Counter::noop()
+    }
+
+    fn register_gauge(&self, _: &Key, _: &Metadata<'_>) -> Gauge {
+        Gauge::noop()
+    }
+
+    fn register_histogram(&self, _: &Key, _: &Metadata<'_>) -> Histogram {
+        Histogram::noop()
+    }
+}
+
+fn recorder() -> &'static BackendErrors {
+    static RECORDER: OnceLock<&'static BackendErrors> = OnceLock::new();
+    RECORDER.get_or_init(|| {
+        let recorder: &'static BackendErrors = Box::leak(Box::default());
+        metrics::set_global_recorder(recorder).expect("install the test recorder");
+        recorder
+    })
+}
+
+const TIMEOUT: Duration = Duration::from_millis(200);
+/// Scheduling noise allowed on top of the timeout on a loaded 2-core machine.
+const SLACK: Duration = Duration::from_millis(400);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_redis_fails_open_counts_and_recovers() {
+    let errors = recorder();
+    let mut server = RedisServer::start();
+    let rg = Redguard::redis(server.url())
+        .timeout(TIMEOUT)
+        .connect()
+        .await
+        .unwrap();
+    let limiter = redguard::limiter("api").on(&rg).rate("5/min");
+    for _ in 0..5 {
+        assert!(limiter.check().await.unwrap().allowed);
+    }
+    assert!(
+        !limiter.check().await.unwrap().allowed,
+        "enforcing before the fault"
+    );
+
+    server.kill();
+    let before = errors.fail_open.load(Ordering::SeqCst);
+    for i in 0..10 {
+        let started = Instant::now();
+        let d = limiter.check().await.unwrap();
+        assert!(
+            d.allowed,
+            "call {i} during the outage was not let through: {d:?}"
+        );
+        assert!(
+            started.elapsed() < TIMEOUT + SLACK,
+            "call {i} took {:?}",
+            started.elapsed()
+        );
+    }
+    let counted = errors.fail_open.load(Ordering::SeqCst) - before;
+    assert!(counted >= 10, "backend errors counted: {counted}");
+
+    // Back, empty, on the same port: the same handle enforces again (reconnect, script
+    // reloaded on NOSCRIPT) without being rebuilt.
+    server.restart();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut admitted = 0;
+    loop {
+        assert!(
+            Instant::now() < deadline,
+            "the limiter never enforced again"
+        );
+        let seen = errors.fail_open.load(Ordering::SeqCst);
+        let d = limiter.check().await.unwrap();
+        if errors.fail_open.load(Ordering::SeqCst) != seen {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue; // still degraded
+        }
+        if d.allowed {
+            admitted += 1;
+        } else {
+            break;
+        }
+    }
+    assert_eq!(admitted, 5, "the fresh Redis admitted exactly the limit");
+    server.assert_every_key_has_ttl();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fail_closed_refuses_while_down() {
+    let errors = recorder();
+    let mut server = RedisServer::start();
+    let rg = Redguard::redis(server.url())
+        .timeout(TIMEOUT)
+        .fail_mode(GuardKind::RateLimit, FailMode::Closed)
+        .connect()
+        .await
+        .unwrap();
+    let limiter = redguard::limiter("api").on(&rg).rate("5/min");
+    assert!(limiter.check().await.unwrap().allowed);
+    server.kill();
+    let before = errors.fail_closed.load(Ordering::SeqCst);
+    let err = limiter.check().await.unwrap_err();
+    assert!(matches!(err, Error::Backend(_)), "{err:?}");
+    assert!(errors.fail_closed.load(Ordering::SeqCst) > before);
+}
+
+#[tokio::test]
+async fn memory_usage_per_key() {
+    let server = RedisServer::start();
+    let rg = redguard_tests::connect(&server).await;
+    let mut conn = server.connection();
+    println!("MEMORY USAGE per key (Redis 7, state after N admitted calls):");
+    for algorithm in Algorithm::ALL {
+        for n in [10u64, 100] {
+            let name = format!("{}-{n}", algorithm.as_str());
+            let limiter = redguard::limiter(&name)
+                .on(&rg)
+                .algorithm(algorithm)
+                .rate(redguard::Rate::per_minute(1000));
+            for _ in 0..n {
+                assert!(limiter.check().await.unwrap().allowed);
+            }
+            let key = format!("redguard:rate:{{limiter:{name}}}");
+            let bytes: u64 = redis::cmd("MEMORY")
+                .arg("USAGE")
+                .arg(&key)
+                .query(&mut conn)
+                .unwrap();
+            println!("  {algorithm:<16} after {n:>3} calls: {bytes:>5} bytes");
+            if algorithm == Algorithm::SlidingWindow {
+                // One entry per admitted unit: grows with the count.
+                assert!(bytes > n * 8, "{algorithm}: {bytes}");
+            } else {
+                // O(1): the same size whatever the count.
+                assert!(bytes <= 200, "{algorithm}: {bytes} bytes");
+            }
+        }
+    }
+    server.assert_every_key_has_ttl();
+}
