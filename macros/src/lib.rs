@@ -20,7 +20,7 @@ use proc_macro::TokenStream;
 
 /// Runs the same business intent once; retries get the first result back.
 ///
-/// ```ignore
+/// ```text
 /// #[redguard::idempotent(key = "{user_id}:{req.request_id}", expire = 600)]
 /// async fn submit_order(user_id: u64, req: SubmitOrder) -> Result<Receipt, OrderError> { .. }
 /// ```
@@ -31,7 +31,7 @@ pub fn idempotent(attr: TokenStream, item: TokenStream) -> TokenStream {
 
 /// Lets one holder at a time across all instances run the fn.
 ///
-/// ```ignore
+/// ```text
 /// #[redguard::dist_lock(key = "stock:{sku}", wait = "300ms")]
 /// async fn reserve_stock(sku: &str, qty: u32) -> Result<(), OrderError> { .. }
 /// ```
@@ -42,7 +42,7 @@ pub fn dist_lock(attr: TokenStream, item: TokenStream) -> TokenStream {
 
 /// Admits at most N calls per period, decided in Redis with Redis's clock.
 ///
-/// ```ignore
+/// ```text
 /// #[redguard::rate_limit(key = "order:submit", rate = "500/s", burst = 1000)]            // whole API
 /// #[redguard::rate_limit(key = "order:submit:user:{user_id}", rate = "5/s", burst = 10)] // per user
 /// async fn submit_order(user_id: u64, req: SubmitOrder) -> Result<Receipt, OrderError> { .. }
@@ -78,7 +78,7 @@ pub fn dist_lock(attr: TokenStream, item: TokenStream) -> TokenStream {
 /// the others.
 ///
 /// # Equivalent code without `#[rate_limit]`
-/// ```ignore
+/// ```text
 /// async fn submit_order(user_id: u64, req: SubmitOrder) -> Result<Receipt, OrderError> {
 ///     redguard::limiter("order:submit:user:")
 ///         .part("user_id", &user_id)
