@@ -109,11 +109,42 @@ impl Redguard {
     pub fn redis(url: impl Into<String>) -> Builder {
         Builder {
             backend: Backend::Redis(RedisTarget {
-                url: url.into(),
+                urls: vec![url.into()],
+                cluster: false,
                 tls_root_ca: None,
             }),
             settings: Settings::default(),
             misuse: None,
+        }
+    }
+
+    /// Starts building a handle on a Redis Cluster, given some of its nodes' URLs (the rest
+    /// are discovered). Each guard operation stays one script on one node: all keys it
+    /// touches share a hash tag.
+    ///
+    /// ```no_run
+    /// # async fn run() -> redguard::Result<()> {
+    /// let rg = redguard::Redguard::redis_cluster(["redis://10.0.0.1:7000", "redis://10.0.0.2:7000"])
+    ///     .connect()
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn redis_cluster<I, S>(nodes: I) -> Builder
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        let urls: Vec<String> = nodes.into_iter().map(Into::into).collect();
+        Builder {
+            misuse: urls
+                .is_empty()
+                .then_some("a Redis Cluster needs at least one node URL"),
+            backend: Backend::Redis(RedisTarget {
+                urls,
+                cluster: true,
+                tls_root_ca: None,
+            }),
+            settings: Settings::default(),
         }
     }
 
@@ -278,7 +309,9 @@ enum Backend {
 /// Where a Redis store connects.
 #[derive(Debug)]
 pub(crate) struct RedisTarget {
-    pub(crate) url: String,
+    /// One URL, or a Cluster's seed nodes.
+    pub(crate) urls: Vec<String>,
+    pub(crate) cluster: bool,
     /// PEM root certificate(s) to trust for `rediss://` instead of the system's roots.
     pub(crate) tls_root_ca: Option<Vec<u8>>,
 }

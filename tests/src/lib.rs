@@ -33,6 +33,8 @@ pub struct RedisServer {
     core: Option<String>,
     /// With TLS: the TLS port (the plain port stays open for the harness's own inspection).
     tls_port: Option<u16>,
+    /// More `redis-server` arguments (cluster mode).
+    extra_args: Vec<String>,
 }
 
 impl RedisServer {
@@ -58,6 +60,7 @@ impl RedisServer {
                 child: None,
                 core: core.map(str::to_owned),
                 tls_port: None,
+                extra_args: Vec::new(),
             };
             if server.spawn() {
                 return server;
@@ -75,10 +78,29 @@ impl RedisServer {
             child: None,
             core: None,
             tls_port: Some(free_port()),
+            extra_args: Vec::new(),
         };
         make_test_certificates(server.dir.path());
         assert!(server.spawn(), "redis-server with TLS did not start");
         server
+    }
+
+    /// Starts a server with `args` added to its command line.
+    pub fn start_with(args: &[&str]) -> RedisServer {
+        for _ in 0..5 {
+            let mut server = RedisServer {
+                port: free_port(),
+                dir: tempfile::tempdir().expect("create a temp dir for redis-server"),
+                child: None,
+                core: None,
+                tls_port: None,
+                extra_args: args.iter().map(|a| (*a).to_owned()).collect(),
+            };
+            if server.spawn() {
+                return server;
+            }
+        }
+        panic!("redis-server {args:?} did not start on any of 5 free ports");
     }
 
     /// `rediss://localhost:<tls port>/` (TLS servers only).
@@ -112,6 +134,7 @@ impl RedisServer {
             .arg("--dir")
             .arg(self.dir.path())
             .args(self.tls_args())
+            .args(&self.extra_args)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn();
@@ -273,6 +296,10 @@ impl Drop for RedisServer {
     }
 }
 
+mod cluster;
+
+pub use crate::cluster::RedisCluster;
+
 /// Connects a handle with default settings to `server`.
 pub async fn connect(server: &RedisServer) -> redguard::Redguard {
     redguard::Redguard::redis(server.url())
@@ -283,7 +310,8 @@ pub async fn connect(server: &RedisServer) -> redguard::Redguard {
 
 /// Runs each listed case (an `async fn(Redguard)` in the calling module) once per store:
 /// `memory::<case>` on a fresh in-memory store, `redis::<case>` on its own `redis-server`,
-/// after which every key the case wrote must have a TTL.
+/// `cluster::<case>` on its own 3-master, 3-replica Redis Cluster; after the Redis runs every
+/// key the case wrote must have a TTL.
 #[macro_export]
 macro_rules! conformance {
     ($($case:ident),* $(,)?) => {
@@ -303,6 +331,17 @@ macro_rules! conformance {
                     let rg = $crate::connect(&server).await;
                     super::$case(rg).await;
                     server.assert_every_key_has_ttl();
+                }
+            )*
+        }
+        mod cluster {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    let cluster = $crate::RedisCluster::start();
+                    let rg = cluster.connect().await;
+                    super::$case(rg).await;
+                    cluster.assert_every_key_has_ttl();
                 }
             )*
         }

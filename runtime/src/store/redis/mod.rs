@@ -1,6 +1,7 @@
 //! [`Store`] on Redis: one multiplexed, self-reconnecting connection and one Lua script per
 //! guard operation. Each guard's operations and scripts live in their own file here.
 
+mod conn;
 mod idem;
 mod rate;
 mod token;
@@ -11,6 +12,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClientBuilder;
 use redis::{FromRedisValue, RedisError, Script, ToRedisArgs};
 
 use super::{Store, StoreKind};
@@ -29,11 +31,18 @@ fn all_scripts() -> impl Iterator<Item = &'static Script> {
         .chain(rate::scripts())
 }
 
-/// The Redis-backed [`Store`]. Built by [`Redguard::redis`](crate::Redguard::redis).
+pub(crate) use self::conn::Conn;
+
+/// The Redis-backed [`Store`]: a single node ([`Redguard::redis`](crate::Redguard::redis)) or
+/// a Cluster ([`Redguard::redis_cluster`](crate::Redguard::redis_cluster)). Every key one
+/// operation touches shares a hash tag, so each operation is one script on one node either way.
 #[derive(Clone)]
 pub struct RedisStore {
-    conn: ConnectionManager,
+    conn: Conn,
     timeout: Duration,
+    /// A client for one node: pub/sub subscriptions are made through it (on a Cluster, classic
+    /// `PUBLISH` reaches every node, so any node will do).
+    node: redis::Client,
 }
 
 impl fmt::Debug for RedisStore {
@@ -53,34 +62,64 @@ impl RedisStore {
         timeout: Duration,
         connect_timeout: Duration,
     ) -> Result<Self> {
-        let client = match target.tls_root_ca {
-            None => redis::Client::open(target.url.as_str()),
-            Some(root_cert) => redis::Client::build_with_tls(
-                target.url.as_str(),
-                redis::TlsCertificates {
+        let certificates = || {
+            target
+                .tls_root_ca
+                .clone()
+                .map(|root_cert| redis::TlsCertificates {
                     client_tls: None,
                     root_cert: Some(root_cert),
-                },
-            ),
+                })
+        };
+        let first = target.urls.first().map(String::as_str).unwrap_or_default();
+        let node = match certificates() {
+            None => redis::Client::open(first),
+            Some(certificates) => redis::Client::build_with_tls(first, certificates),
         };
         // The client's own message can echo the URL; keep credentials out of logs.
-        let client = client.map_err(|err| {
+        let invalid = |err: redis::RedisError| {
             Error::Config(format!(
                 "invalid Redis URL ({:?}): expected redis://[user:password@]host[:port][/db] \
                  or rediss://...",
                 err.kind()
             ))
-        })?;
-        let config = ConnectionManagerConfig::new()
-            .set_response_timeout(Some(timeout))
-            .set_connection_timeout(Some(connect_timeout))
-            .set_number_of_retries(3)
-            .set_max_delay(Duration::from_millis(500));
-        let conn = bounded("connect", connect_timeout, async {
-            ConnectionManager::new_with_config(client, config).await
-        })
-        .await?;
-        let store = RedisStore { conn, timeout };
+        };
+        let node = node.map_err(invalid)?;
+        let conn = if target.cluster {
+            let mut builder = ClusterClientBuilder::new(target.urls.iter().map(String::as_str))
+                .connection_timeout(connect_timeout)
+                .response_timeout(timeout)
+                // Retries (after MOVED, a refused connection, a failover) must fit inside the
+                // per-call timeout, or every call during a failover is cut off before the
+                // client gets to refresh its slot map.
+                .retries(3)
+                .min_retry_wait(10)
+                .max_retry_wait(timeout.as_millis().try_into().unwrap_or(u64::MAX) / 4)
+                .retry_wait_formula(10, 2);
+            if let Some(certificates) = certificates() {
+                builder = builder.certs(certificates);
+            }
+            let client = builder.build().map_err(invalid)?;
+            Conn::Cluster(bounded("connect", connect_timeout, client.get_async_connection()).await?)
+        } else {
+            let config = ConnectionManagerConfig::new()
+                .set_response_timeout(Some(timeout))
+                .set_connection_timeout(Some(connect_timeout))
+                .set_number_of_retries(3)
+                .set_max_delay(Duration::from_millis(500));
+            let client = node.clone();
+            Conn::Single(
+                bounded("connect", connect_timeout, async {
+                    ConnectionManager::new_with_config(client, config).await
+                })
+                .await?,
+            )
+        };
+        let store = RedisStore {
+            conn,
+            timeout,
+            node,
+        };
         for script in all_scripts() {
             let mut conn = store.conn.clone();
             bounded("script_load", connect_timeout, async move {
@@ -92,8 +131,22 @@ impl RedisStore {
     }
 
     /// A clone of the multiplexed connection (cheap: a handle to the same socket).
-    pub(crate) fn conn(&self) -> ConnectionManager {
+    pub(crate) fn conn(&self) -> Conn {
         self.conn.clone()
+    }
+
+    /// True on a Redis Cluster.
+    pub(crate) fn is_cluster(&self) -> bool {
+        matches!(self.conn, Conn::Cluster(_))
+    }
+
+    /// A client for one node, for pub/sub.
+    #[allow(
+        dead_code,
+        reason = "the lock guard's release notifications subscribe through it"
+    )]
+    pub(crate) fn node(&self) -> &redis::Client {
+        &self.node
     }
 
     /// The bound on each call.

@@ -22,9 +22,93 @@ pub(super) fn scripts() -> Vec<&'static Script> {
 /// in the same slot as the state key.
 const BLOCK_SUFFIX: &str = ":block";
 
+/// The `{...}` hash tag of a key: keys with the same tag share a Cluster slot.
+fn hash_tag(key: &Key) -> &str {
+    let key = key.as_str();
+    key.find('{')
+        .and_then(|open| Some((open, key[open..].find('}')? + open)))
+        .map_or(key, |(open, close)| &key[open..=close])
+}
+
 #[async_trait]
 impl RateOps for RedisStore {
+    /// On a Cluster, limits in different slots cannot share a script. They are then decided
+    /// in two phases: peek at every slot's limits (nothing charged); if all admit, charge
+    /// slot by slot. A call rejected in phase one charges nothing anywhere. A limit that
+    /// fills up between the two phases (a race with another caller) rejects the call in
+    /// phase two, after the slots before it were charged: the only case in which a rejected
+    /// call uses up another limit, and only on a Cluster with limits in several slots.
     async fn rate_check(&self, checks: &[RateCheck<'_>], mode: RateMode) -> Result<RateOutcome> {
+        let first_tag = checks.first().map(|check| hash_tag(check.key));
+        let one_slot = checks
+            .iter()
+            .all(|check| Some(hash_tag(check.key)) == first_tag);
+        if !self.is_cluster() || one_slot {
+            return self.rate_check_slot(checks, mode).await;
+        }
+        let mut groups: Vec<Vec<RateCheck<'_>>> = Vec::new();
+        for check in checks {
+            match groups
+                .iter_mut()
+                .find(|group| hash_tag(group[0].key) == hash_tag(check.key))
+            {
+                Some(group) => group.push(*check),
+                None => groups.push(vec![*check]),
+            }
+        }
+        let phases: &[RateMode] = match mode {
+            RateMode::Peek => &[RateMode::Peek],
+            RateMode::Consume => &[RateMode::Peek, RateMode::Consume],
+        };
+        let mut outcome = RateOutcome {
+            now: std::time::Duration::ZERO,
+            decisions: Vec::new(),
+        };
+        for phase in phases {
+            let mut decided: Vec<(Key, Decision)> = Vec::new();
+            for group in &groups {
+                let part = self.rate_check_slot(group, *phase).await?;
+                outcome.now = outcome.now.max(part.now);
+                let rejected = !part.allowed();
+                decided.extend(group.iter().map(|c| c.key.clone()).zip(part.decisions));
+                if rejected && *phase == RateMode::Consume {
+                    break;
+                }
+            }
+            // Back in the caller's order; limits not reached in a stopped phase two keep
+            // their phase-one decisions.
+            let previous = std::mem::take(&mut outcome.decisions);
+            outcome.decisions = checks
+                .iter()
+                .enumerate()
+                .map(|(i, check)| {
+                    decided
+                        .iter()
+                        .find(|(key, _)| key == check.key)
+                        .map(|(_, decision)| decision.clone())
+                        .or_else(|| previous.get(i).cloned())
+                        .ok_or_else(|| Error::Corrupt {
+                            key: check.key.to_string(),
+                            detail: "no decision for this limit".to_owned(),
+                        })
+                })
+                .collect::<Result<_>>()?;
+            if !outcome.allowed() {
+                break;
+            }
+        }
+        Ok(outcome)
+    }
+}
+
+impl RedisStore {
+    /// All of `checks` in one script: their keys must share a slot (or the store is a single
+    /// node).
+    async fn rate_check_slot(
+        &self,
+        checks: &[RateCheck<'_>],
+        mode: RateMode,
+    ) -> Result<RateOutcome> {
         let Some(first) = checks.first() else {
             return Ok(RateOutcome {
                 now: self.time().await?,
