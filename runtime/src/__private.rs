@@ -26,3 +26,37 @@ impl<T, E: From<crate::Error>> GuardedReturn for Result<T, E> {}
 /// Expansions call this first, spanned at the return type.
 #[inline(always)]
 pub fn assert_guarded_return<R: GuardedReturn>() {}
+
+/// `#[dist_lock]`'s prelude: the lock as written on the fn, its key rendered.
+#[allow(clippy::too_many_arguments)]
+pub fn dist_lock_builder(
+    scope: &'static str,
+    key: crate::Result<crate::KeyBody>,
+    wait: std::time::Duration,
+    lease: std::time::Duration,
+    skip_if_held: bool,
+    hold_at_least: std::time::Duration,
+    continue_on_lost: bool,
+) -> crate::LockBuilder {
+    let mut builder = crate::lock::LockBuilder::new(None, key)
+        .scope(scope)
+        .wait(wait)
+        .lease(lease)
+        .hold_at_least(hold_at_least);
+    if skip_if_held {
+        builder = builder.skip_if_held();
+    }
+    if continue_on_lost {
+        builder = builder.on_lost(crate::OnLost::Continue);
+    }
+    builder
+}
+
+/// `#[dist_lock]`'s wrapper: runs the body under the lock.
+pub async fn dist_lock<T, E, F>(lock: crate::LockBuilder, body: F) -> Result<T, E>
+where
+    E: From<crate::Error>,
+    F: std::future::Future<Output = Result<T, E>>,
+{
+    lock.run(body).await
+}

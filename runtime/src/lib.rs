@@ -3,7 +3,8 @@
 //! Three guards, each a one-line attribute on an `async fn` and a plain runtime API:
 //!
 //! - `#[idempotent]`: the same business intent runs once; retries get the first result back.
-//! - `#[dist_lock]`: one holder at a time across every instance, with fencing tokens.
+//! - `#[dist_lock]`: one holder at a time across every instance, with fencing tokens
+//!   ([`lock`] for sections narrower than a fn).
 //! - `#[rate_limit]`: at most N per period, decided atomically with Redis's own clock.
 //!
 //! State lives behind the [`Store`] seam: [`RedisStore`] for services running several
@@ -32,6 +33,7 @@ mod degrade;
 mod error;
 mod handle;
 mod key;
+pub mod lock;
 mod store;
 mod tokens;
 
@@ -46,7 +48,11 @@ pub use crate::handle::{
 pub use crate::key::{
     GuardKind, Key, KeyBody, KeyBuilder, KeyPart, KeyRule, MAX_KEY_LEN, MAX_PART_LEN, MAX_SCOPE_LEN,
 };
-pub use crate::store::{MemoryStore, RedisStore, Store, StoreKind, TokenOps, TokenOutcome};
+pub use crate::lock::{LockBuilder, LockGuard, LockKey, OnLost, fence, lock};
+pub use crate::store::{
+    FENCE_TTL, LockAcquire, LockOps, LockRelease, LockWatch, MemoryStore, RedisStore, Store,
+    StoreKind, TokenOps, TokenOutcome,
+};
 pub use crate::tokens::{MAX_TOKEN_TTL, Tokens, tokens};
 
 #[doc(inline)]

@@ -2,12 +2,13 @@
 //!
 //! [`Store`] is a small set of *guard operations* — each one atomic, each one a single round
 //! trip — not a list of Redis commands. Each guard declares its operations as a sub-trait in
-//! its own file here ([`TokenOps`], …); [`Store`] is all of them together.
+//! its own file here ([`TokenOps`], [`LockOps`], …); [`Store`] is all of them together.
 //! [`RedisStore`] implements them as Lua scripts that read Redis's own clock;
 //! [`MemoryStore`] implements the same semantics in-process. Both run the same conformance
 //! suite (`tests/tests/conformance*.rs`), so a guard behaves the same on either, and the guards
 //! never know which one is behind.
 
+pub(crate) mod lock;
 mod memory;
 mod redis;
 mod token;
@@ -19,6 +20,7 @@ use async_trait::async_trait;
 
 use crate::error::Result;
 
+pub use self::lock::{FENCE_TTL, LockAcquire, LockOps, LockRelease, LockWatch};
 pub use self::memory::MemoryStore;
 pub use self::redis::RedisStore;
 pub use self::token::{TokenOps, TokenOutcome};
@@ -39,7 +41,7 @@ pub use self::token::{TokenOps, TokenOutcome};
 /// # Ok(()) }
 /// ```
 #[async_trait]
-pub trait Store: TokenOps + Send + Sync + fmt::Debug + 'static {
+pub trait Store: TokenOps + LockOps + Send + Sync + fmt::Debug + 'static {
     /// Which implementation this is.
     fn kind(&self) -> StoreKind;
 

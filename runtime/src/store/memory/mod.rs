@@ -4,6 +4,7 @@
 //! Each guard keeps its entries in its own [`Table`] behind its own mutex (key spaces of the
 //! guards never overlap), and implements its operations in its own file here.
 
+mod lock;
 mod table;
 mod token;
 
@@ -13,6 +14,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use self::table::Table;
+use super::lock::Waiters;
 use super::{Store, StoreKind};
 use crate::clock::{Clock, SystemClock};
 use crate::error::Result;
@@ -43,6 +45,10 @@ pub struct MemoryStore {
 #[derive(Debug, Default)]
 struct Tables {
     tokens: Mutex<Table<token::TokenState>>,
+    locks: Mutex<Table<lock::LockState>>,
+    /// Fencing counters of locks, kept apart so they outlive the locks.
+    fences: Mutex<Table<u64>>,
+    lock_waiters: Waiters,
 }
 
 impl MemoryStore {
@@ -74,6 +80,8 @@ impl MemoryStore {
     /// Number of live entries across all guards; for tests and diagnostics.
     pub fn len(&self) -> usize {
         self.lock(&self.tables.tokens).0.len()
+            + self.lock(&self.tables.locks).0.len()
+            + self.lock(&self.tables.fences).0.len()
     }
 
     /// True when no entry is live.

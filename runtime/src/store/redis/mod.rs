@@ -1,10 +1,12 @@
 //! [`Store`] on Redis: one multiplexed, self-reconnecting connection and one Lua script per
 //! guard operation. Each guard's operations and scripts live in their own file here.
 
+mod lock;
 mod token;
 
 use std::fmt;
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -20,7 +22,7 @@ use crate::key::Key;
 /// Invocations go through `EVALSHA`; after a Redis restart or `SCRIPT FLUSH` the first call
 /// gets `NOSCRIPT`, and the client loads the script and retries it transparently.
 fn all_scripts() -> impl Iterator<Item = &'static Script> {
-    token::scripts().into_iter()
+    token::scripts().into_iter().chain(lock::scripts())
 }
 
 /// The Redis-backed [`Store`]. Built by [`Redguard::redis`](crate::Redguard::redis).
@@ -28,6 +30,8 @@ fn all_scripts() -> impl Iterator<Item = &'static Script> {
 pub struct RedisStore {
     conn: ConnectionManager,
     timeout: Duration,
+    /// Lock release notifications; its connection opens on the first wait.
+    bus: Arc<lock::ReleaseBus>,
 }
 
 impl fmt::Debug for RedisStore {
@@ -60,11 +64,12 @@ impl RedisStore {
             .set_connection_timeout(Some(connect_timeout))
             .set_number_of_retries(3)
             .set_max_delay(Duration::from_millis(500));
+        let bus = Arc::new(lock::ReleaseBus::new(client.clone()));
         let conn = bounded("connect", connect_timeout, async {
             ConnectionManager::new_with_config(client, config).await
         })
         .await?;
-        let store = RedisStore { conn, timeout };
+        let store = RedisStore { conn, timeout, bus };
         for script in all_scripts() {
             let mut conn = store.conn.clone();
             bounded("script_load", connect_timeout, async move {

@@ -1,0 +1,487 @@
+//! Distributed locks: owned, leased, renewed, fenced, released on every exit path.
+//!
+//! [`lock`] (or [`Redguard::lock`]) starts a [`LockBuilder`]; [`LockBuilder::acquire`] returns
+//! a [`LockGuard`], and [`LockBuilder::run`] runs a future under the lock (what
+//! `#[dist_lock]` expands into). While a guard lives, a watchdog task renews its lease every
+//! lease/3; the task is aborted with the guard on every path (release, drop, panic,
+//! cancellation), and [`live_watchdogs`] counts the ones still alive.
+//!
+//! Waiting is woken by release notifications (Redis pub/sub on the key's own name, or an
+//! in-process channel on the memory store) and falls back to polling, bounded by `wait`.
+
+mod guard;
+mod watchdog;
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use crate::degrade::Degrade;
+use crate::error::{Error, Result};
+use crate::handle::Redguard;
+use crate::key::{GuardKind, Key, KeyBody, KeyBuilder};
+use crate::store::LockAcquire;
+
+pub use self::guard::LockGuard;
+pub use self::watchdog::live_watchdogs;
+
+/// Lease when none is given: how long a crashed holder blocks others.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+/// Shortest lease: renewal every lease/3 must fit several store round trips.
+pub const MIN_LEASE: Duration = Duration::from_secs(1);
+/// Longest lease: a crashed holder must not block a key for longer.
+pub const MAX_LEASE: Duration = Duration::from_secs(3600);
+/// Longest `wait`: a lock is for short sections; a caller queueing longer is better told no.
+pub const MAX_WAIT: Duration = Duration::from_secs(60);
+/// Longest `hold_at_least`.
+pub const MAX_HOLD_AT_LEAST: Duration = Duration::from_secs(24 * 3600);
+/// How deep one task may re-enter a lock it holds.
+pub const DEFAULT_MAX_DEPTH: u32 = 5;
+/// Scope of locks taken through [`lock`] when none is given.
+pub const DEFAULT_LOCK_SCOPE: &str = "lock";
+
+/// What a holder does when its lock is lost while the guarded work runs (see
+/// [`LockBuilder::on_lost`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OnLost {
+    /// Cancel the guarded future and return [`Error::LockLost`] (default).
+    #[default]
+    Cancel,
+    /// Let the work finish and return its result; the loss is logged and counted.
+    Continue,
+}
+
+/// Per-task context set while a locked future runs: its fencing token, and the locks the task
+/// holds (for reentrancy).
+#[derive(Debug, Clone)]
+pub(crate) struct LockContext {
+    fence: u64,
+    held: std::sync::Arc<Vec<(String, String)>>,
+}
+
+tokio::task_local! {
+    static CONTEXT: LockContext;
+}
+
+/// The fencing token of the innermost lock held by the current task, inside a
+/// `#[dist_lock]` fn or [`LockBuilder::run`]; `None` outside, or when the store was down and
+/// the lock failed open (no token was issued).
+///
+/// Pass it to storage that can reject stale writers (`UPDATE … WHERE fence < $token`): a
+/// holder paused past its lease then carries a smaller token than the next holder.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> redguard::Result<()> {
+/// let rg = redguard::Redguard::memory();
+/// assert_eq!(redguard::fence(), None);
+/// let fence = rg.lock("stock:SK1").run(async { Ok::<_, redguard::Error>(redguard::fence()) }).await?;
+/// assert!(fence.is_some());
+/// # Ok(()) }
+/// ```
+pub fn fence() -> Option<u64> {
+    CONTEXT
+        .try_with(|cx| cx.fence)
+        .ok()
+        .filter(|fence| *fence > 0)
+}
+
+/// A lock key body: a template already rendered ([`KeyBody`], [`KeyBuilder`]) or plain text
+/// (`&str`, `String`: `[A-Za-z0-9._@:-]`, validated as template text — render request values
+/// with [`KeyBuilder::part`] instead, which also rejects `:`).
+pub trait LockKey {
+    /// The validated body.
+    fn into_key_body(self) -> Result<KeyBody>;
+}
+
+impl LockKey for KeyBody {
+    fn into_key_body(self) -> Result<KeyBody> {
+        Ok(self)
+    }
+}
+
+impl LockKey for Result<KeyBody> {
+    fn into_key_body(self) -> Result<KeyBody> {
+        self
+    }
+}
+
+impl LockKey for KeyBuilder {
+    fn into_key_body(self) -> Result<KeyBody> {
+        self.finish()
+    }
+}
+
+impl LockKey for &str {
+    fn into_key_body(self) -> Result<KeyBody> {
+        KeyBuilder::new().text(self).finish()
+    }
+}
+
+impl LockKey for String {
+    fn into_key_body(self) -> Result<KeyBody> {
+        KeyBuilder::new().text(&self).finish()
+    }
+}
+
+impl LockKey for &String {
+    fn into_key_body(self) -> Result<KeyBody> {
+        KeyBuilder::new().text(self).finish()
+    }
+}
+
+/// Starts a lock on the current handle (installed or scoped); see [`LockBuilder`].
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> redguard::Result<()> {
+/// use std::time::Duration;
+/// # redguard::Redguard::memory().scope(async {
+/// let sku = "SK-1";
+/// let key = redguard::KeyBuilder::new().text("stock:").part("sku", sku);
+/// let guard = redguard::lock(key).wait(Duration::from_millis(300)).acquire().await?;
+/// // ... the few lines that need exclusion, passing guard.fence() to storage ...
+/// guard.release().await?;
+/// # Ok(()) }).await }
+/// ```
+pub fn lock(key: impl LockKey) -> LockBuilder {
+    LockBuilder::new(None, key.into_key_body())
+}
+
+/// How to take one lock. Built by [`lock`] or [`Redguard::lock`]; finished by
+/// [`acquire`](LockBuilder::acquire), [`try_acquire`](LockBuilder::try_acquire) or
+/// [`run`](LockBuilder::run).
+#[derive(Debug)]
+#[must_use = "a lock builder does nothing until `.acquire().await` or `.run(..).await`"]
+pub struct LockBuilder {
+    handle: Option<Redguard>,
+    body: Result<KeyBody>,
+    scope: String,
+    wait: Duration,
+    lease: Duration,
+    skip_if_held: bool,
+    hold_at_least: Duration,
+    on_lost: OnLost,
+    max_depth: u32,
+}
+
+impl LockBuilder {
+    pub(crate) fn new(handle: Option<Redguard>, body: Result<KeyBody>) -> Self {
+        LockBuilder {
+            handle,
+            body,
+            scope: DEFAULT_LOCK_SCOPE.to_owned(),
+            wait: Duration::ZERO,
+            lease: DEFAULT_LEASE,
+            skip_if_held: false,
+            hold_at_least: Duration::ZERO,
+            on_lost: OnLost::Cancel,
+            max_depth: DEFAULT_MAX_DEPTH,
+        }
+    }
+
+    /// The key's scope (default [`DEFAULT_LOCK_SCOPE`]; `#[dist_lock]` uses the fn's path).
+    pub fn scope(mut self, scope: impl Into<String>) -> Self {
+        self.scope = scope.into();
+        self
+    }
+
+    /// How long to wait for a held lock, at most [`MAX_WAIT`] (default: try once).
+    pub fn wait(mut self, wait: Duration) -> Self {
+        self.wait = wait;
+        self
+    }
+
+    /// The lease, [`MIN_LEASE`] to [`MAX_LEASE`] (default [`DEFAULT_LEASE`]): the key's TTL,
+    /// renewed every lease/3 while held; how long a crashed holder blocks the key.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// Return [`Error::LockHeld`] at once when the lock is held, instead of waiting (for
+    /// scheduled jobs: "another instance is running it").
+    pub fn skip_if_held(mut self) -> Self {
+        self.skip_if_held = true;
+        self
+    }
+
+    /// Keep the key taken until at least this long after acquisition, even when the work
+    /// finishes sooner, so a job is not run again by an instance whose schedule fires a
+    /// little later. At most [`MAX_HOLD_AT_LEAST`].
+    pub fn hold_at_least(mut self, hold: Duration) -> Self {
+        self.hold_at_least = hold;
+        self
+    }
+
+    /// What [`run`](LockBuilder::run) does when the lock is lost (default [`OnLost::Cancel`]).
+    pub fn on_lost(mut self, on_lost: OnLost) -> Self {
+        self.on_lost = on_lost;
+        self
+    }
+
+    /// How deep the same task may re-enter the lock (default [`DEFAULT_MAX_DEPTH`]).
+    pub fn max_depth(mut self, depth: u32) -> Self {
+        self.max_depth = depth.max(1);
+        self
+    }
+
+    fn check(&self) -> Result<()> {
+        let problem = if self.wait > MAX_WAIT {
+            format!(
+                "lock wait must be at most {MAX_WAIT:?}, got {:?}",
+                self.wait
+            )
+        } else if self.lease < MIN_LEASE || self.lease > MAX_LEASE {
+            format!(
+                "lock lease must be between {MIN_LEASE:?} and {MAX_LEASE:?}, got {:?}",
+                self.lease
+            )
+        } else if self.hold_at_least > MAX_HOLD_AT_LEAST {
+            format!(
+                "lock hold_at_least must be at most {MAX_HOLD_AT_LEAST:?}, got {:?}",
+                self.hold_at_least
+            )
+        } else {
+            return Ok(());
+        };
+        Err(Error::Config(problem))
+    }
+
+    /// Takes the lock, waiting up to `wait` for the current holder to release it.
+    ///
+    /// Errors: [`Error::LockTimeout`] when it stayed held, [`Error::LockHeld`] with
+    /// `skip_if_held`, [`Error::LockTooDeep`] past the reentrancy limit, [`Error::Backend`]
+    /// when the store is down and locks fail closed (the default). With locks configured to
+    /// fail open, a down store yields a degraded guard ([`LockGuard::is_degraded`]) that
+    /// protects nothing.
+    ///
+    /// Cancelling this future is safe: an acquisition that was in flight is released.
+    pub async fn acquire(self) -> Result<LockGuard> {
+        self.check()?;
+        let handle = match self.handle {
+            Some(handle) => handle,
+            None => Redguard::current()?,
+        };
+        let body = self.body?;
+        let key = handle.key(GuardKind::Lock, &self.scope, &body)?;
+        let spec = Spec {
+            scope: self.scope,
+            wait: self.wait,
+            lease: self.lease,
+            skip_if_held: self.skip_if_held,
+            hold_at_least: self.hold_at_least,
+            max_depth: self.max_depth,
+        };
+        acquire(handle, key, spec).await
+    }
+
+    /// Takes the lock if it is free, without waiting: `None` when someone else holds it.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> redguard::Result<()> {
+    /// let rg = redguard::Redguard::memory();
+    /// let first = rg.lock("report").try_acquire().await?;
+    /// assert!(first.is_some());
+    /// assert!(rg.lock("report").try_acquire().await?.is_none());
+    /// # Ok(()) }
+    /// ```
+    pub async fn try_acquire(mut self) -> Result<Option<LockGuard>> {
+        self.wait = Duration::ZERO;
+        self.skip_if_held = true;
+        match self.acquire().await {
+            Ok(guard) => Ok(Some(guard)),
+            Err(Error::LockHeld { .. }) => Ok(None),
+            Err(other) => Err(other),
+        }
+    }
+
+    /// Runs `work` under the lock, then releases it. The work sees the fencing token through
+    /// [`fence()`], and may re-enter the same lock (up to the depth limit).
+    ///
+    /// If the lock is lost while the work runs, the work is cancelled and
+    /// [`Error::LockLost`] returned ([`OnLost::Cancel`]), or it finishes and the loss is only
+    /// reported ([`OnLost::Continue`]). A refusal to lock is returned as `E::from(..)` without
+    /// running the work.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> redguard::Result<()> {
+    /// let rg = redguard::Redguard::memory();
+    /// let n = rg.lock("counter").run(async { Ok::<_, redguard::Error>(41 + 1) }).await?;
+    /// assert_eq!(n, 42);
+    /// # Ok(()) }
+    /// ```
+    pub async fn run<T, E, F>(self, work: F) -> Result<T, E>
+    where
+        E: From<Error>,
+        F: Future<Output = Result<T, E>>,
+    {
+        let on_lost = self.on_lost;
+        let guard = self.acquire().await.map_err(E::from)?;
+        guard.run(on_lost, work).await
+    }
+}
+
+/// Validated settings of one acquisition.
+#[derive(Debug, Clone)]
+pub(crate) struct Spec {
+    pub(crate) scope: String,
+    pub(crate) wait: Duration,
+    pub(crate) lease: Duration,
+    pub(crate) skip_if_held: bool,
+    pub(crate) hold_at_least: Duration,
+    pub(crate) max_depth: u32,
+}
+
+/// The owner token to present for `key`: the one this task already holds it with (so a
+/// nested acquisition re-enters), else a fresh random one.
+fn owner_for(key: &Key) -> (String, bool) {
+    let held = CONTEXT
+        .try_with(|cx| {
+            cx.held
+                .iter()
+                .find(|(held, _)| held == key.as_str())
+                .map(|(_, owner)| owner.clone())
+        })
+        .ok()
+        .flatten();
+    match held {
+        Some(owner) => (owner, true),
+        None => (uuid::Uuid::new_v4().simple().to_string(), false),
+    }
+}
+
+/// Releases an acquisition that was in flight when its future was dropped: the script may
+/// have run. Sent after the acquisition on the same connection, so it sees its effect; a
+/// release by a fresh owner that never got the lock changes nothing.
+struct InFlight {
+    release: Option<(Redguard, Key, String)>,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        if let Some((handle, key, owner)) = self.release.take() {
+            guard::spawn_release(handle, key, owner, Duration::ZERO);
+        }
+    }
+}
+
+async fn acquire(handle: Redguard, key: Key, spec: Spec) -> Result<LockGuard> {
+    let started = Instant::now();
+    let deadline = started + spec.wait;
+    let (owner, nested) = owner_for(&key);
+    let store = handle.store().clone();
+    // Subscribed before the first attempt, so a release between a failed attempt and the wait
+    // wakes us.
+    let mut watch = if spec.wait.is_zero() || spec.skip_if_held {
+        None
+    } else {
+        Some(store.lock_watch(&key).await)
+    };
+    loop {
+        let attempt_at = Instant::now();
+        let mut in_flight = InFlight {
+            // A nested entry is not undone blindly: a release would leave the outer level.
+            release: (!nested).then(|| (handle.clone(), key.clone(), owner.clone())),
+        };
+        let outcome = store
+            .lock_acquire(&key, &owner, spec.lease, spec.max_depth)
+            .await;
+        let outcome = outcome.or_degrade(&handle, GuardKind::Lock, "lock_acquire", &key);
+        in_flight.release = None;
+        let ttl = match outcome? {
+            None => return Ok(LockGuard::degraded(key)),
+            Some(LockAcquire::Acquired { fence, depth }) => {
+                record(&spec.scope, "acquired", started);
+                tracing::debug!(%key, fence, depth, "lock acquired");
+                return Ok(LockGuard::acquired(
+                    handle, key, owner, fence, depth, attempt_at, spec,
+                ));
+            }
+            Some(LockAcquire::TooDeep { depth }) => {
+                record(&spec.scope, "too_deep", started);
+                return Err(Error::LockTooDeep {
+                    key: key.to_string(),
+                    depth,
+                });
+            }
+            Some(LockAcquire::Held { ttl }) => ttl,
+        };
+        if spec.skip_if_held {
+            record(&spec.scope, "held", started);
+            return Err(Error::LockHeld {
+                key: key.to_string(),
+            });
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            record(&spec.scope, "timeout", started);
+            return Err(Error::LockTimeout {
+                key: key.to_string(),
+                waited: now - started,
+            });
+        }
+        // Polling is the fallback: a holder's lease running out publishes nothing, so wake
+        // when it ends at the latest; without a live subscription also poll often.
+        let live = watch.as_ref().is_some_and(|w| w.is_live());
+        let poll = if live {
+            Duration::from_millis(500)
+        } else {
+            (spec.lease / 10).min(Duration::from_millis(100))
+        };
+        let nap = poll.min(ttl + Duration::from_millis(1));
+        let wake = (now + nap).min(deadline);
+        match &mut watch {
+            Some(watch) => {
+                tokio::select! {
+                    () = watch.changed() => {}
+                    () = tokio::time::sleep_until(wake.into()) => {}
+                }
+            }
+            None => tokio::time::sleep_until(wake.into()).await,
+        }
+    }
+}
+
+fn record(scope: &str, outcome: &'static str, started: Instant) {
+    metrics::counter!(
+        "redguard_lock_acquire_total",
+        "scope" => scope.to_owned(),
+        "outcome" => outcome,
+    )
+    .increment(1);
+    metrics::histogram!("redguard_lock_wait_seconds", "scope" => scope.to_owned())
+        .record(started.elapsed().as_secs_f64());
+}
+
+/// Runs a locked future with its task context (fence, held locks) in place.
+pub(crate) async fn with_context<F: Future>(
+    key: &Key,
+    owner: &str,
+    fence: u64,
+    work: F,
+) -> F::Output {
+    let mut held: Vec<(String, String)> = CONTEXT
+        .try_with(|cx| cx.held.as_ref().clone())
+        .unwrap_or_default();
+    held.push((key.as_str().to_owned(), owner.to_owned()));
+    let cx = LockContext {
+        fence,
+        held: std::sync::Arc::new(held),
+    };
+    CONTEXT.scope(cx, work).await
+}
+
+impl Redguard {
+    /// Starts a lock on this handle; see [`LockBuilder`].
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> redguard::Result<()> {
+    /// let rg = redguard::Redguard::memory();
+    /// let guard = rg.lock("stock:SK1").acquire().await?;
+    /// let again = rg.lock("stock:SK1").acquire().await;
+    /// assert!(matches!(again, Err(redguard::Error::LockTimeout { .. })));
+    /// drop(guard); // released in the background; `guard.release().await` waits for it
+    /// # Ok(()) }
+    /// ```
+    pub fn lock(&self, key: impl LockKey) -> LockBuilder {
+        LockBuilder::new(Some(self.clone()), key.into_key_body())
+    }
+}
