@@ -1,0 +1,32 @@
+// Every argument of `#[dist_lock]`, on a free fn and a method, with field placeholders.
+#![deny(dead_code)]
+
+pub struct Order {
+    pub sku: String,
+}
+
+#[redguard::dist_lock(key = "stock:{sku}", wait = "300ms", lease = "10s", scope = "shop")]
+pub async fn reserve_stock(sku: &str, qty: u32) -> Result<u32, redguard::Error> {
+    Ok(qty)
+}
+
+#[redguard::dist_lock(key = "job:nightly", skip_if_held, hold_at_least = "30s", on_lost = "continue")]
+pub async fn nightly() -> redguard::Result<()> {
+    Ok(())
+}
+
+pub struct Service;
+
+impl Service {
+    #[redguard::dist_lock(key = "order:{order.sku}", wait = 1, on_lost = "cancel")]
+    pub async fn handle(&self, order: &Order) -> Result<(), redguard::Error> {
+        let _ = redguard::fence();
+        Ok(())
+    }
+}
+
+fn main() {
+    let _ = reserve_stock("a", 1);
+    let _ = nightly();
+    let _ = Service.handle(&Order { sku: "x".into() });
+}
