@@ -375,6 +375,25 @@ async fn acquire(handle: Redguard, key: Key, spec: Spec) -> Result<LockGuard> {
     } else {
         Some(store.lock_watch(&key).await)
     };
+    // One waiter per key and store in this process asks the store at a time; the others queue
+    // here in arrival order. Without it, every release would wake every local waiter into a
+    // store round trip that all but one lose.
+    let _turn = match (&watch, nested) {
+        (Some(_), false) => {
+            let queue = local_queue(&store, &key);
+            match tokio::time::timeout_at(deadline.into(), queue.lock_owned()).await {
+                Ok(turn) => Some(turn),
+                Err(_) => {
+                    record(&spec.scope, "timeout", started);
+                    return Err(Error::LockTimeout {
+                        key: key.to_string(),
+                        waited: started.elapsed(),
+                    });
+                }
+            }
+        }
+        _ => None,
+    };
     loop {
         let attempt_at = Instant::now();
         let mut in_flight = InFlight {
@@ -438,6 +457,31 @@ async fn acquire(handle: Redguard, key: Key, spec: Spec) -> Result<LockGuard> {
             None => tokio::time::sleep_until(wake.into()).await,
         }
     }
+}
+
+type Queue = std::sync::Arc<tokio::sync::Mutex<()>>;
+
+/// The local queue of `key` on `store`, shared by every task of the process waiting for it.
+fn local_queue(store: &std::sync::Arc<dyn crate::store::Store>, key: &Key) -> Queue {
+    use std::collections::HashMap;
+    use std::sync::{Mutex, PoisonError, Weak};
+    static QUEUES: Mutex<Option<HashMap<(usize, String), Weak<tokio::sync::Mutex<()>>>>> =
+        Mutex::new(None);
+    // The store's address tells stores apart; the Arc held by the caller keeps it stable.
+    let id = std::sync::Arc::as_ptr(store).cast::<()>() as usize;
+    let mut queues = QUEUES.lock().unwrap_or_else(PoisonError::into_inner);
+    let queues = queues.get_or_insert_with(HashMap::new);
+    let slot = (id, key.as_str().to_owned());
+    if let Some(queue) = queues.get(&slot).and_then(Weak::upgrade) {
+        return queue;
+    }
+    // Queues nobody waits in any more are dropped as new ones are made.
+    if queues.len() >= 256 {
+        queues.retain(|_, queue| queue.strong_count() > 0);
+    }
+    let queue = Queue::default();
+    queues.insert(slot, std::sync::Arc::downgrade(&queue));
+    queue
 }
 
 fn record(scope: &str, outcome: &'static str, started: Instant) {

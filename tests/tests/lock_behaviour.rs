@@ -1,0 +1,313 @@
+//! Lock behaviour over time on both stores: the watchdog, losing a lock, timeouts, hand-off
+//! latency through release notifications, and `#[dist_lock]` end to end.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use redguard::{Error, ManualClock, OnLost, Redguard};
+use redguard_tests::RedisServer;
+
+const LEASE: Duration = Duration::from_secs(1);
+
+async fn redis() -> (RedisServer, Redguard) {
+    let server = RedisServer::start();
+    let rg = redguard_tests::connect(&server).await;
+    (server, rg)
+}
+
+/// A body running 3× the lease keeps the lock: others are refused all along.
+async fn watchdog_keeps_lock(rg: Redguard) {
+    let contender = rg.clone();
+    let refused = Arc::new(AtomicU32::new(0));
+    let seen = Arc::clone(&refused);
+    let outcome = rg
+        .lock("long")
+        .lease(LEASE)
+        .run(async move {
+            let until = Instant::now() + LEASE * 3;
+            while Instant::now() < until {
+                tokio::time::sleep(LEASE / 4).await;
+                // Another task: within this one the lock would be re-entered.
+                let other = contender.clone();
+                let attempt = tokio::spawn(async move { other.lock("long").try_acquire().await });
+                match attempt.await.expect("attempt")? {
+                    None => seen.fetch_add(1, Ordering::SeqCst),
+                    Some(_) => panic!("the lock was free while its holder ran"),
+                };
+            }
+            Ok::<_, Error>("done")
+        })
+        .await;
+    assert_eq!(outcome.unwrap(), "done");
+    assert!(refused.load(Ordering::SeqCst) >= 10);
+    assert!(rg.lock("long").try_acquire().await.unwrap().is_some());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watchdog_keeps_lock_memory() {
+    watchdog_keeps_lock(Redguard::memory()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watchdog_keeps_lock_redis() {
+    let (server, rg) = redis().await;
+    watchdog_keeps_lock(rg).await;
+    server.assert_every_key_has_ttl();
+}
+
+/// The key disappears under a holder (`expire` deletes it): the body is cancelled with
+/// `LockLost`, a new owner takes the key, and the old holder's release leaves it alone.
+async fn lost_lock_cancels_body(rg: Redguard, expire: impl Fn()) {
+    let holder = rg.clone();
+    let started = Arc::new(AtomicU32::new(0));
+    let finished = Arc::new(AtomicU32::new(0));
+    let (s, f) = (Arc::clone(&started), Arc::clone(&finished));
+    let running = tokio::spawn(async move {
+        holder
+            .lock("lost")
+            .lease(LEASE)
+            .run(async move {
+                s.fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(LEASE * 5).await;
+                f.fetch_add(1, Ordering::SeqCst);
+                Ok::<_, Error>(())
+            })
+            .await
+    });
+    while started.load(Ordering::SeqCst) == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    expire();
+    let thief = rg
+        .lock("lost")
+        .lease(Duration::from_secs(10))
+        .acquire()
+        .await
+        .unwrap();
+    let lost_at = Instant::now();
+    let outcome = running.await.unwrap();
+    assert!(
+        matches!(outcome, Err(Error::LockLost { .. })),
+        "{outcome:?}"
+    );
+    assert!(
+        lost_at.elapsed() < LEASE,
+        "noticed after {:?}",
+        lost_at.elapsed()
+    );
+    assert_eq!(
+        finished.load(Ordering::SeqCst),
+        0,
+        "the body was not cancelled"
+    );
+    // The stale holder's release did not free the new owner's lock.
+    assert!(rg.lock("lost").try_acquire().await.unwrap().is_none());
+    thief.release().await.unwrap();
+    assert!(rg.lock("lost").try_acquire().await.unwrap().is_some());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_lock_cancels_body_memory() {
+    let clock = ManualClock::new();
+    let rg = Redguard::memory_builder()
+        .clock(clock.clone())
+        .connect()
+        .await
+        .unwrap();
+    lost_lock_cancels_body(rg, || clock.advance(LEASE * 2)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_lock_cancels_body_redis() {
+    let (server, rg) = redis().await;
+    lost_lock_cancels_body(rg, || {
+        let mut conn = server.connection();
+        let deleted: i64 = redis::cmd("DEL")
+            .arg("redguard:lock:{lock:lost}")
+            .query(&mut conn)
+            .unwrap();
+        assert_eq!(deleted, 1);
+    })
+    .await;
+    server.assert_every_key_has_ttl();
+}
+
+/// `on_lost = continue`: the body finishes and its result is returned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_lock_can_continue() {
+    let clock = ManualClock::new();
+    let rg = Redguard::memory_builder()
+        .clock(clock.clone())
+        .connect()
+        .await
+        .unwrap();
+    let outcome = rg
+        .lock("cont")
+        .lease(LEASE)
+        .on_lost(OnLost::Continue)
+        .run(async {
+            clock.advance(LEASE * 2);
+            tokio::time::sleep(LEASE).await;
+            Ok::<_, Error>(7)
+        })
+        .await;
+    assert_eq!(outcome.unwrap(), 7);
+}
+
+/// `wait` is honoured: a waiter gives up within a few ms of the bound.
+async fn wait_timeout_is_honoured(rg: Redguard) {
+    let _held = rg.lock("busy").acquire().await.unwrap();
+    let wait = Duration::from_millis(200);
+    let mut overshoot = Vec::new();
+    for _ in 0..10 {
+        let started = Instant::now();
+        let outcome = rg.lock("busy").wait(wait).acquire().await;
+        assert!(
+            matches!(outcome, Err(Error::LockTimeout { .. })),
+            "{outcome:?}"
+        );
+        let waited = started.elapsed();
+        assert!(waited >= wait, "{waited:?}");
+        overshoot.push(waited - wait);
+    }
+    overshoot.sort();
+    println!(
+        "wait {wait:?}: overshoot median {:?}, max {:?}",
+        overshoot[overshoot.len() / 2],
+        overshoot[overshoot.len() - 1]
+    );
+    assert!(overshoot[overshoot.len() / 2] < Duration::from_millis(50));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_timeout_is_honoured_memory() {
+    wait_timeout_is_honoured(Redguard::memory()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_timeout_is_honoured_redis() {
+    let (server, rg) = redis().await;
+    wait_timeout_is_honoured(rg).await;
+    server.assert_every_key_has_ttl();
+}
+
+/// Hand-off latency: from the holder starting its release to the waiter (on another handle,
+/// so through Redis pub/sub) returning from `acquire`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handoff_latency_through_pubsub() {
+    let server = RedisServer::start();
+    let a = redguard_tests::connect(&server).await;
+    let b = redguard_tests::connect(&server).await;
+    let mut latencies = Vec::new();
+    for _ in 0..100 {
+        let held = a.lock("relay").acquire().await.unwrap();
+        let waiter = b.clone();
+        let waiting = tokio::spawn(async move {
+            waiter
+                .lock("relay")
+                .wait(Duration::from_secs(5))
+                .acquire()
+                .await
+        });
+        // Let the waiter subscribe, try, and go to sleep.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let released_at = Instant::now();
+        held.release().await.unwrap();
+        let next = waiting.await.unwrap().unwrap();
+        latencies.push(released_at.elapsed());
+        next.release().await.unwrap();
+    }
+    latencies.sort();
+    let p50 = latencies[latencies.len() / 2];
+    let p99 = latencies[latencies.len() * 99 / 100];
+    println!(
+        "hand-off latency over {} releases: p50 {p50:?}, p99 {p99:?}",
+        latencies.len()
+    );
+    // Polling alone would take up to 500 ms with a live subscription.
+    assert!(
+        p50 < Duration::from_millis(100),
+        "p50 {p50:?}: not woken by the release"
+    );
+    server.assert_every_key_has_ttl();
+}
+
+#[derive(Debug)]
+enum OrderError {
+    Lock(Error),
+    OutOfStock,
+}
+
+impl From<Error> for OrderError {
+    fn from(err: Error) -> Self {
+        OrderError::Lock(err)
+    }
+}
+
+#[redguard::dist_lock(key = "stock:{sku}", wait = "100ms", lease = "2s")]
+async fn reserve(sku: &str, hold: Duration, stock: u32) -> Result<u64, OrderError> {
+    tokio::time::sleep(hold).await;
+    if stock == 0 {
+        return Err(OrderError::OutOfStock);
+    }
+    Ok(redguard::fence().expect("a fence inside the lock"))
+}
+
+/// `#[dist_lock]` end to end: exclusion, the fence, the user's error type, refusals.
+async fn attribute_end_to_end(rg: Redguard) {
+    rg.scope(async {
+        let first = reserve("SK1", Duration::ZERO, 1).await.unwrap();
+        let second = reserve("SK1", Duration::ZERO, 1).await.unwrap();
+        assert!(second > first);
+        assert!(matches!(
+            reserve("SK1", Duration::ZERO, 0).await,
+            Err(OrderError::OutOfStock)
+        ));
+        // The business error released the lock too.
+        let (slow, blocked) = tokio::join!(reserve("SK2", Duration::from_millis(400), 1), async {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            reserve("SK2", Duration::ZERO, 1).await
+        });
+        assert!(slow.is_ok());
+        assert!(
+            matches!(blocked, Err(OrderError::Lock(Error::LockTimeout { .. }))),
+            "{blocked:?}"
+        );
+        let bad = reserve("no spaces", Duration::ZERO, 1).await;
+        assert!(
+            matches!(bad, Err(OrderError::Lock(Error::InvalidKey { .. }))),
+            "{bad:?}"
+        );
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attribute_end_to_end_memory() {
+    attribute_end_to_end(Redguard::memory()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attribute_end_to_end_redis() {
+    let (server, rg) = redis().await;
+    attribute_end_to_end(rg).await;
+    server.assert_every_key_has_ttl();
+}
+
+/// Redis down: locks fail closed by default; the body does not run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backend_down_fails_closed() {
+    let (mut server, rg) = redis().await;
+    server.kill();
+    let ran = AtomicU32::new(0);
+    let outcome = rg
+        .lock("down")
+        .run(async {
+            ran.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, Error>(())
+        })
+        .await;
+    assert!(matches!(outcome, Err(Error::Backend(_))), "{outcome:?}");
+    assert_eq!(ran.load(Ordering::SeqCst), 0);
+}
