@@ -48,7 +48,10 @@ pub use crate::handle::{
 pub use crate::key::{
     GuardKind, Key, KeyBody, KeyBuilder, KeyPart, KeyRule, MAX_KEY_LEN, MAX_PART_LEN, MAX_SCOPE_LEN,
 };
-pub use crate::lock::{LockBuilder, LockGuard, LockKey, OnLost, fence, lock};
+pub use crate::lock::{
+    LockBuilder, LockGuard, LockKey, MultiLockBuilder, MultiLockGuard, OnLost, fence, lock,
+    lock_all,
+};
 pub use crate::store::{
     FENCE_TTL, LockAcquire, LockOps, LockRelease, LockWatch, MemoryStore, RedisStore, Store,
     StoreKind, TokenOps, TokenOutcome,

@@ -311,3 +311,69 @@ async fn backend_down_fails_closed() {
     assert!(matches!(outcome, Err(Error::Backend(_))), "{outcome:?}");
     assert_eq!(ran.load(Ordering::SeqCst), 0);
 }
+
+/// Callers locking `{A, B}`, `{B, A}` and `{B}` concurrently: no deadlock, never two inside B;
+/// a set that cannot be completed is rolled back.
+async fn multi_lock_is_all_or_nothing(rg: Redguard) {
+    let in_b = Arc::new(AtomicU32::new(0));
+    let sets: [&[&str]; 3] = [&["A", "B"], &["B", "A"], &["B"]];
+    let tasks: Vec<_> = sets
+        .into_iter()
+        .map(|set| {
+            let rg = rg.clone();
+            let in_b = Arc::clone(&in_b);
+            let set: Vec<String> = set.iter().map(|k| k.to_string()).collect();
+            tokio::spawn(async move {
+                for _ in 0..100 {
+                    let guard = rg
+                        .lock_all(set.iter())
+                        .wait(Duration::from_secs(10))
+                        .acquire()
+                        .await
+                        .expect("no deadlock, no timeout");
+                    assert_eq!(in_b.fetch_add(1, Ordering::SeqCst), 0, "two holders of B");
+                    tokio::task::yield_now().await;
+                    in_b.fetch_sub(1, Ordering::SeqCst);
+                    guard.release().await.unwrap();
+                }
+            })
+        })
+        .collect();
+    let all = async {
+        for task in tasks {
+            task.await.unwrap();
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(60), all)
+        .await
+        .expect("multi-locks deadlocked");
+
+    // B is busy: {A, B} gives up after `wait` and leaves A free.
+    let b = rg.lock("B").acquire().await.unwrap();
+    let outcome = rg
+        .lock_all(["A", "B"])
+        .wait(Duration::from_millis(100))
+        .acquire()
+        .await;
+    assert!(
+        matches!(outcome, Err(Error::LockTimeout { .. })),
+        "{outcome:?}"
+    );
+    let probe = rg.clone();
+    let a_free =
+        tokio::spawn(async move { probe.lock("A").try_acquire().await.unwrap().is_some() });
+    assert!(a_free.await.unwrap(), "A stayed locked after the rollback");
+    b.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn multi_lock_is_all_or_nothing_memory() {
+    multi_lock_is_all_or_nothing(Redguard::memory()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn multi_lock_is_all_or_nothing_redis() {
+    let (server, rg) = redis().await;
+    multi_lock_is_all_or_nothing(rg).await;
+    server.assert_every_key_has_ttl();
+}

@@ -75,8 +75,7 @@ async fn cases(rg: Redguard) {
                     3 => mixed(999, 0).await.map(drop),
                     _ => {
                         // Dropped while holding (or waiting): the caller gave up.
-                        let _ =
-                            tokio::time::timeout(Duration::from_millis(1), mixed(i, 3)).await;
+                        let _ = tokio::time::timeout(Duration::from_millis(1), mixed(i, 3)).await;
                         Ok(())
                     }
                 }

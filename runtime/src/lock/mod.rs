@@ -10,6 +10,7 @@
 //! in-process channel on the memory store) and falls back to polling, bounded by `wait`.
 
 mod guard;
+mod multi;
 mod watchdog;
 
 use std::future::Future;
@@ -22,6 +23,7 @@ use crate::key::{GuardKind, Key, KeyBody, KeyBuilder};
 use crate::store::LockAcquire;
 
 pub use self::guard::LockGuard;
+pub use self::multi::{MultiLockBuilder, MultiLockGuard, lock_all};
 pub use self::watchdog::live_watchdogs;
 
 /// Lease when none is given: how long a crashed holder blocks others.
@@ -465,8 +467,8 @@ type Queue = std::sync::Arc<tokio::sync::Mutex<()>>;
 fn local_queue(store: &std::sync::Arc<dyn crate::store::Store>, key: &Key) -> Queue {
     use std::collections::HashMap;
     use std::sync::{Mutex, PoisonError, Weak};
-    static QUEUES: Mutex<Option<HashMap<(usize, String), Weak<tokio::sync::Mutex<()>>>>> =
-        Mutex::new(None);
+    type Queues = HashMap<(usize, String), Weak<tokio::sync::Mutex<()>>>;
+    static QUEUES: Mutex<Option<Queues>> = Mutex::new(None);
     // The store's address tells stores apart; the Arc held by the caller keeps it stable.
     let id = std::sync::Arc::as_ptr(store).cast::<()>() as usize;
     let mut queues = QUEUES.lock().unwrap_or_else(PoisonError::into_inner);
