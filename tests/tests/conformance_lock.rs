@@ -120,6 +120,23 @@ async fn reentrant_depth_is_bounded(rg: Redguard) {
         store.lock_acquire(&k, "alice", LEASE, 3).await.unwrap(),
         LockAcquire::TooDeep { depth: 3 }
     );
+    // A nested entry with a shorter lease does not cut the outer one short.
+    assert_eq!(
+        store
+            .lock_release(&k, "alice", Duration::ZERO)
+            .await
+            .unwrap(),
+        LockRelease::Nested { depth: 2 }
+    );
+    store
+        .lock_acquire(&k, "alice", Duration::from_millis(100), 3)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(matches!(
+        store.lock_acquire(&k, "bob", LEASE, 3).await.unwrap(),
+        LockAcquire::Held { .. }
+    ));
     for depth in (1..=2).rev() {
         assert_eq!(
             store

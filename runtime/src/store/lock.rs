@@ -25,8 +25,8 @@ pub const FENCE_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
 #[async_trait]
 pub trait LockOps {
     /// Takes the lock at `key` for `owner` if it is free, or enters it once more if `owner`
-    /// already holds it (up to `max_depth` nested entries). The lease (the key's TTL) is set
-    /// to `lease` either way.
+    /// already holds it (up to `max_depth` nested entries). The lease (the key's TTL) becomes
+    /// `lease`; a nested entry only ever extends it.
     ///
     /// A fresh acquisition returns a fencing token greater than every token handed out for
     /// this key before: the counter is incremented, and when it had expired (unused for

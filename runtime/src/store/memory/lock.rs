@@ -40,7 +40,10 @@ impl LockOps for MemoryStore {
             }
             state.depth += 1;
             let (fence, depth) = (state.fence, state.depth);
-            locks.set_expiry(key, now + lease);
+            // A nested entry may extend the lease, never shorten the outer level's.
+            if locks.expires_at(key).is_some_and(|at| at < now + lease) {
+                locks.set_expiry(key, now + lease);
+            }
             return Ok(LockAcquire::Acquired { fence, depth });
         }
         // Same rule as the Redis script: increment, or restart from the clock in microseconds

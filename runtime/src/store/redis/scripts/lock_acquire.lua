@@ -23,7 +23,10 @@ if owner ~= '' and owner == ARGV[1] then
     return {2, 0, depth}
   end
   depth = redis.call('HINCRBY', KEYS[1], 'depth', 1)
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  -- A nested entry may extend the lease, never shorten the outer level's.
+  if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[2]) then
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  end
   return {1, tonumber(redis.call('HGET', KEYS[1], 'fence')), depth}
 end
 return {0, redis.call('PTTL', KEYS[1]), 0}
