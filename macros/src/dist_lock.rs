@@ -2,7 +2,8 @@
 //!
 //! ```text
 //! #[dist_lock(key = "stock:{sku}", wait = "300ms", lease = "30s", scope = "...",
-//!             skip_if_held, hold_at_least = "10s", on_lost = "cancel" | "continue")]
+//!             skip_if_held, hold_at_least = "10s", on_lost = "cancel" | "continue",
+//!             permits = 3)]
 //! ```
 //!
 //! Bounds are checked here so a wrong value fails the build rather than every call; they
@@ -37,6 +38,7 @@ impl Guard for DistLock {
         arg("skip_if_held", Kind::Flag),
         arg("hold_at_least", Kind::Duration),
         arg("on_lost", Kind::Str),
+        arg("permits", Kind::Int),
     ];
 
     fn check(args: Args, _item: &ItemFn, errors: &mut Errors) -> Option<Box<dyn Expansion>> {
@@ -100,6 +102,23 @@ impl Guard for DistLock {
                 }
             },
         };
+        let permits = args.int("permits");
+        if let Some(permits) = permits
+            && (permits.value == 0 || permits.value > u64::from(u32::MAX))
+        {
+            errors.push(
+                permits.span,
+                "`permits` of `#[dist_lock]` must be at least 1 (a semaphore of N holders)",
+            );
+        }
+        if let (Some(_), Some(hold)) = (permits, hold) {
+            // Why: a slot is given back by its holder; keeping it after release would
+            // silently shrink the semaphore.
+            errors.push(
+                hold.span,
+                "`hold_at_least` applies to exclusive locks, not to a semaphore (`permits`)",
+            );
+        }
         let key = args.template("key")?;
         Some(Box::new(LockExpansion {
             key: TemplateArg {
@@ -112,6 +131,7 @@ impl Guard for DistLock {
             skip_if_held: skip_if_held.is_some(),
             hold_at_least: hold.map_or(Duration::ZERO, |h| h.value),
             continue_on_lost: continue_on_lost?,
+            permits: permits.map_or(0, |p| u32::try_from(p.value).unwrap_or(u32::MAX)),
         }))
     }
 }
@@ -124,6 +144,7 @@ struct LockExpansion {
     skip_if_held: bool,
     hold_at_least: Duration,
     continue_on_lost: bool,
+    permits: u32,
 }
 
 fn duration(d: Duration) -> TokenStream {
@@ -143,8 +164,9 @@ impl Expansion for LockExpansion {
         let hold = duration(self.hold_at_least);
         let skip = self.skip_if_held;
         let cont = self.continue_on_lost;
+        let permits = self.permits;
         quote!(::redguard::__private::dist_lock_builder(
-            #scope, #key, #wait, #lease, #skip, #hold, #cont
+            #scope, #key, #wait, #lease, #skip, #hold, #cont, #permits
         ))
     }
 

@@ -47,6 +47,7 @@ pub fn idempotent(attr: TokenStream, item: TokenStream) -> TokenStream {
 /// - `hold_at_least = "10s"`: keep the key taken at least this long after acquisition.
 /// - `on_lost = "cancel"` (default) or `"continue"`: when the lock is lost mid-body, cancel
 ///   it and return `redguard::Error::LockLost`, or let it finish (logged and counted).
+/// - `permits = 3`: a semaphore: up to that many holders at once.
 ///
 /// The body reads its fencing token with `redguard::fence()`.
 ///

@@ -27,7 +27,8 @@ impl<T, E: From<crate::Error>> GuardedReturn for Result<T, E> {}
 #[inline(always)]
 pub fn assert_guarded_return<R: GuardedReturn>() {}
 
-/// `#[dist_lock]`'s prelude: the lock as written on the fn, its key rendered.
+/// `#[dist_lock]`'s prelude: the lock as written on the fn, its key rendered. `permits` 0
+/// means an exclusive lock.
 #[allow(clippy::too_many_arguments)]
 pub fn dist_lock_builder(
     scope: &'static str,
@@ -37,6 +38,7 @@ pub fn dist_lock_builder(
     skip_if_held: bool,
     hold_at_least: std::time::Duration,
     continue_on_lost: bool,
+    permits: u32,
 ) -> crate::LockBuilder {
     let mut builder = crate::lock::LockBuilder::new(None, key)
         .scope(scope)
@@ -48,6 +50,9 @@ pub fn dist_lock_builder(
     }
     if continue_on_lost {
         builder = builder.on_lost(crate::OnLost::Continue);
+    }
+    if permits > 0 {
+        builder = builder.permits(permits);
     }
     builder
 }

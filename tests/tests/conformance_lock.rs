@@ -16,6 +16,7 @@ redguard_tests::conformance!(
     api_timeout_held_and_release,
     api_run_exposes_fence_and_reenters,
     api_rejects_bad_settings,
+    semaphore_admits_n_holders,
 );
 
 fn key(rg: &Redguard, body: &str) -> redguard::Key {
@@ -302,4 +303,54 @@ async fn api_rejects_bad_settings(rg: Redguard) {
     }
     let bad = rg.lock("a b").acquire().await;
     assert!(matches!(bad, Err(Error::InvalidKey { .. })), "{bad:?}");
+}
+
+async fn semaphore_admits_n_holders(rg: Redguard) {
+    let k = key(&rg, "s");
+    let store = rg.store();
+    let mut last = 0;
+    for owner in ["a", "b", "c"] {
+        let LockAcquire::Acquired { fence, .. } =
+            store.semaphore_acquire(&k, owner, 3, LEASE).await.unwrap()
+        else {
+            panic!("{owner} refused")
+        };
+        assert!(fence > last);
+        last = fence;
+    }
+    match store.semaphore_acquire(&k, "d", 3, LEASE).await.unwrap() {
+        LockAcquire::Held { ttl } => assert!(ttl <= LEASE, "{ttl:?}"),
+        other => panic!("{other:?}"),
+    }
+    assert!(store.semaphore_renew(&k, "b", LEASE).await.unwrap());
+    assert!(!store.semaphore_renew(&k, "d", LEASE).await.unwrap());
+    assert_eq!(
+        store.semaphore_release(&k, "d").await.unwrap(),
+        LockRelease::NotOwner
+    );
+    assert_eq!(
+        store.semaphore_release(&k, "b").await.unwrap(),
+        LockRelease::Released
+    );
+    assert!(matches!(
+        store.semaphore_acquire(&k, "d", 3, LEASE).await.unwrap(),
+        LockAcquire::Acquired { .. }
+    ));
+    // A holder whose lease ran out frees its slot.
+    let short = Duration::from_millis(200);
+    let k2 = key(&rg, "s2");
+    store.semaphore_acquire(&k2, "a", 1, short).await.unwrap();
+    assert!(matches!(
+        store.semaphore_acquire(&k2, "b", 1, LEASE).await.unwrap(),
+        LockAcquire::Held { .. }
+    ));
+    tokio::time::sleep(short + Duration::from_millis(100)).await;
+    assert!(!store.semaphore_renew(&k2, "a", LEASE).await.unwrap());
+    assert!(matches!(
+        store.semaphore_acquire(&k2, "b", 1, LEASE).await.unwrap(),
+        LockAcquire::Acquired { .. }
+    ));
+    for owner in ["a", "c", "d"] {
+        store.semaphore_release(&k, owner).await.unwrap();
+    }
 }

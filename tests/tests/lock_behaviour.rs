@@ -377,3 +377,47 @@ async fn multi_lock_is_all_or_nothing_redis() {
     multi_lock_is_all_or_nothing(rg).await;
     server.assert_every_key_has_ttl();
 }
+
+/// A semaphore of 3: many tasks, never more than 3 inside, and all 3 slots get used.
+async fn semaphore_never_exceeds_permits(rg: Redguard) {
+    let inside = Arc::new(AtomicU32::new(0));
+    let peak = Arc::new(AtomicU32::new(0));
+    let tasks: Vec<_> = (0..10)
+        .map(|_| {
+            let (rg, inside, peak) = (rg.clone(), Arc::clone(&inside), Arc::clone(&peak));
+            tokio::spawn(async move {
+                for _ in 0..20 {
+                    rg.lock("exports")
+                        .permits(3)
+                        .wait(Duration::from_secs(10))
+                        .run(async {
+                            let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
+                            peak.fetch_max(now, Ordering::SeqCst);
+                            assert!(now <= 3, "{now} holders of 3 permits");
+                            tokio::time::sleep(Duration::from_millis(2)).await;
+                            inside.fetch_sub(1, Ordering::SeqCst);
+                            Ok::<_, Error>(())
+                        })
+                        .await
+                        .unwrap();
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    assert_eq!(peak.load(Ordering::SeqCst), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn semaphore_never_exceeds_permits_memory() {
+    semaphore_never_exceeds_permits(Redguard::memory()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn semaphore_never_exceeds_permits_redis() {
+    let (server, rg) = redis().await;
+    semaphore_never_exceeds_permits(rg).await;
+    server.assert_every_key_has_ttl();
+}

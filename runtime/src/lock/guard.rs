@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
 use super::watchdog::Watchdog;
-use super::{OnLost, Spec, with_context};
+use super::{Kind, OnLost, Spec, with_context};
 use crate::error::{Error, Result};
 use crate::handle::Redguard;
 use crate::key::Key;
@@ -147,7 +147,11 @@ impl LockGuard {
         held.watchdog.take();
         let keep = held.keep();
         let store = held.handle.store().clone();
-        let outcome = store.lock_release(&self.key, &held.owner, keep).await;
+        let outcome = held
+            .spec
+            .kind
+            .release(store.as_ref(), &self.key, &held.owner, keep)
+            .await;
         // Done: nothing left for Drop.
         let Some(held) = self.held.take() else {
             return Ok(());
@@ -208,7 +212,7 @@ impl LockGuard {
 impl Held {
     /// How long the key must stay taken after release, for `hold_at_least`.
     fn keep(&self) -> Duration {
-        if self.depth > 1 {
+        if self.depth > 1 || self.spec.kind != Kind::Exclusive {
             return Duration::ZERO;
         }
         self.spec
@@ -235,19 +239,23 @@ impl Drop for LockGuard {
         if let Some(mut held) = self.held.take() {
             held.watchdog.take();
             let keep = held.keep();
-            spawn_release(held.handle, self.key.clone(), held.owner, keep);
+            let kind = held.spec.kind;
+            spawn_release(held.handle, self.key.clone(), held.owner, kind, keep);
         }
     }
 }
 
 /// Releases in the background: the path of every guard dropped without `release().await`.
-pub(super) fn spawn_release(handle: Redguard, key: Key, owner: String, keep: Duration) {
+pub(super) fn spawn_release(handle: Redguard, key: Key, owner: String, kind: Kind, keep: Duration) {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         tracing::debug!(%key, "lock dropped outside a Tokio runtime; its lease will free it");
         return;
     };
     runtime.spawn(async move {
-        match handle.store().lock_release(&key, &owner, keep).await {
+        match kind
+            .release(handle.store().as_ref(), &key, &owner, keep)
+            .await
+        {
             Ok(_) => {}
             Err(err) => {
                 tracing::warn!(%key, error = %err, "lock release failed; the lease will free it")

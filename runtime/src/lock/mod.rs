@@ -162,6 +162,7 @@ pub struct LockBuilder {
     hold_at_least: Duration,
     on_lost: OnLost,
     max_depth: u32,
+    permits: Option<u32>,
 }
 
 impl LockBuilder {
@@ -176,6 +177,7 @@ impl LockBuilder {
             hold_at_least: Duration::ZERO,
             on_lost: OnLost::Cancel,
             max_depth: DEFAULT_MAX_DEPTH,
+            permits: None,
         }
     }
 
@@ -225,6 +227,25 @@ impl LockBuilder {
         self
     }
 
+    /// Makes this a semaphore: up to `permits` holders at once, each leased, renewed and
+    /// fenced like a lock (not reentrant; `hold_at_least` does not apply). A semaphore's key
+    /// is distinct from the lock of the same name.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> redguard::Result<()> {
+    /// let rg = redguard::Redguard::memory();
+    /// let a = rg.lock("exports").permits(2).acquire().await?;
+    /// let b = rg.lock("exports").permits(2).acquire().await?;
+    /// assert!(rg.lock("exports").permits(2).try_acquire().await?.is_none());
+    /// a.release().await?;
+    /// assert!(rg.lock("exports").permits(2).try_acquire().await?.is_some());
+    /// # drop(b); Ok(()) }
+    /// ```
+    pub fn permits(mut self, permits: u32) -> Self {
+        self.permits = Some(permits);
+        self
+    }
+
     fn check(&self) -> Result<()> {
         let problem = if self.wait > MAX_WAIT {
             format!(
@@ -241,6 +262,10 @@ impl LockBuilder {
                 "lock hold_at_least must be at most {MAX_HOLD_AT_LEAST:?}, got {:?}",
                 self.hold_at_least
             )
+        } else if self.permits == Some(0) {
+            "a semaphore needs at least 1 permit".to_owned()
+        } else if self.permits.is_some() && !self.hold_at_least.is_zero() {
+            "hold_at_least applies to exclusive locks, not semaphores".to_owned()
         } else {
             return Ok(());
         };
@@ -263,7 +288,14 @@ impl LockBuilder {
             None => Redguard::current()?,
         };
         let body = self.body?;
-        let key = handle.key(GuardKind::Lock, &self.scope, &body)?;
+        let mut key = handle.key(GuardKind::Lock, &self.scope, &body)?;
+        let kind = match self.permits {
+            Some(permits) => {
+                key = key.companion("sem");
+                Kind::Semaphore(permits)
+            }
+            None => Kind::Exclusive,
+        };
         let spec = Spec {
             scope: self.scope,
             wait: self.wait,
@@ -271,6 +303,7 @@ impl LockBuilder {
             skip_if_held: self.skip_if_held,
             hold_at_least: self.hold_at_least,
             max_depth: self.max_depth,
+            kind,
         };
         acquire(handle, key, spec).await
     }
@@ -330,6 +363,42 @@ pub(crate) struct Spec {
     pub(crate) skip_if_held: bool,
     pub(crate) hold_at_least: Duration,
     pub(crate) max_depth: u32,
+    pub(crate) kind: Kind,
+}
+
+/// An exclusive (reentrant) lock, or a semaphore of N permits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Exclusive,
+    Semaphore(u32),
+}
+
+impl Kind {
+    pub(crate) async fn renew(
+        self,
+        store: &dyn crate::store::Store,
+        key: &Key,
+        owner: &str,
+        lease: Duration,
+    ) -> Result<bool> {
+        match self {
+            Kind::Exclusive => store.lock_renew(key, owner, lease).await,
+            Kind::Semaphore(_) => store.semaphore_renew(key, owner, lease).await,
+        }
+    }
+
+    pub(crate) async fn release(
+        self,
+        store: &dyn crate::store::Store,
+        key: &Key,
+        owner: &str,
+        keep: Duration,
+    ) -> Result<crate::store::LockRelease> {
+        match self {
+            Kind::Exclusive => store.lock_release(key, owner, keep).await,
+            Kind::Semaphore(_) => store.semaphore_release(key, owner).await,
+        }
+    }
 }
 
 /// The owner token to present for `key`: the one this task already holds it with (so a
@@ -354,13 +423,13 @@ fn owner_for(key: &Key) -> (String, bool) {
 /// have run. Sent after the acquisition on the same connection, so it sees its effect; a
 /// release by a fresh owner that never got the lock changes nothing.
 struct InFlight {
-    release: Option<(Redguard, Key, String)>,
+    release: Option<(Redguard, Key, String, Kind)>,
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        if let Some((handle, key, owner)) = self.release.take() {
-            guard::spawn_release(handle, key, owner, Duration::ZERO);
+        if let Some((handle, key, owner, kind)) = self.release.take() {
+            guard::spawn_release(handle, key, owner, kind, Duration::ZERO);
         }
     }
 }
@@ -368,7 +437,10 @@ impl Drop for InFlight {
 async fn acquire(handle: Redguard, key: Key, spec: Spec) -> Result<LockGuard> {
     let started = Instant::now();
     let deadline = started + spec.wait;
-    let (owner, nested) = owner_for(&key);
+    let (owner, nested) = match spec.kind {
+        Kind::Exclusive => owner_for(&key),
+        Kind::Semaphore(_) => (uuid::Uuid::new_v4().simple().to_string(), false),
+    };
     let store = handle.store().clone();
     // Subscribed before the first attempt, so a release between a failed attempt and the wait
     // wakes us.
@@ -400,11 +472,20 @@ async fn acquire(handle: Redguard, key: Key, spec: Spec) -> Result<LockGuard> {
         let attempt_at = Instant::now();
         let mut in_flight = InFlight {
             // A nested entry is not undone blindly: a release would leave the outer level.
-            release: (!nested).then(|| (handle.clone(), key.clone(), owner.clone())),
+            release: (!nested).then(|| (handle.clone(), key.clone(), owner.clone(), spec.kind)),
         };
-        let outcome = store
-            .lock_acquire(&key, &owner, spec.lease, spec.max_depth)
-            .await;
+        let outcome = match spec.kind {
+            Kind::Exclusive => {
+                store
+                    .lock_acquire(&key, &owner, spec.lease, spec.max_depth)
+                    .await
+            }
+            Kind::Semaphore(permits) => {
+                store
+                    .semaphore_acquire(&key, &owner, permits, spec.lease)
+                    .await
+            }
+        };
         let outcome = outcome.or_degrade(&handle, GuardKind::Lock, "lock_acquire", &key);
         in_flight.release = None;
         let ttl = match outcome? {

@@ -101,7 +101,11 @@ async fn renew_until_lost(
             tracing::warn!(%key, "lock lease ran out before it could be renewed; lock lost");
             return;
         }
-        match handle.store().lock_renew(key, owner, spec.lease).await {
+        let renewed = spec
+            .kind
+            .renew(handle.store().as_ref(), key, owner, spec.lease)
+            .await;
+        match renewed {
             Ok(true) => {
                 valid_until = sent_at + spec.lease;
                 next = sent_at + period;

@@ -51,6 +51,24 @@ pub trait LockOps {
     /// touched.
     async fn lock_release(&self, key: &Key, owner: &str, keep: Duration) -> Result<LockRelease>;
 
+    /// Takes one of `permits` slots of the semaphore at `key` for `owner`, leased for
+    /// `lease` (each holder has its own lease; expired holders are dropped first). Returns a
+    /// fencing token as [`lock_acquire`](LockOps::lock_acquire) does, or `Held` with the time
+    /// until the earliest holder's lease ends. Not reentrant.
+    async fn semaphore_acquire(
+        &self,
+        key: &Key,
+        owner: &str,
+        permits: u32,
+        lease: Duration,
+    ) -> Result<LockAcquire>;
+
+    /// Extends `owner`'s lease on its slot; false when the slot is gone.
+    async fn semaphore_renew(&self, key: &Key, owner: &str, lease: Duration) -> Result<bool>;
+
+    /// Gives `owner`'s slot back and notifies waiters; `NotOwner` when it had none.
+    async fn semaphore_release(&self, key: &Key, owner: &str) -> Result<LockRelease>;
+
     /// A subscription to release notifications of `key`. Take it *before* trying to acquire,
     /// so a release between a failed attempt and the wait is not missed. Never fails: when
     /// notifications are unavailable the watch says so and waiters poll.

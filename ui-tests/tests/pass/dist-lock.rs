@@ -5,6 +5,12 @@ pub struct Order {
     pub sku: String,
 }
 
+#[redguard::dist_lock(key = "export:{sku}", wait = "1s", permits = 3)]
+pub async fn reserve_stock_limited(sku: &str) -> Result<(), redguard::Error> {
+    let _ = sku;
+    Ok(())
+}
+
 #[redguard::dist_lock(key = "stock:{sku}", wait = "300ms", lease = "10s", scope = "shop")]
 pub async fn reserve_stock(sku: &str, qty: u32) -> Result<u32, redguard::Error> {
     Ok(qty)
@@ -27,6 +33,7 @@ impl Service {
 
 fn main() {
     let _ = reserve_stock("a", 1);
+    let _ = reserve_stock_limited("a");
     let _ = nightly();
     let _ = Service.handle(&Order { sku: "x".into() });
 }

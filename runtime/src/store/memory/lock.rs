@@ -1,14 +1,26 @@
 //! Lock operations in memory.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use async_trait::async_trait;
 
 use super::MemoryStore;
+use super::table::Table;
 use crate::error::Result;
 use crate::key::Key;
 use crate::store::lock::FENCE_TTL;
 use crate::store::{LockAcquire, LockOps, LockRelease, LockWatch};
+
+/// Holders of a semaphore and when each lease ends.
+pub(super) type Holders = HashMap<String, Duration>;
+
+/// Stores `holders` back, living as long as the longest lease; an empty set is dropped.
+fn put_holders(sems: &mut Table<Holders>, key: &Key, holders: Holders) {
+    if let Some(last) = holders.values().max().copied() {
+        sems.put(key, holders, last);
+    }
+}
 
 #[derive(Debug)]
 pub(super) struct LockState {
@@ -96,6 +108,67 @@ impl LockOps for MemoryStore {
             state.depth = 0;
             locks.set_expiry(key, now + keep);
         }
+        Ok(LockRelease::Released)
+    }
+
+    async fn semaphore_acquire(
+        &self,
+        key: &Key,
+        owner: &str,
+        permits: u32,
+        lease: Duration,
+    ) -> Result<LockAcquire> {
+        let (mut sems, now) = self.lock(&self.tables.semaphores);
+        let mut holders = sems.remove(key).unwrap_or_default();
+        holders.retain(|_, until| *until > now);
+        let count = u32::try_from(holders.len()).unwrap_or(u32::MAX);
+        if count >= permits {
+            let first = holders.values().min().copied().unwrap_or(now);
+            let ttl = first.saturating_sub(now);
+            put_holders(&mut sems, key, holders);
+            return Ok(LockAcquire::Held { ttl });
+        }
+        let fence_key = key.companion("fence");
+        let (mut fences, _) = self.lock(&self.tables.fences);
+        let fence = match fences.get(&fence_key) {
+            Some(last) => last.saturating_add(1),
+            None => u64::try_from(now.as_micros()).unwrap_or(u64::MAX),
+        };
+        fences.put(&fence_key, fence, now + FENCE_TTL.max(lease));
+        holders.insert(owner.to_owned(), now + lease);
+        put_holders(&mut sems, key, holders);
+        Ok(LockAcquire::Acquired { fence, depth: 1 })
+    }
+
+    async fn semaphore_renew(&self, key: &Key, owner: &str, lease: Duration) -> Result<bool> {
+        let (mut sems, now) = self.lock(&self.tables.semaphores);
+        let Some(mut holders) = sems.remove(key) else {
+            return Ok(false);
+        };
+        holders.retain(|_, until| *until > now);
+        let renewed = match holders.get_mut(owner) {
+            Some(until) => {
+                *until = now + lease;
+                true
+            }
+            None => false,
+        };
+        put_holders(&mut sems, key, holders);
+        Ok(renewed)
+    }
+
+    async fn semaphore_release(&self, key: &Key, owner: &str) -> Result<LockRelease> {
+        let (mut sems, _) = self.lock(&self.tables.semaphores);
+        let Some(mut holders) = sems.remove(key) else {
+            return Ok(LockRelease::NotOwner);
+        };
+        let released = holders.remove(owner).is_some();
+        put_holders(&mut sems, key, holders);
+        drop(sems);
+        if !released {
+            return Ok(LockRelease::NotOwner);
+        }
+        self.tables.lock_waiters.notify(key.as_str());
         Ok(LockRelease::Released)
     }
 

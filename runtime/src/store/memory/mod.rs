@@ -46,6 +46,7 @@ pub struct MemoryStore {
 struct Tables {
     tokens: Mutex<Table<token::TokenState>>,
     locks: Mutex<Table<lock::LockState>>,
+    semaphores: Mutex<Table<lock::Holders>>,
     /// Fencing counters of locks, kept apart so they outlive the locks.
     fences: Mutex<Table<u64>>,
     lock_waiters: Waiters,
@@ -81,6 +82,7 @@ impl MemoryStore {
     pub fn len(&self) -> usize {
         self.lock(&self.tables.tokens).0.len()
             + self.lock(&self.tables.locks).0.len()
+            + self.lock(&self.tables.semaphores).0.len()
             + self.lock(&self.tables.fences).0.len()
     }
 

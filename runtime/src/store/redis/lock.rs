@@ -19,13 +19,26 @@ use crate::store::{LockAcquire, LockOps, LockRelease, LockWatch};
 static ACQUIRE: Lazy<Script> = Lazy::new(|| Script::new(include_str!("scripts/lock_acquire.lua")));
 static RENEW: Lazy<Script> = Lazy::new(|| Script::new(include_str!("scripts/lock_renew.lua")));
 static RELEASE: Lazy<Script> = Lazy::new(|| Script::new(include_str!("scripts/lock_release.lua")));
+static SEM_ACQUIRE: Lazy<Script> =
+    Lazy::new(|| Script::new(include_str!("scripts/sem_acquire.lua")));
+static SEM_RENEW: Lazy<Script> = Lazy::new(|| Script::new(include_str!("scripts/sem_renew.lua")));
+static SEM_RELEASE: Lazy<Script> =
+    Lazy::new(|| Script::new(include_str!("scripts/sem_release.lua")));
 
-/// Lock keys are `<prefix>:lock:{<scope>:<body>}` and the release script publishes on the
-/// key's own name; one pattern subscription covers every lock of every prefix.
-const RELEASE_PATTERN: &str = "*:lock:{*}";
+/// Lock keys are `<prefix>:lock:{<scope>:<body>}` (semaphores add a suffix) and the release
+/// scripts publish on the key's own name; one pattern subscription covers every lock of every
+/// prefix.
+const RELEASE_PATTERN: &str = "*:lock:{*";
 
 pub(super) fn scripts() -> Vec<&'static Script> {
-    vec![&ACQUIRE, &RENEW, &RELEASE]
+    vec![
+        &ACQUIRE,
+        &RENEW,
+        &RELEASE,
+        &SEM_ACQUIRE,
+        &SEM_RENEW,
+        &SEM_RELEASE,
+    ]
 }
 
 fn millis(d: Duration) -> u64 {
@@ -93,6 +106,61 @@ impl LockOps for RedisStore {
                 })?,
             }),
         }
+    }
+
+    async fn semaphore_acquire(
+        &self,
+        key: &Key,
+        owner: &str,
+        permits: u32,
+        lease: Duration,
+    ) -> Result<LockAcquire> {
+        let fence_key = key.companion("fence");
+        let fence_ttl = millis(FENCE_TTL.max(lease));
+        let reply: (i64, i64, i64) = self
+            .eval(
+                "semaphore_acquire",
+                &SEM_ACQUIRE,
+                &[key, &fence_key],
+                &[&owner, &permits, &millis(lease), &fence_ttl],
+            )
+            .await?;
+        match reply {
+            (1, fence, _) if fence > 0 => Ok(LockAcquire::Acquired {
+                fence: fence.unsigned_abs(),
+                depth: 1,
+            }),
+            (0, wait, _) => Ok(LockAcquire::Held {
+                ttl: Duration::from_millis(wait.unsigned_abs()),
+            }),
+            _ => Err(Error::Corrupt {
+                key: key.to_string(),
+                detail: format!("semaphore_acquire returned {reply:?}"),
+            }),
+        }
+    }
+
+    async fn semaphore_renew(&self, key: &Key, owner: &str, lease: Duration) -> Result<bool> {
+        let renewed: i64 = self
+            .eval(
+                "semaphore_renew",
+                &SEM_RENEW,
+                &[key],
+                &[&owner, &millis(lease)],
+            )
+            .await?;
+        Ok(renewed == 1)
+    }
+
+    async fn semaphore_release(&self, key: &Key, owner: &str) -> Result<LockRelease> {
+        let released: i64 = self
+            .eval("semaphore_release", &SEM_RELEASE, &[key], &[&owner])
+            .await?;
+        Ok(if released == 1 {
+            LockRelease::Released
+        } else {
+            LockRelease::NotOwner
+        })
     }
 
     async fn lock_watch(&self, key: &Key) -> LockWatch {
