@@ -3,7 +3,7 @@
 //! ```text
 //! #[dist_lock(key = "stock:{sku}", wait = "300ms", lease = "30s", scope = "...",
 //!             skip_if_held, hold_at_least = "10s", on_lost = "cancel" | "continue",
-//!             permits = 3)]
+//!             permits = 3 | read | write)]
 //! ```
 //!
 //! Bounds are checked here so a wrong value fails the build rather than every call; they
@@ -39,6 +39,8 @@ impl Guard for DistLock {
         arg("hold_at_least", Kind::Duration),
         arg("on_lost", Kind::Str),
         arg("permits", Kind::Int),
+        arg("read", Kind::Flag),
+        arg("write", Kind::Flag),
     ];
 
     fn check(args: Args, _item: &ItemFn, errors: &mut Errors) -> Option<Box<dyn Expansion>> {
@@ -119,6 +121,27 @@ impl Guard for DistLock {
                 "`hold_at_least` applies to exclusive locks, not to a semaphore (`permits`)",
             );
         }
+        let (read, write) = (args.flag("read"), args.flag("write"));
+        if let (Some(_), Some(write)) = (read, write) {
+            errors.push(
+                write,
+                "`read` and `write` of `#[dist_lock]` exclude each other: a fn takes the \
+                 read/write lock in one mode",
+            );
+        }
+        let rw_span = read.or(write);
+        if let (Some(rw), Some(_)) = (rw_span, permits) {
+            errors.push(
+                rw,
+                "`#[dist_lock]` is a read/write lock or a semaphore (`permits`), not both",
+            );
+        }
+        if let (Some(_), Some(hold)) = (rw_span, hold) {
+            errors.push(
+                hold.span,
+                "`hold_at_least` applies to exclusive locks, not to a read/write lock",
+            );
+        }
         let key = args.template("key")?;
         Some(Box::new(LockExpansion {
             key: TemplateArg {
@@ -132,6 +155,11 @@ impl Guard for DistLock {
             hold_at_least: hold.map_or(Duration::ZERO, |h| h.value),
             continue_on_lost: continue_on_lost?,
             permits: permits.map_or(0, |p| u32::try_from(p.value).unwrap_or(u32::MAX)),
+            read_write: match (read, write) {
+                (Some(_), _) => 1,
+                (None, Some(_)) => 2,
+                (None, None) => 0,
+            },
         }))
     }
 }
@@ -145,6 +173,7 @@ struct LockExpansion {
     hold_at_least: Duration,
     continue_on_lost: bool,
     permits: u32,
+    read_write: u8,
 }
 
 fn duration(d: Duration) -> TokenStream {
@@ -165,8 +194,9 @@ impl Expansion for LockExpansion {
         let skip = self.skip_if_held;
         let cont = self.continue_on_lost;
         let permits = self.permits;
+        let read_write = self.read_write;
         quote!(::redguard::__private::dist_lock_builder(
-            #scope, #key, #wait, #lease, #skip, #hold, #cont, #permits
+            #scope, #key, #wait, #lease, #skip, #hold, #cont, #permits, #read_write
         ))
     }
 

@@ -48,6 +48,7 @@ pub fn idempotent(attr: TokenStream, item: TokenStream) -> TokenStream {
 /// - `on_lost = "cancel"` (default) or `"continue"`: when the lock is lost mid-body, cancel
 ///   it and return `redguard::Error::LockLost`, or let it finish (logged and counted).
 /// - `permits = 3`: a semaphore: up to that many holders at once.
+/// - `read` / `write`: the key's read/write lock in that mode (many readers or one writer).
 ///
 /// The body reads its fencing token with `redguard::fence()`.
 ///

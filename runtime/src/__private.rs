@@ -28,7 +28,7 @@ impl<T, E: From<crate::Error>> GuardedReturn for Result<T, E> {}
 pub fn assert_guarded_return<R: GuardedReturn>() {}
 
 /// `#[dist_lock]`'s prelude: the lock as written on the fn, its key rendered. `permits` 0
-/// means an exclusive lock.
+/// means not a semaphore; `read_write` is 0 (exclusive), 1 (read) or 2 (write).
 #[allow(clippy::too_many_arguments)]
 pub fn dist_lock_builder(
     scope: &'static str,
@@ -39,6 +39,7 @@ pub fn dist_lock_builder(
     hold_at_least: std::time::Duration,
     continue_on_lost: bool,
     permits: u32,
+    read_write: u8,
 ) -> crate::LockBuilder {
     let mut builder = crate::lock::LockBuilder::new(None, key)
         .scope(scope)
@@ -53,6 +54,11 @@ pub fn dist_lock_builder(
     }
     if permits > 0 {
         builder = builder.permits(permits);
+    }
+    match read_write {
+        1 => builder = builder.read(),
+        2 => builder = builder.write(),
+        _ => {}
     }
     builder
 }

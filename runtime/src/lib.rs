@@ -54,7 +54,7 @@ pub use crate::lock::{
 };
 pub use crate::store::{
     FENCE_TTL, LockAcquire, LockOps, LockRelease, LockWatch, MemoryStore, RedisStore, Store,
-    StoreKind, TokenOps, TokenOutcome,
+    StoreKind, TokenOps, TokenOutcome, rw_readers,
 };
 pub use crate::tokens::{MAX_TOKEN_TTL, Tokens, tokens};
 

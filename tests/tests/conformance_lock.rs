@@ -17,6 +17,7 @@ redguard_tests::conformance!(
     api_run_exposes_fence_and_reenters,
     api_rejects_bad_settings,
     semaphore_admits_n_holders,
+    read_write_modes_exclude,
 );
 
 fn key(rg: &Redguard, body: &str) -> redguard::Key {
@@ -353,4 +354,61 @@ async fn semaphore_admits_n_holders(rg: Redguard) {
     for owner in ["a", "c", "d"] {
         store.semaphore_release(&k, owner).await.unwrap();
     }
+}
+
+async fn read_write_modes_exclude(rg: Redguard) {
+    let k = key(&rg, "rw");
+    let store = rg.store();
+    let acquired = |outcome: LockAcquire| matches!(outcome, LockAcquire::Acquired { .. });
+    // Readers share.
+    assert!(acquired(
+        store.rw_acquire(&k, "r1", false, LEASE).await.unwrap()
+    ));
+    assert!(acquired(
+        store.rw_acquire(&k, "r2", false, LEASE).await.unwrap()
+    ));
+    // A writer waits for them, and from then on new readers queue behind it.
+    assert!(!acquired(
+        store.rw_acquire(&k, "w1", true, LEASE).await.unwrap()
+    ));
+    assert!(!acquired(
+        store.rw_acquire(&k, "r3", false, LEASE).await.unwrap()
+    ));
+    let readers = redguard::rw_readers(&k);
+    assert!(store.semaphore_renew(&readers, "r1", LEASE).await.unwrap());
+    for reader in ["r1", "r2"] {
+        assert_eq!(
+            store.rw_release_read(&k, reader).await.unwrap(),
+            LockRelease::Released
+        );
+    }
+    assert_eq!(
+        store.rw_release_read(&k, "r1").await.unwrap(),
+        LockRelease::NotOwner
+    );
+    // Another writer cannot jump the announced one.
+    assert!(!acquired(
+        store.rw_acquire(&k, "w2", true, LEASE).await.unwrap()
+    ));
+    let LockAcquire::Acquired { fence, .. } =
+        store.rw_acquire(&k, "w1", true, LEASE).await.unwrap()
+    else {
+        panic!("the waiting writer did not get in")
+    };
+    assert!(fence > 0);
+    assert!(!acquired(
+        store.rw_acquire(&k, "r3", false, LEASE).await.unwrap()
+    ));
+    assert!(!acquired(
+        store.rw_acquire(&k, "w2", true, LEASE).await.unwrap()
+    ));
+    assert!(store.lock_renew(&k, "w1", LEASE).await.unwrap());
+    assert_eq!(
+        store.lock_release(&k, "w1", Duration::ZERO).await.unwrap(),
+        LockRelease::Released
+    );
+    assert!(acquired(
+        store.rw_acquire(&k, "r3", false, LEASE).await.unwrap()
+    ));
+    store.rw_release_read(&k, "r3").await.unwrap();
 }

@@ -421,3 +421,76 @@ async fn semaphore_never_exceeds_permits_redis() {
     semaphore_never_exceeds_permits(rg).await;
     server.assert_every_key_has_ttl();
 }
+
+/// Readers and writers mixed: never a writer with anyone else inside, readers overlap, and
+/// writers are not starved by a stream of readers.
+async fn read_write_lock_excludes_writers(rg: Redguard) {
+    let readers = Arc::new(AtomicU32::new(0));
+    let writers = Arc::new(AtomicU32::new(0));
+    let peak_readers = Arc::new(AtomicU32::new(0));
+    let tasks: Vec<_> = (0..8)
+        .map(|i| {
+            let rg = rg.clone();
+            let (readers, writers, peak) = (
+                Arc::clone(&readers),
+                Arc::clone(&writers),
+                Arc::clone(&peak_readers),
+            );
+            tokio::spawn(async move {
+                let write = i % 4 == 0;
+                for _ in 0..15 {
+                    let builder = rg.lock("catalog").wait(Duration::from_secs(20));
+                    let builder = if write {
+                        builder.write()
+                    } else {
+                        builder.read()
+                    };
+                    builder
+                        .run(async {
+                            if write {
+                                assert_eq!(writers.fetch_add(1, Ordering::SeqCst), 0);
+                                assert_eq!(readers.load(Ordering::SeqCst), 0, "reader + writer");
+                            } else {
+                                let now = readers.fetch_add(1, Ordering::SeqCst) + 1;
+                                peak.fetch_max(now, Ordering::SeqCst);
+                                assert_eq!(writers.load(Ordering::SeqCst), 0, "writer + reader");
+                            }
+                            tokio::time::sleep(Duration::from_millis(3)).await;
+                            if write {
+                                writers.fetch_sub(1, Ordering::SeqCst);
+                            } else {
+                                readers.fetch_sub(1, Ordering::SeqCst);
+                            }
+                            Ok::<_, Error>(())
+                        })
+                        .await
+                        .unwrap();
+                }
+            })
+        })
+        .collect();
+    let all = async {
+        for task in tasks {
+            task.await.unwrap();
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(60), all)
+        .await
+        .expect("writers starved");
+    assert!(
+        peak_readers.load(Ordering::SeqCst) >= 2,
+        "readers never shared the lock"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_write_lock_excludes_writers_memory() {
+    read_write_lock_excludes_writers(Redguard::memory()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_write_lock_excludes_writers_redis() {
+    let (server, rg) = redis().await;
+    read_write_lock_excludes_writers(rg).await;
+    server.assert_every_key_has_ttl();
+}

@@ -163,6 +163,7 @@ pub struct LockBuilder {
     on_lost: OnLost,
     max_depth: u32,
     permits: Option<u32>,
+    rw: Option<bool>,
 }
 
 impl LockBuilder {
@@ -178,6 +179,7 @@ impl LockBuilder {
             on_lost: OnLost::Cancel,
             max_depth: DEFAULT_MAX_DEPTH,
             permits: None,
+            rw: None,
         }
     }
 
@@ -246,6 +248,35 @@ impl LockBuilder {
         self
     }
 
+    /// Takes the read/write lock of this key in read mode: many readers at once, no writer.
+    /// Read/write locks are not reentrant and live at their own key (not the exclusive lock
+    /// of the same name). A writer waiting for readers keeps new readers out, so readers
+    /// cannot starve it.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> redguard::Result<()> {
+    /// let rg = redguard::Redguard::memory();
+    /// let r1 = rg.lock("catalog").read().acquire().await?;
+    /// let r2 = rg.lock("catalog").read().acquire().await?;
+    /// assert!(rg.lock("catalog").write().try_acquire().await?.is_none());
+    /// r1.release().await?;
+    /// r2.release().await?;
+    /// let w = rg.lock("catalog").write().acquire().await?;
+    /// assert!(rg.lock("catalog").read().try_acquire().await?.is_none());
+    /// # drop(w); Ok(()) }
+    /// ```
+    pub fn read(mut self) -> Self {
+        self.rw = Some(false);
+        self
+    }
+
+    /// Takes the read/write lock of this key in write mode: no readers, one writer. See
+    /// [`read`](LockBuilder::read).
+    pub fn write(mut self) -> Self {
+        self.rw = Some(true);
+        self
+    }
+
     fn check(&self) -> Result<()> {
         let problem = if self.wait > MAX_WAIT {
             format!(
@@ -264,8 +295,11 @@ impl LockBuilder {
             )
         } else if self.permits == Some(0) {
             "a semaphore needs at least 1 permit".to_owned()
-        } else if self.permits.is_some() && !self.hold_at_least.is_zero() {
-            "hold_at_least applies to exclusive locks, not semaphores".to_owned()
+        } else if (self.permits.is_some() || self.rw.is_some()) && !self.hold_at_least.is_zero() {
+            "hold_at_least applies to exclusive locks, not semaphores or read/write locks"
+                .to_owned()
+        } else if self.permits.is_some() && self.rw.is_some() {
+            "a lock is a semaphore (`permits`) or a read/write lock, not both".to_owned()
         } else {
             return Ok(());
         };
@@ -289,12 +323,16 @@ impl LockBuilder {
         };
         let body = self.body?;
         let mut key = handle.key(GuardKind::Lock, &self.scope, &body)?;
-        let kind = match self.permits {
-            Some(permits) => {
+        let kind = match (self.permits, self.rw) {
+            (Some(permits), _) => {
                 key = key.companion("sem");
                 Kind::Semaphore(permits)
             }
-            None => Kind::Exclusive,
+            (None, Some(write)) => {
+                key = key.companion("rw");
+                if write { Kind::Write } else { Kind::Read }
+            }
+            (None, None) => Kind::Exclusive,
         };
         let spec = Spec {
             scope: self.scope,
@@ -371,6 +409,10 @@ pub(crate) struct Spec {
 pub(crate) enum Kind {
     Exclusive,
     Semaphore(u32),
+    /// The read/write lock at the guard's key, held in read mode.
+    Read,
+    /// The read/write lock at the guard's key, held in write mode.
+    Write,
 }
 
 impl Kind {
@@ -382,8 +424,12 @@ impl Kind {
         lease: Duration,
     ) -> Result<bool> {
         match self {
-            Kind::Exclusive => store.lock_renew(key, owner, lease).await,
+            Kind::Exclusive | Kind::Write => store.lock_renew(key, owner, lease).await,
             Kind::Semaphore(_) => store.semaphore_renew(key, owner, lease).await,
+            Kind::Read => {
+                let readers = crate::store::rw_readers(key);
+                store.semaphore_renew(&readers, owner, lease).await
+            }
         }
     }
 
@@ -395,8 +441,9 @@ impl Kind {
         keep: Duration,
     ) -> Result<crate::store::LockRelease> {
         match self {
-            Kind::Exclusive => store.lock_release(key, owner, keep).await,
+            Kind::Exclusive | Kind::Write => store.lock_release(key, owner, keep).await,
             Kind::Semaphore(_) => store.semaphore_release(key, owner).await,
+            Kind::Read => store.rw_release_read(key, owner).await,
         }
     }
 }
@@ -439,7 +486,9 @@ async fn acquire(handle: Redguard, key: Key, spec: Spec) -> Result<LockGuard> {
     let deadline = started + spec.wait;
     let (owner, nested) = match spec.kind {
         Kind::Exclusive => owner_for(&key),
-        Kind::Semaphore(_) => (uuid::Uuid::new_v4().simple().to_string(), false),
+        Kind::Semaphore(_) | Kind::Read | Kind::Write => {
+            (uuid::Uuid::new_v4().simple().to_string(), false)
+        }
     };
     let store = handle.store().clone();
     // Subscribed before the first attempt, so a release between a failed attempt and the wait
@@ -484,6 +533,10 @@ async fn acquire(handle: Redguard, key: Key, spec: Spec) -> Result<LockGuard> {
                 store
                     .semaphore_acquire(&key, &owner, permits, spec.lease)
                     .await
+            }
+            Kind::Read | Kind::Write => {
+                let write = spec.kind == Kind::Write;
+                store.rw_acquire(&key, &owner, write, spec.lease).await
             }
         };
         let outcome = outcome.or_degrade(&handle, GuardKind::Lock, "lock_acquire", &key);

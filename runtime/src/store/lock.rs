@@ -21,6 +21,14 @@ use crate::key::Key;
 /// store's clock does not step back by more than the gap (see [`LockOps::lock_acquire`]).
 pub const FENCE_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
 
+/// How long a writer blocked by readers keeps new readers out after its last attempt.
+pub(crate) const WRITER_INTENT: Duration = Duration::from_secs(2);
+
+/// The readers' set of the read/write lock at `key`.
+pub fn rw_readers(key: &Key) -> Key {
+    key.companion("readers")
+}
+
 /// Lock operations of a [`Store`](super::Store).
 #[async_trait]
 pub trait LockOps {
@@ -68,6 +76,24 @@ pub trait LockOps {
 
     /// Gives `owner`'s slot back and notifies waiters; `NotOwner` when it had none.
     async fn semaphore_release(&self, key: &Key, owner: &str) -> Result<LockRelease>;
+
+    /// Takes the read/write lock at `key` in write mode (`write`: no readers, no writer) or
+    /// read mode (no writer, and no writer waiting: a writer blocked by readers announces
+    /// itself for a moment, so a stream of readers cannot starve it). Fenced like
+    /// [`lock_acquire`](LockOps::lock_acquire); not reentrant. A writer is renewed and
+    /// released with [`lock_renew`](LockOps::lock_renew) and
+    /// [`lock_release`](LockOps::lock_release) on `key`; a reader is renewed with
+    /// [`semaphore_renew`](LockOps::semaphore_renew) on [`rw_readers`].
+    async fn rw_acquire(
+        &self,
+        key: &Key,
+        owner: &str,
+        write: bool,
+        lease: Duration,
+    ) -> Result<LockAcquire>;
+
+    /// Leaves the read/write lock at `key` as reader `owner`, notifying waiters.
+    async fn rw_release_read(&self, key: &Key, owner: &str) -> Result<LockRelease>;
 
     /// A subscription to release notifications of `key`. Take it *before* trying to acquire,
     /// so a release between a failed attempt and the wait is not missed. Never fails: when

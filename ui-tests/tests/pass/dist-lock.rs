@@ -21,6 +21,18 @@ pub async fn nightly() -> redguard::Result<()> {
     Ok(())
 }
 
+#[redguard::dist_lock(key = "catalog:{id}", read, wait = "1s")]
+pub async fn read_catalog(id: u64) -> Result<(), redguard::Error> {
+    let _ = id;
+    Ok(())
+}
+
+#[redguard::dist_lock(key = "catalog:{id}", write, wait = "1s")]
+pub async fn write_catalog(id: u64) -> Result<(), redguard::Error> {
+    let _ = id;
+    Ok(())
+}
+
 pub struct Service;
 
 impl Service {
@@ -35,5 +47,7 @@ fn main() {
     let _ = reserve_stock("a", 1);
     let _ = reserve_stock_limited("a");
     let _ = nightly();
+    let _ = read_catalog(1);
+    let _ = write_catalog(1);
     let _ = Service.handle(&Order { sku: "x".into() });
 }

@@ -9,7 +9,7 @@ use super::MemoryStore;
 use super::table::Table;
 use crate::error::Result;
 use crate::key::Key;
-use crate::store::lock::FENCE_TTL;
+use crate::store::lock::{FENCE_TTL, WRITER_INTENT, rw_readers};
 use crate::store::{LockAcquire, LockOps, LockRelease, LockWatch};
 
 /// Holders of a semaphore and when each lease ends.
@@ -164,6 +164,89 @@ impl LockOps for MemoryStore {
         };
         let released = holders.remove(owner).is_some();
         put_holders(&mut sems, key, holders);
+        drop(sems);
+        if !released {
+            return Ok(LockRelease::NotOwner);
+        }
+        self.tables.lock_waiters.notify(key.as_str());
+        Ok(LockRelease::Released)
+    }
+
+    async fn rw_acquire(
+        &self,
+        key: &Key,
+        owner: &str,
+        write: bool,
+        lease: Duration,
+    ) -> Result<LockAcquire> {
+        // Same order as everywhere: locks, then semaphores, then fences.
+        let (mut locks, now) = self.lock(&self.tables.locks);
+        if let Some(at) = locks.expires_at(key) {
+            return Ok(LockAcquire::Held {
+                ttl: at.saturating_sub(now),
+            });
+        }
+        let intent_key = key.companion("intent");
+        let intent = locks.get(&intent_key).map(|state| state.owner.clone());
+        let intent_ttl = locks
+            .expires_at(&intent_key)
+            .map_or(Duration::ZERO, |at| at.saturating_sub(now));
+        let readers_key = rw_readers(key);
+        let (mut sems, _) = self.lock(&self.tables.semaphores);
+        let mut readers = sems.remove(&readers_key).unwrap_or_default();
+        readers.retain(|_, until| *until > now);
+        if write {
+            if let Some(first) = readers.values().min().copied() {
+                put_holders(&mut sems, &readers_key, readers);
+                if intent.as_deref().is_none_or(|intent| intent == owner) {
+                    let state = LockState {
+                        owner: owner.to_owned(),
+                        depth: 0,
+                        fence: 0,
+                    };
+                    locks.put(&intent_key, state, now + WRITER_INTENT);
+                }
+                return Ok(LockAcquire::Held {
+                    ttl: first.saturating_sub(now),
+                });
+            }
+            if intent.as_deref().is_some_and(|intent| intent != owner) {
+                return Ok(LockAcquire::Held { ttl: intent_ttl });
+            }
+            locks.remove(&intent_key);
+        } else if intent.is_some() {
+            put_holders(&mut sems, &readers_key, readers);
+            return Ok(LockAcquire::Held { ttl: intent_ttl });
+        }
+        let fence_key = key.companion("fence");
+        let (mut fences, _) = self.lock(&self.tables.fences);
+        let fence = match fences.get(&fence_key) {
+            Some(last) => last.saturating_add(1),
+            None => u64::try_from(now.as_micros()).unwrap_or(u64::MAX),
+        };
+        fences.put(&fence_key, fence, now + FENCE_TTL.max(lease));
+        if write {
+            let state = LockState {
+                owner: owner.to_owned(),
+                depth: 1,
+                fence,
+            };
+            locks.put(key, state, now + lease);
+        } else {
+            readers.insert(owner.to_owned(), now + lease);
+        }
+        put_holders(&mut sems, &readers_key, readers);
+        Ok(LockAcquire::Acquired { fence, depth: 1 })
+    }
+
+    async fn rw_release_read(&self, key: &Key, owner: &str) -> Result<LockRelease> {
+        let (mut sems, _) = self.lock(&self.tables.semaphores);
+        let readers_key = rw_readers(key);
+        let Some(mut readers) = sems.remove(&readers_key) else {
+            return Ok(LockRelease::NotOwner);
+        };
+        let released = readers.remove(owner).is_some();
+        put_holders(&mut sems, &readers_key, readers);
         drop(sems);
         if !released {
             return Ok(LockRelease::NotOwner);

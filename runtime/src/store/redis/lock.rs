@@ -13,7 +13,7 @@ use tokio::task::JoinHandle;
 use super::RedisStore;
 use crate::error::{Error, Result};
 use crate::key::Key;
-use crate::store::lock::{FENCE_TTL, Waiters};
+use crate::store::lock::{FENCE_TTL, WRITER_INTENT, Waiters, rw_readers};
 use crate::store::{LockAcquire, LockOps, LockRelease, LockWatch};
 
 static ACQUIRE: Lazy<Script> = Lazy::new(|| Script::new(include_str!("scripts/lock_acquire.lua")));
@@ -22,6 +22,9 @@ static RELEASE: Lazy<Script> = Lazy::new(|| Script::new(include_str!("scripts/lo
 static SEM_ACQUIRE: Lazy<Script> =
     Lazy::new(|| Script::new(include_str!("scripts/sem_acquire.lua")));
 static SEM_RENEW: Lazy<Script> = Lazy::new(|| Script::new(include_str!("scripts/sem_renew.lua")));
+static RW_ACQUIRE: Lazy<Script> = Lazy::new(|| Script::new(include_str!("scripts/rw_acquire.lua")));
+static RW_RELEASE_READ: Lazy<Script> =
+    Lazy::new(|| Script::new(include_str!("scripts/rw_release_read.lua")));
 static SEM_RELEASE: Lazy<Script> =
     Lazy::new(|| Script::new(include_str!("scripts/sem_release.lua")));
 
@@ -38,6 +41,8 @@ pub(super) fn scripts() -> Vec<&'static Script> {
         &SEM_ACQUIRE,
         &SEM_RENEW,
         &SEM_RELEASE,
+        &RW_ACQUIRE,
+        &RW_RELEASE_READ,
     ]
 }
 
@@ -155,6 +160,63 @@ impl LockOps for RedisStore {
     async fn semaphore_release(&self, key: &Key, owner: &str) -> Result<LockRelease> {
         let released: i64 = self
             .eval("semaphore_release", &SEM_RELEASE, &[key], &[&owner])
+            .await?;
+        Ok(if released == 1 {
+            LockRelease::Released
+        } else {
+            LockRelease::NotOwner
+        })
+    }
+
+    async fn rw_acquire(
+        &self,
+        key: &Key,
+        owner: &str,
+        write: bool,
+        lease: Duration,
+    ) -> Result<LockAcquire> {
+        let readers = rw_readers(key);
+        let intent = key.companion("intent");
+        let fence_key = key.companion("fence");
+        let mode = if write { "w" } else { "r" };
+        let reply: (i64, i64, i64) = self
+            .eval(
+                "rw_acquire",
+                &RW_ACQUIRE,
+                &[key, &readers, &intent, &fence_key],
+                &[
+                    &owner,
+                    &mode,
+                    &millis(lease),
+                    &millis(FENCE_TTL.max(lease)),
+                    &millis(WRITER_INTENT),
+                ],
+            )
+            .await?;
+        match reply {
+            (1, fence, _) if fence > 0 => Ok(LockAcquire::Acquired {
+                fence: fence.unsigned_abs(),
+                depth: 1,
+            }),
+            (0, wait, _) => Ok(LockAcquire::Held {
+                ttl: Duration::from_millis(wait.unsigned_abs()),
+            }),
+            _ => Err(Error::Corrupt {
+                key: key.to_string(),
+                detail: format!("rw_acquire returned {reply:?}"),
+            }),
+        }
+    }
+
+    async fn rw_release_read(&self, key: &Key, owner: &str) -> Result<LockRelease> {
+        let readers = rw_readers(key);
+        let released: i64 = self
+            .eval(
+                "rw_release_read",
+                &RW_RELEASE_READ,
+                &[key, &readers],
+                &[&owner],
+            )
             .await?;
         Ok(if released == 1 {
             LockRelease::Released
