@@ -4,7 +4,7 @@
 //!
 //! - `#[idempotent]`: the same business intent runs once; retries get the first result back.
 //! - `#[dist_lock]`: one holder at a time across every instance, with fencing tokens
-//!   ([`lock`] for sections narrower than a fn).
+//!   ([`lock()`] for sections narrower than a fn).
 //! - `#[rate_limit]`: at most N per period, decided atomically with Redis's own clock.
 //!
 //! State lives behind the [`Store`] seam: [`RedisStore`] for services running several
@@ -54,7 +54,7 @@ pub use crate::lock::{
 };
 pub use crate::store::{
     FENCE_TTL, LockAcquire, LockOps, LockRelease, LockWatch, MemoryStore, RedisStore, Store,
-    StoreKind, TokenOps, TokenOutcome, rw_readers,
+    StoreKind, TokenOps, TokenOutcome, WRITER_INTENT, rw_readers,
 };
 pub use crate::tokens::{MAX_TOKEN_TTL, Tokens, tokens};
 

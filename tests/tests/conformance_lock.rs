@@ -362,17 +362,40 @@ async fn read_write_modes_exclude(rg: Redguard) {
     let acquired = |outcome: LockAcquire| matches!(outcome, LockAcquire::Acquired { .. });
     // Readers share.
     assert!(acquired(
-        store.rw_acquire(&k, "r1", false, LEASE).await.unwrap()
+        store
+            .rw_acquire(&k, "r1", false, LEASE, true)
+            .await
+            .unwrap()
     ));
     assert!(acquired(
-        store.rw_acquire(&k, "r2", false, LEASE).await.unwrap()
+        store
+            .rw_acquire(&k, "r2", false, LEASE, true)
+            .await
+            .unwrap()
     ));
+    // A writer that will not wait does not hold readers back.
+    assert!(!acquired(
+        store
+            .rw_acquire(&k, "w0", true, LEASE, false)
+            .await
+            .unwrap()
+    ));
+    assert!(acquired(
+        store
+            .rw_acquire(&k, "r0", false, LEASE, true)
+            .await
+            .unwrap()
+    ));
+    store.rw_release_read(&k, "r0").await.unwrap();
     // A writer waits for them, and from then on new readers queue behind it.
     assert!(!acquired(
-        store.rw_acquire(&k, "w1", true, LEASE).await.unwrap()
+        store.rw_acquire(&k, "w1", true, LEASE, true).await.unwrap()
     ));
     assert!(!acquired(
-        store.rw_acquire(&k, "r3", false, LEASE).await.unwrap()
+        store
+            .rw_acquire(&k, "r3", false, LEASE, true)
+            .await
+            .unwrap()
     ));
     let readers = redguard::rw_readers(&k);
     assert!(store.semaphore_renew(&readers, "r1", LEASE).await.unwrap());
@@ -388,19 +411,22 @@ async fn read_write_modes_exclude(rg: Redguard) {
     );
     // Another writer cannot jump the announced one.
     assert!(!acquired(
-        store.rw_acquire(&k, "w2", true, LEASE).await.unwrap()
+        store.rw_acquire(&k, "w2", true, LEASE, true).await.unwrap()
     ));
     let LockAcquire::Acquired { fence, .. } =
-        store.rw_acquire(&k, "w1", true, LEASE).await.unwrap()
+        store.rw_acquire(&k, "w1", true, LEASE, true).await.unwrap()
     else {
         panic!("the waiting writer did not get in")
     };
     assert!(fence > 0);
     assert!(!acquired(
-        store.rw_acquire(&k, "r3", false, LEASE).await.unwrap()
+        store
+            .rw_acquire(&k, "r3", false, LEASE, true)
+            .await
+            .unwrap()
     ));
     assert!(!acquired(
-        store.rw_acquire(&k, "w2", true, LEASE).await.unwrap()
+        store.rw_acquire(&k, "w2", true, LEASE, true).await.unwrap()
     ));
     assert!(store.lock_renew(&k, "w1", LEASE).await.unwrap());
     assert_eq!(
@@ -408,7 +434,10 @@ async fn read_write_modes_exclude(rg: Redguard) {
         LockRelease::Released
     );
     assert!(acquired(
-        store.rw_acquire(&k, "r3", false, LEASE).await.unwrap()
+        store
+            .rw_acquire(&k, "r3", false, LEASE, true)
+            .await
+            .unwrap()
     ));
     store.rw_release_read(&k, "r3").await.unwrap();
 }

@@ -536,7 +536,10 @@ async fn acquire(handle: Redguard, key: Key, spec: Spec) -> Result<LockGuard> {
             }
             Kind::Read | Kind::Write => {
                 let write = spec.kind == Kind::Write;
-                store.rw_acquire(&key, &owner, write, spec.lease).await
+                let announce = watch.is_some();
+                store
+                    .rw_acquire(&key, &owner, write, spec.lease, announce)
+                    .await
             }
         };
         let outcome = outcome.or_degrade(&handle, GuardKind::Lock, "lock_acquire", &key);

@@ -21,8 +21,9 @@ use crate::key::Key;
 /// store's clock does not step back by more than the gap (see [`LockOps::lock_acquire`]).
 pub const FENCE_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
 
-/// How long a writer blocked by readers keeps new readers out after its last attempt.
-pub(crate) const WRITER_INTENT: Duration = Duration::from_secs(2);
+/// How long a writer blocked by readers keeps new readers out after its last attempt. A
+/// writer that gives up leaves its announcement to expire.
+pub const WRITER_INTENT: Duration = Duration::from_secs(2);
 
 /// The readers' set of the read/write lock at `key`.
 pub fn rw_readers(key: &Key) -> Key {
@@ -79,7 +80,8 @@ pub trait LockOps {
 
     /// Takes the read/write lock at `key` in write mode (`write`: no readers, no writer) or
     /// read mode (no writer, and no writer waiting: a writer blocked by readers announces
-    /// itself for a moment, so a stream of readers cannot starve it). Fenced like
+    /// itself for [`WRITER_INTENT`] when `announce` is set — it is going to wait and retry —
+    /// so a stream of readers cannot starve it). Fenced like
     /// [`lock_acquire`](LockOps::lock_acquire); not reentrant. A writer is renewed and
     /// released with [`lock_renew`](LockOps::lock_renew) and
     /// [`lock_release`](LockOps::lock_release) on `key`; a reader is renewed with
@@ -90,6 +92,7 @@ pub trait LockOps {
         owner: &str,
         write: bool,
         lease: Duration,
+        announce: bool,
     ) -> Result<LockAcquire>;
 
     /// Leaves the read/write lock at `key` as reader `owner`, notifying waiters.

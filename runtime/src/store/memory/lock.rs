@@ -178,6 +178,7 @@ impl LockOps for MemoryStore {
         owner: &str,
         write: bool,
         lease: Duration,
+        announce: bool,
     ) -> Result<LockAcquire> {
         // Same order as everywhere: locks, then semaphores, then fences.
         let (mut locks, now) = self.lock(&self.tables.locks);
@@ -198,7 +199,7 @@ impl LockOps for MemoryStore {
         if write {
             if let Some(first) = readers.values().min().copied() {
                 put_holders(&mut sems, &readers_key, readers);
-                if intent.as_deref().is_none_or(|intent| intent == owner) {
+                if announce && intent.as_deref().is_none_or(|intent| intent == owner) {
                     let state = LockState {
                         owner: owner.to_owned(),
                         depth: 0,

@@ -174,11 +174,16 @@ impl LockOps for RedisStore {
         owner: &str,
         write: bool,
         lease: Duration,
+        announce: bool,
     ) -> Result<LockAcquire> {
         let readers = rw_readers(key);
         let intent = key.companion("intent");
         let fence_key = key.companion("fence");
-        let mode = if write { "w" } else { "r" };
+        let mode = match (write, announce) {
+            (true, true) => "W",
+            (true, false) => "w",
+            (false, _) => "r",
+        };
         let reply: (i64, i64, i64) = self
             .eval(
                 "rw_acquire",
