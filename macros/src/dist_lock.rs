@@ -3,7 +3,7 @@
 //! ```text
 //! #[dist_lock(key = "stock:{sku}", wait = "300ms", lease = "30s", scope = "...",
 //!             skip_if_held, hold_at_least = "10s", on_lost = "cancel" | "continue",
-//!             permits = 3 | read | write)]
+//!             permits = 3 | read | write | fair)]
 //! ```
 //!
 //! Bounds are checked here so a wrong value fails the build rather than every call; they
@@ -41,6 +41,7 @@ impl Guard for DistLock {
         arg("permits", Kind::Int),
         arg("read", Kind::Flag),
         arg("write", Kind::Flag),
+        arg("fair", Kind::Flag),
     ];
 
     fn check(args: Args, _item: &ItemFn, errors: &mut Errors) -> Option<Box<dyn Expansion>> {
@@ -142,6 +143,13 @@ impl Guard for DistLock {
                 "`hold_at_least` applies to exclusive locks, not to a read/write lock",
             );
         }
+        let fair = args.flag("fair");
+        if let (Some(fair), true) = (fair, rw_span.is_some() || permits.is_some()) {
+            errors.push(
+                fair,
+                "`fair` applies to exclusive locks, not to a read/write lock or a semaphore",
+            );
+        }
         let key = args.template("key")?;
         Some(Box::new(LockExpansion {
             key: TemplateArg {
@@ -160,6 +168,7 @@ impl Guard for DistLock {
                 (None, Some(_)) => 2,
                 (None, None) => 0,
             },
+            fair: fair.is_some(),
         }))
     }
 }
@@ -174,6 +183,7 @@ struct LockExpansion {
     continue_on_lost: bool,
     permits: u32,
     read_write: u8,
+    fair: bool,
 }
 
 fn duration(d: Duration) -> TokenStream {
@@ -195,8 +205,9 @@ impl Expansion for LockExpansion {
         let cont = self.continue_on_lost;
         let permits = self.permits;
         let read_write = self.read_write;
+        let fair = self.fair;
         quote!(::redguard::__private::dist_lock_builder(
-            #scope, #key, #wait, #lease, #skip, #hold, #cont, #permits, #read_write
+            #scope, #key, #wait, #lease, #skip, #hold, #cont, #permits, #read_write, #fair
         ))
     }
 

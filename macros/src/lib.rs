@@ -49,6 +49,7 @@ pub fn idempotent(attr: TokenStream, item: TokenStream) -> TokenStream {
 ///   it and return `redguard::Error::LockLost`, or let it finish (logged and counted).
 /// - `permits = 3`: a semaphore: up to that many holders at once.
 /// - `read` / `write`: the key's read/write lock in that mode (many readers or one writer).
+/// - `fair`: hand the lock over in arrival order (FIFO across all processes).
 ///
 /// The body reads its fencing token with `redguard::fence()`.
 ///

@@ -40,6 +40,7 @@ pub fn dist_lock_builder(
     continue_on_lost: bool,
     permits: u32,
     read_write: u8,
+    fair: bool,
 ) -> crate::LockBuilder {
     let mut builder = crate::lock::LockBuilder::new(None, key)
         .scope(scope)
@@ -59,6 +60,9 @@ pub fn dist_lock_builder(
         1 => builder = builder.read(),
         2 => builder = builder.write(),
         _ => {}
+    }
+    if fair {
+        builder = builder.fair();
     }
     builder
 }

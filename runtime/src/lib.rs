@@ -53,8 +53,8 @@ pub use crate::lock::{
     lock_all,
 };
 pub use crate::store::{
-    FENCE_TTL, LockAcquire, LockOps, LockRelease, LockWatch, MemoryStore, RedisStore, Store,
-    StoreKind, TokenOps, TokenOutcome, WRITER_INTENT, rw_readers,
+    FAIR_REGISTRATION, FENCE_TTL, LockAcquire, LockOps, LockRelease, LockWatch, MemoryStore,
+    RedisStore, Store, StoreKind, TokenOps, TokenOutcome, WRITER_INTENT, rw_readers,
 };
 pub use crate::tokens::{MAX_TOKEN_TTL, Tokens, tokens};
 

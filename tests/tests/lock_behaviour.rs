@@ -494,3 +494,64 @@ async fn read_write_lock_excludes_writers_redis() {
     read_write_lock_excludes_writers(rg).await;
     server.assert_every_key_has_ttl();
 }
+
+/// A fair lock goes to waiters in arrival order; a waiter that is cancelled leaves the queue
+/// at once instead of holding up the ones behind it until its place lapses. Each waiter has
+/// its own handle (as if in its own process), so only the store orders them.
+async fn fair_lock_is_fifo(handles: Vec<Redguard>) {
+    let held = handles[0].lock("payout").fair().acquire().await.unwrap();
+    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut waiters = Vec::new();
+    for (i, rg) in handles[1..].iter().cloned().enumerate() {
+        let order = Arc::clone(&order);
+        waiters.push(tokio::spawn(async move {
+            let guard = rg
+                .lock("payout")
+                .fair()
+                .wait(Duration::from_secs(20))
+                .acquire()
+                .await
+                .unwrap();
+            order.lock().unwrap().push((i, Instant::now()));
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            guard.release().await.unwrap();
+        }));
+        // Arrivals 30 ms apart: each has queued before the next arrives.
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+    waiters[2].abort();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let released_at = Instant::now();
+    held.release().await.unwrap();
+    for (i, waiter) in waiters.into_iter().enumerate() {
+        let outcome = waiter.await;
+        assert_eq!(outcome.is_err(), i == 2, "waiter {i}: {outcome:?}");
+    }
+    let order = order.lock().unwrap();
+    let ids: Vec<usize> = order.iter().map(|(i, _)| *i).collect();
+    assert_eq!(ids, [0, 1, 3, 4, 5]);
+    let took = order[order.len() - 1].1 - released_at;
+    println!("5 fair hand-offs took {took:?}");
+    // A lapsing place would stall the queue for FAIR_REGISTRATION (2 s).
+    assert!(took < Duration::from_secs(1), "{took:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fair_lock_is_fifo_memory() {
+    let store = redguard::MemoryStore::new();
+    let handles = (0..7)
+        .map(|_| Redguard::from_store(store.clone()))
+        .collect();
+    fair_lock_is_fifo(handles).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fair_lock_is_fifo_redis() {
+    let server = RedisServer::start();
+    let mut handles = Vec::new();
+    for _ in 0..7 {
+        handles.push(redguard_tests::connect(&server).await);
+    }
+    fair_lock_is_fifo(handles).await;
+    server.assert_every_key_has_ttl();
+}

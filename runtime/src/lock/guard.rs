@@ -212,7 +212,7 @@ impl LockGuard {
 impl Held {
     /// How long the key must stay taken after release, for `hold_at_least`.
     fn keep(&self) -> Duration {
-        if self.depth > 1 || self.spec.kind != Kind::Exclusive {
+        if self.depth > 1 || !matches!(self.spec.kind, Kind::Exclusive | Kind::Fair) {
             return Duration::ZERO;
         }
         self.spec

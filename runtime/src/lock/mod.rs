@@ -164,6 +164,7 @@ pub struct LockBuilder {
     max_depth: u32,
     permits: Option<u32>,
     rw: Option<bool>,
+    fair: bool,
 }
 
 impl LockBuilder {
@@ -180,6 +181,7 @@ impl LockBuilder {
             max_depth: DEFAULT_MAX_DEPTH,
             permits: None,
             rw: None,
+            fair: false,
         }
     }
 
@@ -277,6 +279,24 @@ impl LockBuilder {
         self
     }
 
+    /// Makes the lock fair: when it frees up, it goes to the waiter that has waited longest
+    /// (across every process), not to whoever asks first. Waiters hold their place while they
+    /// keep retrying (each attempt renews it for [`FAIR_REGISTRATION`](crate::FAIR_REGISTRATION));
+    /// one that gives up or is cancelled leaves the queue. A fair lock lives at its own key,
+    /// apart from the non-fair lock of the same name; it is reentrant and fenced like it.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> redguard::Result<()> {
+    /// let rg = redguard::Redguard::memory();
+    /// let guard = rg.lock("payout").fair().acquire().await?;
+    /// guard.release().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn fair(mut self) -> Self {
+        self.fair = true;
+        self
+    }
+
     fn check(&self) -> Result<()> {
         let problem = if self.wait > MAX_WAIT {
             format!(
@@ -298,6 +318,8 @@ impl LockBuilder {
         } else if (self.permits.is_some() || self.rw.is_some()) && !self.hold_at_least.is_zero() {
             "hold_at_least applies to exclusive locks, not semaphores or read/write locks"
                 .to_owned()
+        } else if self.fair && (self.permits.is_some() || self.rw.is_some()) {
+            "a fair lock is exclusive: not a semaphore or a read/write lock".to_owned()
         } else if self.permits.is_some() && self.rw.is_some() {
             "a lock is a semaphore (`permits`) or a read/write lock, not both".to_owned()
         } else {
@@ -331,6 +353,10 @@ impl LockBuilder {
             (None, Some(write)) => {
                 key = key.companion("rw");
                 if write { Kind::Write } else { Kind::Read }
+            }
+            (None, None) if self.fair => {
+                key = key.companion("fair");
+                Kind::Fair
             }
             (None, None) => Kind::Exclusive,
         };
@@ -413,6 +439,8 @@ pub(crate) enum Kind {
     Read,
     /// The read/write lock at the guard's key, held in write mode.
     Write,
+    /// An exclusive lock handed over in arrival order.
+    Fair,
 }
 
 impl Kind {
@@ -424,7 +452,7 @@ impl Kind {
         lease: Duration,
     ) -> Result<bool> {
         match self {
-            Kind::Exclusive | Kind::Write => store.lock_renew(key, owner, lease).await,
+            Kind::Exclusive | Kind::Write | Kind::Fair => store.lock_renew(key, owner, lease).await,
             Kind::Semaphore(_) => store.semaphore_renew(key, owner, lease).await,
             Kind::Read => {
                 let readers = crate::store::rw_readers(key);
@@ -441,7 +469,9 @@ impl Kind {
         keep: Duration,
     ) -> Result<crate::store::LockRelease> {
         match self {
-            Kind::Exclusive | Kind::Write => store.lock_release(key, owner, keep).await,
+            Kind::Exclusive | Kind::Write | Kind::Fair => {
+                store.lock_release(key, owner, keep).await
+            }
             Kind::Semaphore(_) => store.semaphore_release(key, owner).await,
             Kind::Read => store.rw_release_read(key, owner).await,
         }
@@ -481,11 +511,31 @@ impl Drop for InFlight {
     }
 }
 
+/// A fair waiter's place in the queue, left when dropped before acquiring.
+struct FairPlace {
+    release: Option<(Redguard, Key, String)>,
+}
+
+impl Drop for FairPlace {
+    fn drop(&mut self) {
+        let Some((handle, key, owner)) = self.release.take() else {
+            return;
+        };
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                if let Err(err) = handle.store().fair_leave(&key, &owner).await {
+                    tracing::debug!(%key, error = %err, "fair waiter could not leave; its place lapses");
+                }
+            });
+        }
+    }
+}
+
 async fn acquire(handle: Redguard, key: Key, spec: Spec) -> Result<LockGuard> {
     let started = Instant::now();
     let deadline = started + spec.wait;
     let (owner, nested) = match spec.kind {
-        Kind::Exclusive => owner_for(&key),
+        Kind::Exclusive | Kind::Fair => owner_for(&key),
         Kind::Semaphore(_) | Kind::Read | Kind::Write => {
             (uuid::Uuid::new_v4().simple().to_string(), false)
         }
@@ -501,8 +551,9 @@ async fn acquire(handle: Redguard, key: Key, spec: Spec) -> Result<LockGuard> {
     // One waiter per key and store in this process asks the store at a time; the others queue
     // here in arrival order. Without it, every release would wake every local waiter into a
     // store round trip that all but one lose.
+    // Not for fair locks: the store's queue orders their waiters, all of them.
     let _turn = match (&watch, nested) {
-        (Some(_), false) => {
+        (Some(_), false) if spec.kind != Kind::Fair => {
             let queue = local_queue(&store, &key);
             match tokio::time::timeout_at(deadline.into(), queue.lock_owned()).await {
                 Ok(turn) => Some(turn),
@@ -516,6 +567,12 @@ async fn acquire(handle: Redguard, key: Key, spec: Spec) -> Result<LockGuard> {
             }
         }
         _ => None,
+    };
+    // A fair waiter that stops waiting (timeout, error, cancellation) gives up its place, or
+    // the waiters behind it would wait for its registration to lapse.
+    let mut place = FairPlace {
+        release: (spec.kind == Kind::Fair && watch.is_some())
+            .then(|| (handle.clone(), key.clone(), owner.clone())),
     };
     loop {
         let attempt_at = Instant::now();
@@ -534,6 +591,12 @@ async fn acquire(handle: Redguard, key: Key, spec: Spec) -> Result<LockGuard> {
                     .semaphore_acquire(&key, &owner, permits, spec.lease)
                     .await
             }
+            Kind::Fair => {
+                let join = watch.is_some();
+                store
+                    .fair_acquire(&key, &owner, spec.lease, spec.max_depth, join)
+                    .await
+            }
             Kind::Read | Kind::Write => {
                 let write = spec.kind == Kind::Write;
                 let announce = watch.is_some();
@@ -547,6 +610,7 @@ async fn acquire(handle: Redguard, key: Key, spec: Spec) -> Result<LockGuard> {
         let ttl = match outcome? {
             None => return Ok(LockGuard::degraded(key)),
             Some(LockAcquire::Acquired { fence, depth }) => {
+                place.release = None;
                 record(&spec.scope, "acquired", started);
                 tracing::debug!(%key, fence, depth, "lock acquired");
                 return Ok(LockGuard::acquired(

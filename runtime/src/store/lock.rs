@@ -25,6 +25,9 @@ pub const FENCE_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
 /// writer that gives up leaves its announcement to expire.
 pub const WRITER_INTENT: Duration = Duration::from_secs(2);
 
+/// How long a fair-lock waiter keeps its place after its last attempt.
+pub const FAIR_REGISTRATION: Duration = Duration::from_secs(2);
+
 /// The readers' set of the read/write lock at `key`.
 pub fn rw_readers(key: &Key) -> Key {
     key.companion("readers")
@@ -97,6 +100,22 @@ pub trait LockOps {
 
     /// Leaves the read/write lock at `key` as reader `owner`, notifying waiters.
     async fn rw_release_read(&self, key: &Key, owner: &str) -> Result<LockRelease>;
+
+    /// Like [`lock_acquire`](LockOps::lock_acquire), but a free lock goes to the waiter that
+    /// queued first: with `join`, a caller that does not get the lock takes a place in the
+    /// queue at `key` (kept for [`FAIR_REGISTRATION`] after each attempt, so a waiter that
+    /// vanishes loses its place). Renewed and released as an exclusive lock.
+    async fn fair_acquire(
+        &self,
+        key: &Key,
+        owner: &str,
+        lease: Duration,
+        max_depth: u32,
+        join: bool,
+    ) -> Result<LockAcquire>;
+
+    /// Gives up `owner`'s place in the fair queue at `key`.
+    async fn fair_leave(&self, key: &Key, owner: &str) -> Result<()>;
 
     /// A subscription to release notifications of `key`. Take it *before* trying to acquire,
     /// so a release between a failed attempt and the wait is not missed. Never fails: when

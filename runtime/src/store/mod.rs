@@ -21,7 +21,8 @@ use async_trait::async_trait;
 use crate::error::Result;
 
 pub use self::lock::{
-    FENCE_TTL, LockAcquire, LockOps, LockRelease, LockWatch, WRITER_INTENT, rw_readers,
+    FAIR_REGISTRATION, FENCE_TTL, LockAcquire, LockOps, LockRelease, LockWatch, WRITER_INTENT,
+    rw_readers,
 };
 pub use self::memory::MemoryStore;
 pub use self::redis::RedisStore;

@@ -33,6 +33,12 @@ pub async fn write_catalog(id: u64) -> Result<(), redguard::Error> {
     Ok(())
 }
 
+#[redguard::dist_lock(key = "payout:{id}", fair, wait = "5s")]
+pub async fn payout(id: u64) -> Result<(), redguard::Error> {
+    let _ = id;
+    Ok(())
+}
+
 pub struct Service;
 
 impl Service {
@@ -49,5 +55,6 @@ fn main() {
     let _ = nightly();
     let _ = read_catalog(1);
     let _ = write_catalog(1);
+    let _ = payout(1);
     let _ = Service.handle(&Order { sku: "x".into() });
 }

@@ -9,7 +9,7 @@ use super::MemoryStore;
 use super::table::Table;
 use crate::error::Result;
 use crate::key::Key;
-use crate::store::lock::{FENCE_TTL, WRITER_INTENT, rw_readers};
+use crate::store::lock::{FAIR_REGISTRATION, FENCE_TTL, WRITER_INTENT, rw_readers};
 use crate::store::{LockAcquire, LockOps, LockRelease, LockWatch};
 
 /// Holders of a semaphore and when each lease ends.
@@ -22,6 +22,16 @@ fn put_holders(sems: &mut Table<Holders>, key: &Key, holders: Holders) {
     }
 }
 
+/// Waiters of a fair lock in arrival order, each with the end of its registration.
+pub(super) type FairQueue = Vec<(String, Duration)>;
+
+/// Stores `queue` back, living as long as its last registration; an empty one is dropped.
+fn put_queue(queues: &mut Table<FairQueue>, key: &Key, queue: FairQueue) {
+    if let Some(last) = queue.iter().map(|(_, until)| *until).max() {
+        queues.put(key, queue, last);
+    }
+}
+
 #[derive(Debug)]
 pub(super) struct LockState {
     /// Empty while a released lock is kept for `hold_at_least`: nobody can renew or enter it.
@@ -30,25 +40,27 @@ pub(super) struct LockState {
     fence: u64,
 }
 
-#[async_trait]
-impl LockOps for MemoryStore {
-    async fn lock_acquire(
+impl MemoryStore {
+    /// The exclusive acquisition, on the locks table already locked (fair locks call it after
+    /// checking their queue, atomically).
+    fn acquire_in(
         &self,
+        locks: &mut Table<LockState>,
+        now: Duration,
         key: &Key,
         owner: &str,
         lease: Duration,
         max_depth: u32,
-    ) -> Result<LockAcquire> {
-        let (mut locks, now) = self.lock(&self.tables.locks);
+    ) -> LockAcquire {
         if let Some(state) = locks.get_mut(key) {
             if state.owner != owner || owner.is_empty() {
                 let ttl = locks
                     .expires_at(key)
                     .map_or(Duration::ZERO, |at| at.saturating_sub(now));
-                return Ok(LockAcquire::Held { ttl });
+                return LockAcquire::Held { ttl };
             }
             if state.depth >= max_depth {
-                return Ok(LockAcquire::TooDeep { depth: state.depth });
+                return LockAcquire::TooDeep { depth: state.depth };
             }
             state.depth += 1;
             let (fence, depth) = (state.fence, state.depth);
@@ -56,7 +68,7 @@ impl LockOps for MemoryStore {
             if locks.expires_at(key).is_some_and(|at| at < now + lease) {
                 locks.set_expiry(key, now + lease);
             }
-            return Ok(LockAcquire::Acquired { fence, depth });
+            return LockAcquire::Acquired { fence, depth };
         }
         // Same rule as the Redis script: increment, or restart from the clock in microseconds
         // when the counter has expired, so tokens keep increasing across long idle gaps.
@@ -73,7 +85,21 @@ impl LockOps for MemoryStore {
             fence,
         };
         locks.put(key, state, now + lease);
-        Ok(LockAcquire::Acquired { fence, depth: 1 })
+        LockAcquire::Acquired { fence, depth: 1 }
+    }
+}
+
+#[async_trait]
+impl LockOps for MemoryStore {
+    async fn lock_acquire(
+        &self,
+        key: &Key,
+        owner: &str,
+        lease: Duration,
+        max_depth: u32,
+    ) -> Result<LockAcquire> {
+        let (mut locks, now) = self.lock(&self.tables.locks);
+        Ok(self.acquire_in(&mut locks, now, key, owner, lease, max_depth))
     }
 
     async fn lock_renew(&self, key: &Key, owner: &str, lease: Duration) -> Result<bool> {
@@ -254,6 +280,66 @@ impl LockOps for MemoryStore {
         }
         self.tables.lock_waiters.notify(key.as_str());
         Ok(LockRelease::Released)
+    }
+
+    async fn fair_acquire(
+        &self,
+        key: &Key,
+        owner: &str,
+        lease: Duration,
+        max_depth: u32,
+        join: bool,
+    ) -> Result<LockAcquire> {
+        // Same order as everywhere: locks, then queues, then fences.
+        let (mut locks, now) = self.lock(&self.tables.locks);
+        let queue_key = key.companion("queue");
+        let (mut queues, _) = self.lock(&self.tables.fair_queues);
+        let mut queue = queues.remove(&queue_key).unwrap_or_default();
+        // Waiters that stopped retrying (gave up, crashed) lose their place.
+        queue.retain(|(_, until)| *until > now);
+        let held_by = locks.get(key).map(|state| state.owner.clone());
+        let outcome = match held_by {
+            Some(current) if !owner.is_empty() && current == owner => {
+                put_queue(&mut queues, &queue_key, queue);
+                drop(queues);
+                return Ok(self.acquire_in(&mut locks, now, key, owner, lease, max_depth));
+            }
+            None if queue.first().is_none_or(|(head, _)| head == owner) => {
+                queue.retain(|(waiter, _)| waiter != owner);
+                put_queue(&mut queues, &queue_key, queue);
+                drop(queues);
+                return Ok(self.acquire_in(&mut locks, now, key, owner, lease, max_depth));
+            }
+            Some(_) => LockAcquire::Held {
+                ttl: locks
+                    .expires_at(key)
+                    .map_or(Duration::ZERO, |at| at.saturating_sub(now)),
+            },
+            None => LockAcquire::Held {
+                ttl: FAIR_REGISTRATION / 10,
+            },
+        };
+        if join {
+            let until = now + FAIR_REGISTRATION;
+            match queue.iter_mut().find(|(waiter, _)| waiter == owner) {
+                Some(place) => place.1 = until,
+                None => queue.push((owner.to_owned(), until)),
+            }
+        }
+        put_queue(&mut queues, &queue_key, queue);
+        Ok(outcome)
+    }
+
+    async fn fair_leave(&self, key: &Key, owner: &str) -> Result<()> {
+        let queue_key = key.companion("queue");
+        let (mut queues, _) = self.lock(&self.tables.fair_queues);
+        if let Some(mut queue) = queues.remove(&queue_key) {
+            queue.retain(|(waiter, _)| waiter != owner);
+            put_queue(&mut queues, &queue_key, queue);
+        }
+        drop(queues);
+        self.tables.lock_waiters.notify(key.as_str());
+        Ok(())
     }
 
     async fn lock_watch(&self, key: &Key) -> LockWatch {

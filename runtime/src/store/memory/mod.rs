@@ -47,6 +47,7 @@ struct Tables {
     tokens: Mutex<Table<token::TokenState>>,
     locks: Mutex<Table<lock::LockState>>,
     semaphores: Mutex<Table<lock::Holders>>,
+    fair_queues: Mutex<Table<lock::FairQueue>>,
     /// Fencing counters of locks, kept apart so they outlive the locks.
     fences: Mutex<Table<u64>>,
     lock_waiters: Waiters,
@@ -83,6 +84,7 @@ impl MemoryStore {
         self.lock(&self.tables.tokens).0.len()
             + self.lock(&self.tables.locks).0.len()
             + self.lock(&self.tables.semaphores).0.len()
+            + self.lock(&self.tables.fair_queues).0.len()
             + self.lock(&self.tables.fences).0.len()
     }
 

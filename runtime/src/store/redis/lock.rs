@@ -13,7 +13,7 @@ use tokio::task::JoinHandle;
 use super::RedisStore;
 use crate::error::{Error, Result};
 use crate::key::Key;
-use crate::store::lock::{FENCE_TTL, WRITER_INTENT, Waiters, rw_readers};
+use crate::store::lock::{FAIR_REGISTRATION, FENCE_TTL, WRITER_INTENT, Waiters, rw_readers};
 use crate::store::{LockAcquire, LockOps, LockRelease, LockWatch};
 
 static ACQUIRE: Lazy<Script> = Lazy::new(|| Script::new(include_str!("scripts/lock_acquire.lua")));
@@ -25,6 +25,9 @@ static SEM_RENEW: Lazy<Script> = Lazy::new(|| Script::new(include_str!("scripts/
 static RW_ACQUIRE: Lazy<Script> = Lazy::new(|| Script::new(include_str!("scripts/rw_acquire.lua")));
 static RW_RELEASE_READ: Lazy<Script> =
     Lazy::new(|| Script::new(include_str!("scripts/rw_release_read.lua")));
+static FAIR_ACQUIRE: Lazy<Script> =
+    Lazy::new(|| Script::new(include_str!("scripts/fair_acquire.lua")));
+static FAIR_LEAVE: Lazy<Script> = Lazy::new(|| Script::new(include_str!("scripts/fair_leave.lua")));
 static SEM_RELEASE: Lazy<Script> =
     Lazy::new(|| Script::new(include_str!("scripts/sem_release.lua")));
 
@@ -43,6 +46,8 @@ pub(super) fn scripts() -> Vec<&'static Script> {
         &SEM_RELEASE,
         &RW_ACQUIRE,
         &RW_RELEASE_READ,
+        &FAIR_ACQUIRE,
+        &FAIR_LEAVE,
     ]
 }
 
@@ -230,8 +235,80 @@ impl LockOps for RedisStore {
         })
     }
 
+    async fn fair_acquire(
+        &self,
+        key: &Key,
+        owner: &str,
+        lease: Duration,
+        max_depth: u32,
+        join: bool,
+    ) -> Result<LockAcquire> {
+        let keys = fair_keys(key);
+        let join = if join { "1" } else { "0" };
+        let reply: (i64, i64, i64) = self
+            .eval(
+                "fair_acquire",
+                &FAIR_ACQUIRE,
+                &[key, &keys[0], &keys[1], &keys[2], &keys[3]],
+                &[
+                    &owner,
+                    &millis(lease),
+                    &max_depth,
+                    &millis(FENCE_TTL.max(lease)),
+                    &millis(FAIR_REGISTRATION),
+                    &join,
+                ],
+            )
+            .await?;
+        acquire_reply(key, "fair_acquire", reply)
+    }
+
+    async fn fair_leave(&self, key: &Key, owner: &str) -> Result<()> {
+        let keys = fair_keys(key);
+        let _: i64 = self
+            .eval(
+                "fair_leave",
+                &FAIR_LEAVE,
+                &[key, &keys[0], &keys[1]],
+                &[&owner],
+            )
+            .await?;
+        Ok(())
+    }
+
     async fn lock_watch(&self, key: &Key) -> LockWatch {
         self.bus.watch(key, self.timeout()).await
+    }
+}
+
+/// The queue, registrations, fencing counter and ticket counter of the fair lock at `key`.
+fn fair_keys(key: &Key) -> [Key; 4] {
+    [
+        key.companion("queue"),
+        key.companion("registered"),
+        key.companion("fence"),
+        key.companion("tickets"),
+    ]
+}
+
+/// Decodes the `{code, fence or wait, depth}` reply of the acquire scripts.
+fn acquire_reply(key: &Key, op: &str, reply: (i64, i64, i64)) -> Result<LockAcquire> {
+    let corrupt = || Error::Corrupt {
+        key: key.to_string(),
+        detail: format!("{op} returned {reply:?}"),
+    };
+    match reply {
+        (1, fence, depth) => Ok(LockAcquire::Acquired {
+            fence: u64::try_from(fence).map_err(|_| corrupt())?,
+            depth: u32::try_from(depth).map_err(|_| corrupt())?,
+        }),
+        (0, wait, _) if wait >= 0 => Ok(LockAcquire::Held {
+            ttl: Duration::from_millis(wait.unsigned_abs()),
+        }),
+        (2, _, depth) => Ok(LockAcquire::TooDeep {
+            depth: u32::try_from(depth).map_err(|_| corrupt())?,
+        }),
+        _ => Err(corrupt()),
     }
 }
 

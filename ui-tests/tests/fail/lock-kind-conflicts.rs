@@ -16,4 +16,10 @@ async fn write_kept(id: u64) -> Result<(), redguard::Error> {
     Ok(())
 }
 
+#[redguard::dist_lock(key = "catalog:{id}", fair, permits = 2)]
+async fn fair_semaphore(id: u64) -> Result<(), redguard::Error> {
+    let _ = id;
+    Ok(())
+}
+
 fn main() {}
