@@ -236,16 +236,35 @@ impl Held {
 
 impl Drop for LockGuard {
     fn drop(&mut self) {
-        if let Some(mut held) = self.held.take() {
-            held.watchdog.take();
+        let Some(mut held) = self.held.take() else {
+            return;
+        };
+        held.watchdog.take();
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            tracing::debug!(key = %self.key, "lock dropped outside a Tokio runtime; its lease will free it");
+            return;
+        };
+        let key = self.key.clone();
+        runtime.spawn(async move {
             let keep = held.keep();
-            let kind = held.spec.kind;
-            spawn_release(held.handle, self.key.clone(), held.owner, kind, keep);
-        }
+            let store = held.handle.store().clone();
+            let released = held
+                .spec
+                .kind
+                .release(store.as_ref(), &key, &held.owner, keep)
+                .await;
+            match released {
+                Ok(LockRelease::NotOwner) => held.not_owner(&key),
+                Ok(_) => {}
+                Err(err) => {
+                    tracing::warn!(%key, error = %err, "lock release failed; the lease will free it")
+                }
+            }
+        });
     }
 }
 
-/// Releases in the background: the path of every guard dropped without `release().await`.
+/// Releases in the background, silently: for an acquisition whose outcome is unknown.
 pub(super) fn spawn_release(handle: Redguard, key: Key, owner: String, kind: Kind, keep: Duration) {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         tracing::debug!(%key, "lock dropped outside a Tokio runtime; its lease will free it");
