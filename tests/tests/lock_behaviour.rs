@@ -555,3 +555,40 @@ async fn fair_lock_is_fifo_redis() {
     fair_lock_is_fifo(handles).await;
     server.assert_every_key_has_ttl();
 }
+
+/// Redis stops answering while a lock is held: renewals fail, and before the lease can run
+/// out unrenewed the holder gives the lock up and its body is cancelled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_store_while_holding_is_a_lost_lock() {
+    let (server, rg) = redis().await;
+    let paused = Arc::new(AtomicU32::new(0));
+    let flag = Arc::clone(&paused);
+    let started = Instant::now();
+    let outcome = rg
+        .lock("paused")
+        .lease(LEASE)
+        .run(async {
+            server.pause();
+            flag.store(1, Ordering::SeqCst);
+            // Marks a body that ran on well past its lease.
+            tokio::time::sleep(LEASE * 3 / 2).await;
+            flag.store(2, Ordering::SeqCst);
+            tokio::time::sleep(LEASE * 10).await;
+            Ok::<_, Error>(())
+        })
+        .await;
+    let took = started.elapsed();
+    server.resume();
+    // Cancelled before the lease ran out in Redis.
+    assert_eq!(
+        paused.load(Ordering::SeqCst),
+        1,
+        "the body ran past the lease"
+    );
+    assert!(
+        matches!(outcome, Err(Error::LockLost { .. })),
+        "{outcome:?}"
+    );
+    assert!(took < LEASE * 2, "noticed after {took:?}");
+    println!("lost lock noticed {took:?} after acquiring (lease {LEASE:?})");
+}

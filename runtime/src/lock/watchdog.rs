@@ -115,8 +115,15 @@ async fn renew_until_lost(
                 return;
             }
             Err(err) => {
+                // Another attempt must be able to complete before the lease ends; if it
+                // cannot, stop now rather than run on past the lease unknowingly.
+                let retry_at = Instant::now() + retry;
+                if retry_at + handle.timeout() >= valid_until {
+                    tracing::warn!(%key, error = %err, "lock renewal failed and the lease is running out; lock lost");
+                    return;
+                }
                 tracing::warn!(%key, error = %err, "lock renewal failed; retrying");
-                next = (Instant::now() + retry).min(valid_until);
+                next = retry_at;
             }
         }
     }
