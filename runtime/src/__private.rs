@@ -104,3 +104,52 @@ where
         Err(err) => Err(E::from(err)),
     }
 }
+
+/// `#[dist_lock]`'s prelude: the lock as written on the fn, its key rendered. `permits` 0
+/// means not a semaphore; `read_write` is 0 (exclusive), 1 (read) or 2 (write).
+#[allow(clippy::too_many_arguments)]
+pub fn dist_lock_builder(
+    scope: &'static str,
+    key: crate::Result<crate::KeyBody>,
+    wait: std::time::Duration,
+    lease: std::time::Duration,
+    skip_if_held: bool,
+    hold_at_least: std::time::Duration,
+    continue_on_lost: bool,
+    permits: u32,
+    read_write: u8,
+    fair: bool,
+) -> crate::LockBuilder {
+    let mut builder = crate::lock::LockBuilder::new(None, key)
+        .scope(scope)
+        .wait(wait)
+        .lease(lease)
+        .hold_at_least(hold_at_least);
+    if skip_if_held {
+        builder = builder.skip_if_held();
+    }
+    if continue_on_lost {
+        builder = builder.on_lost(crate::OnLost::Continue);
+    }
+    if permits > 0 {
+        builder = builder.permits(permits);
+    }
+    match read_write {
+        1 => builder = builder.read(),
+        2 => builder = builder.write(),
+        _ => {}
+    }
+    if fair {
+        builder = builder.fair();
+    }
+    builder
+}
+
+/// `#[dist_lock]`'s wrapper: runs the body under the lock.
+pub async fn dist_lock<T, E, F>(lock: crate::LockBuilder, body: F) -> Result<T, E>
+where
+    E: From<crate::Error>,
+    F: std::future::Future<Output = Result<T, E>>,
+{
+    lock.run(body).await
+}

@@ -114,6 +114,50 @@ pub enum Error {
     /// An idempotency token exists but was issued for another scene.
     #[error("this idempotency token was issued for another operation")]
     TokenMismatch,
+
+    /// The lock stayed held by someone else for the whole `wait`.
+    #[error(
+        "lock `{key}` is held by another owner; gave up after waiting {waited:?}: retry later, \
+         or raise `wait` if the section is expected to be busy"
+    )]
+    LockTimeout {
+        /// The full store key.
+        key: String,
+        /// How long the caller waited.
+        waited: Duration,
+    },
+
+    /// `skip_if_held`: the lock is held, so this run was skipped without waiting (the
+    /// scheduled-job outcome "another instance is doing it").
+    #[error("lock `{key}` is held by another owner; skipped this run (`skip_if_held`)")]
+    LockHeld {
+        /// The full store key.
+        key: String,
+    },
+
+    /// The lock was lost while held: its lease ran out or another process took the key. The
+    /// section may have overlapped with another holder; storage writes should check the
+    /// fencing token.
+    #[error(
+        "lock `{key}` was lost while held (lease expired or key taken); the guarded work was \
+         cancelled or may have overlapped with another holder: retry it"
+    )]
+    LockLost {
+        /// The full store key.
+        key: String,
+    },
+
+    /// The same task entered a lock more times than the depth limit allows.
+    #[error(
+        "lock `{key}` re-entered {depth} levels deep by the same task, past the limit; \
+         look for unbounded recursion into the locked section"
+    )]
+    LockTooDeep {
+        /// The full store key.
+        key: String,
+        /// The depth reached.
+        depth: u32,
+    },
 }
 
 /// Why the store could not answer.

@@ -356,6 +356,12 @@ impl Key {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+
+    /// A companion key of the same guard state (e.g. a lock's fencing counter): `suffix`
+    /// goes after the hash tag, so both keys land in the same Redis Cluster slot.
+    pub(crate) fn companion(&self, suffix: &str) -> Key {
+        Key(format!("{}:{suffix}", self.0))
+    }
 }
 
 impl fmt::Display for Key {

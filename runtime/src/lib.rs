@@ -3,7 +3,8 @@
 //! Three guards, each a one-line attribute on an `async fn` and a plain runtime API:
 //!
 //! - `#[idempotent]`: the same business intent runs once; retries get the first result back.
-//! - `#[dist_lock]`: one holder at a time across every instance, with fencing tokens.
+//! - `#[dist_lock]`: one holder at a time across every instance, with fencing tokens
+//!   ([`lock()`] for sections narrower than a fn).
 //! - `#[rate_limit]`: at most N per period, decided atomically with Redis's own clock.
 //!
 //! State lives behind the [`Store`] seam: [`RedisStore`] for services running several
@@ -33,6 +34,7 @@ mod error;
 mod handle;
 mod idempotency;
 mod key;
+pub mod lock;
 mod rate;
 pub mod store;
 mod tokens;
@@ -51,13 +53,18 @@ pub use crate::idempotency::{
 pub use crate::key::{
     GuardKind, Key, KeyBody, KeyBuilder, KeyPart, KeyRule, MAX_KEY_LEN, MAX_PART_LEN, MAX_SCOPE_LEN,
 };
+pub use crate::lock::{
+    LockBuilder, LockGuard, LockKey, MultiLockBuilder, MultiLockGuard, OnLost, fence, lock,
+    lock_all,
+};
 pub use crate::rate::{
     Algorithm, Decision, IntoRate, Limit, Limiter, MAX_RATE_COUNT, MAX_RATE_PERIOD, Rate,
     RateLimits, limiter,
 };
 pub use crate::store::{
-    MemoryStore, RateCheck, RateMode, RateOps, RateOutcome, RedisStore, Store, StoreKind, TokenOps,
-    TokenOutcome,
+    FAIR_REGISTRATION, FENCE_TTL, LockAcquire, LockOps, LockRelease, LockWatch, MemoryStore,
+    RateCheck, RateMode, RateOps, RateOutcome, RedisStore, Store, StoreKind, TokenOps,
+    TokenOutcome, WRITER_INTENT, rw_readers,
 };
 pub use crate::tokens::{MAX_TOKEN_TTL, Tokens, tokens};
 

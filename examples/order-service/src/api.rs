@@ -13,7 +13,7 @@ use crate::error::ApiError;
 use crate::orders::{self, OrderRequest, PaymentCallback, Shared};
 
 /// All routes.
-pub fn router(app: Shared, metrics: PrometheusHandle) -> Router {
+pub(crate) fn router(app: Shared, metrics: PrometheusHandle) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
         .route("/admin/stock", post(set_stock))
@@ -111,7 +111,11 @@ async fn submit_order(
 ) -> Result<Response, ApiError> {
     let user_id: u64 = header(&headers, "x-user-id")?
         .parse()
-        .map_err(|_| ApiError::BadRequest("X-User-Id must be an unsigned integer".into()))?;
+        .ok()
+        .filter(|id| i64::try_from(*id).is_ok())
+        .ok_or_else(|| {
+            ApiError::BadRequest("X-User-Id must be an integer from 0 to 2^63-1".into())
+        })?;
     let idem_key = header(&headers, "idempotency-key")?.to_owned();
     check_id("Idempotency-Key", &idem_key)?;
     check_id("sku", &req.sku)?;

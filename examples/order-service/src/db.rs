@@ -45,7 +45,12 @@ impl From<rusqlite::Error> for PlaceError {
     }
 }
 
-pub fn now_ms() -> i64 {
+/// User ids are validated to fit SQLite's signed 64-bit integers at the API.
+fn sql_id(id: u64) -> i64 {
+    i64::try_from(id).unwrap_or(i64::MAX)
+}
+
+pub(crate) fn now_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
@@ -166,7 +171,7 @@ impl Db {
             tx.execute(
                 "INSERT INTO orders (user_id, idempotency_key, sku, qty, status, fence, created_ms)
                  VALUES (?1, ?2, ?3, ?4, 'created', ?5, ?6)",
-                params![user_id, key, sku, qty, fence_sql, now_ms()],
+                params![sql_id(user_id), key, sku, qty, fence_sql, now_ms()],
             )?;
             let order_id = tx.last_insert_rowid();
             tx.commit()?;
@@ -200,7 +205,7 @@ impl Db {
             let mut stmt = conn.prepare(&format!(
                 "{SELECT_ORDER} WHERE user_id = ?1 ORDER BY order_id"
             ))?;
-            stmt.query_map([user_id], order_row)?.collect()
+            stmt.query_map([sql_id(user_id)], order_row)?.collect()
         })
         .await
     }
@@ -293,7 +298,7 @@ const SELECT_ORDER: &str =
 fn order_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<Order> {
     Ok(Order {
         order_id: row.get(0)?,
-        user_id: row.get(1)?,
+        user_id: u64::try_from(row.get::<_, i64>(1)?).unwrap_or(0),
         sku: row.get(2)?,
         qty: row.get(3)?,
         status: row.get(4)?,
@@ -305,7 +310,7 @@ fn order_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<Order> {
 fn find_by_key(conn: &Connection, user_id: u64, key: &str) -> rusqlite::Result<Option<Order>> {
     conn.query_row(
         &format!("{SELECT_ORDER} WHERE user_id = ?1 AND idempotency_key = ?2"),
-        params![user_id, key],
+        params![sql_id(user_id), key],
         order_row,
     )
     .optional()

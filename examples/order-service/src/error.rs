@@ -9,7 +9,7 @@ use serde_json::json;
 /// A request's failure. `From<redguard::Error>` lets guards refuse through it; `Classify`
 /// tells `#[idempotent]` which failures a retry may run again.
 #[derive(Debug)]
-pub enum ApiError {
+pub(crate) enum ApiError {
     /// 400: missing or malformed input; nothing was written.
     BadRequest(String),
     /// 404.

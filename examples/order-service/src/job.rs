@@ -25,7 +25,7 @@ async fn close_unpaid_once(app: &App) -> Result<usize, ApiError> {
 }
 
 /// Runs the job every tick until the process ends.
-pub async fn run(app: Shared) {
+pub(crate) async fn run(app: Shared) {
     let mut tick = tokio::time::interval(app.config.job_tick);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {

@@ -83,7 +83,7 @@ async fn reserve_stock(
 
 /// `POST /payments/callback` body.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct PaymentCallback {
+pub(crate) struct PaymentCallback {
     pub payment_id: String,
     pub order_id: i64,
     pub amount: u64,
@@ -91,7 +91,7 @@ pub struct PaymentCallback {
 
 /// `200` body of a payment callback.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Paid {
+pub(crate) struct Paid {
     pub order_id: i64,
     pub status: String,
 }
@@ -118,4 +118,4 @@ pub async fn payment_callback(
 }
 
 /// Shared state as handlers hold it.
-pub type Shared = Arc<App>;
+pub(crate) type Shared = Arc<App>;

@@ -59,12 +59,15 @@ pub trait Classify {
     }
 }
 
-/// A guard's own refusal happened before the body ran, so it is definitive; a store or body
-/// timeout is not.
+/// A guard's own refusal (in progress, rate limited, lock not obtained) happened before the
+/// body ran, so it is definitive. A store or body timeout, or a lock lost mid-body (the body
+/// was cancelled part-way), leaves the outcome unknown.
 impl Classify for Error {
     fn class(&self) -> ErrorClass {
         match self {
-            Error::Backend(_) | Error::Timeout { .. } => ErrorClass::Indeterminate,
+            Error::Backend(_) | Error::Timeout { .. } | Error::LockLost { .. } => {
+                ErrorClass::Indeterminate
+            }
             _ => ErrorClass::Business,
         }
     }

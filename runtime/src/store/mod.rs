@@ -2,13 +2,15 @@
 //!
 //! [`Store`] is a small set of *guard operations* — each one atomic, each one a single round
 //! trip — not a list of Redis commands. Each guard declares its operations as a sub-trait in
-//! its own file here ([`TokenOps`], [`RateOps`], …); [`Store`] is all of them together.
+//! its own file here ([`TokenOps`], [`IdemOps`], [`LockOps`], [`RateOps`]); [`Store`] is all of them
+//! together.
 //! [`RedisStore`] implements them as Lua scripts that read Redis's own clock;
 //! [`MemoryStore`] implements the same semantics in-process. Both run the same conformance
 //! suite (`tests/tests/conformance*.rs`), so a guard behaves the same on either, and the guards
 //! never know which one is behind.
 
 mod idem;
+pub(crate) mod lock;
 mod memory;
 mod rate;
 mod redis;
@@ -22,6 +24,10 @@ use async_trait::async_trait;
 use crate::error::Result;
 
 pub use self::idem::{IdemBegin, IdemFinish, IdemFinished, IdemOps};
+pub use self::lock::{
+    FAIR_REGISTRATION, FENCE_TTL, LockAcquire, LockOps, LockRelease, LockWatch, WRITER_INTENT,
+    rw_readers,
+};
 pub use self::memory::MemoryStore;
 pub use self::rate::{RateCheck, RateMode, RateOps, RateOutcome};
 pub use self::redis::RedisStore;
@@ -43,7 +49,9 @@ pub use self::token::{TokenOps, TokenOutcome};
 /// # Ok(()) }
 /// ```
 #[async_trait]
-pub trait Store: TokenOps + IdemOps + RateOps + Send + Sync + fmt::Debug + 'static {
+pub trait Store:
+    TokenOps + IdemOps + LockOps + RateOps + Send + Sync + fmt::Debug + 'static
+{
     /// Which implementation this is.
     fn kind(&self) -> StoreKind;
 

@@ -5,6 +5,7 @@
 //! guards never overlap), and implements its operations in its own file here.
 
 mod idem;
+mod lock;
 mod rate;
 mod table;
 mod token;
@@ -15,6 +16,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use self::table::Table;
+use super::lock::Waiters;
 use super::{Store, StoreKind};
 use crate::clock::{Clock, SystemClock};
 use crate::error::Result;
@@ -49,6 +51,12 @@ struct Tables {
     rates: Mutex<Table<rate::RateState>>,
     /// Penalty ends (µs since the epoch) of rate-limit keys under `block`.
     rate_blocks: Mutex<Table<f64>>,
+    locks: Mutex<Table<lock::LockState>>,
+    semaphores: Mutex<Table<lock::Holders>>,
+    fair_queues: Mutex<Table<lock::FairQueue>>,
+    /// Fencing counters of locks, kept apart so they outlive the locks.
+    fences: Mutex<Table<u64>>,
+    lock_waiters: Waiters,
 }
 
 impl MemoryStore {
@@ -83,6 +91,10 @@ impl MemoryStore {
             + self.lock(&self.tables.idem).0.len()
             + self.lock(&self.tables.rates).0.len()
             + self.lock(&self.tables.rate_blocks).0.len()
+            + self.lock(&self.tables.locks).0.len()
+            + self.lock(&self.tables.semaphores).0.len()
+            + self.lock(&self.tables.fair_queues).0.len()
+            + self.lock(&self.tables.fences).0.len()
     }
 
     /// True when no entry is live.

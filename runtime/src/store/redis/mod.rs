@@ -3,11 +3,13 @@
 
 mod conn;
 mod idem;
+mod lock;
 mod rate;
 mod token;
 
 use std::fmt;
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -28,6 +30,7 @@ fn all_scripts() -> impl Iterator<Item = &'static Script> {
     token::scripts()
         .into_iter()
         .chain(idem::scripts())
+        .chain(lock::scripts())
         .chain(rate::scripts())
 }
 
@@ -40,9 +43,8 @@ pub(crate) use self::conn::Conn;
 pub struct RedisStore {
     conn: Conn,
     timeout: Duration,
-    /// A client for one node: pub/sub subscriptions are made through it (on a Cluster, classic
-    /// `PUBLISH` reaches every node, so any node will do).
-    node: redis::Client,
+    /// Lock release notifications; its connection opens on the first wait.
+    bus: Arc<lock::ReleaseBus>,
 }
 
 impl fmt::Debug for RedisStore {
@@ -85,6 +87,8 @@ impl RedisStore {
             ))
         };
         let node = node.map_err(invalid)?;
+        // Pub/sub goes through one node: on a Cluster, classic `PUBLISH` reaches every node.
+        let bus = Arc::new(lock::ReleaseBus::new(node.clone()));
         let conn = if target.cluster {
             let mut builder = ClusterClientBuilder::new(target.urls.iter().map(String::as_str))
                 .connection_timeout(connect_timeout)
@@ -115,11 +119,7 @@ impl RedisStore {
                 .await?,
             )
         };
-        let store = RedisStore {
-            conn,
-            timeout,
-            node,
-        };
+        let store = RedisStore { conn, timeout, bus };
         for script in all_scripts() {
             let mut conn = store.conn.clone();
             bounded("script_load", connect_timeout, async move {
@@ -138,15 +138,6 @@ impl RedisStore {
     /// True on a Redis Cluster.
     pub(crate) fn is_cluster(&self) -> bool {
         matches!(self.conn, Conn::Cluster(_))
-    }
-
-    /// A client for one node, for pub/sub.
-    #[allow(
-        dead_code,
-        reason = "the lock guard's release notifications subscribe through it"
-    )]
-    pub(crate) fn node(&self) -> &redis::Client {
-        &self.node
     }
 
     /// The bound on each call.

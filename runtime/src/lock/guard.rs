@@ -1,0 +1,284 @@
+//! [`LockGuard`]: a held lock, its watchdog, and its release on every path.
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use tokio::sync::watch;
+
+use super::watchdog::Watchdog;
+use super::{Kind, OnLost, Spec, with_context};
+use crate::error::{Error, Result};
+use crate::handle::Redguard;
+use crate::key::Key;
+use crate::store::LockRelease;
+
+/// A held lock. Release it with [`release`](LockGuard::release), which reports whether the
+/// lock was still ours; dropping it releases it too.
+///
+/// **Drop guarantee.** Dropping a guard (early return, `?`, panic, the owning future
+/// cancelled) stops its watchdog at once and spawns the release on the current Tokio runtime,
+/// so the key is normally free within one store round trip. When no runtime is available
+/// (dropped outside one, or the runtime is shutting down) or the store is unreachable, the
+/// key is freed when its lease runs out. Either way no renewal outlives the guard.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> redguard::Result<()> {
+/// let rg = redguard::Redguard::memory();
+/// let guard = rg.lock("invoice:7").acquire().await?;
+/// let token = guard.fence(); // pass to storage that rejects stale writers
+/// assert!(token > 0);
+/// guard.release().await?;
+/// assert!(rg.lock("invoice:7").try_acquire().await?.is_some());
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+#[must_use = "a lock is released as soon as its guard is dropped"]
+pub struct LockGuard {
+    key: Key,
+    fence: u64,
+    held: Option<Held>,
+}
+
+#[derive(Debug)]
+struct Held {
+    handle: Redguard,
+    owner: String,
+    depth: u32,
+    acquired_at: Instant,
+    spec: Spec,
+    lost: watch::Receiver<bool>,
+    /// Only the outermost level of a lock renews it.
+    watchdog: Option<Watchdog>,
+}
+
+impl LockGuard {
+    pub(super) fn acquired(
+        handle: Redguard,
+        key: Key,
+        owner: String,
+        fence: u64,
+        depth: u32,
+        acquired_at: Instant,
+        spec: Spec,
+    ) -> Self {
+        let (watchdog, lost) = if depth == 1 {
+            let (watchdog, lost) = Watchdog::spawn(
+                handle.clone(),
+                key.clone(),
+                owner.clone(),
+                spec.clone(),
+                acquired_at,
+            );
+            (Some(watchdog), lost)
+        } else {
+            // A nested level learns of a loss through the outer level, which cancels the
+            // whole body; its own receiver never fires.
+            (None, watch::channel(false).1)
+        };
+        LockGuard {
+            key,
+            fence,
+            held: Some(Held {
+                handle,
+                owner,
+                depth,
+                acquired_at,
+                spec,
+                lost,
+                watchdog,
+            }),
+        }
+    }
+
+    /// A guard for a lock that failed open (store down, locks configured to fail open): it
+    /// protects nothing and has no fencing token.
+    pub(super) fn degraded(key: Key) -> Self {
+        LockGuard {
+            key,
+            fence: 0,
+            held: None,
+        }
+    }
+
+    /// The fencing token: greater than that of every earlier acquisition of this key. 0 on a
+    /// degraded guard.
+    pub fn fence(&self) -> u64 {
+        self.fence
+    }
+
+    /// The full store key.
+    pub fn key(&self) -> &Key {
+        &self.key
+    }
+
+    /// True when the store was down and the lock failed open: nothing is locked.
+    pub fn is_degraded(&self) -> bool {
+        self.held.is_none()
+    }
+
+    /// True once the watchdog found the lock lost (lease expired, or the key taken).
+    pub fn is_lost(&self) -> bool {
+        self.held.as_ref().is_some_and(|held| *held.lost.borrow())
+    }
+
+    /// Resolves when the lock is found lost; never, on a degraded or nested guard.
+    pub async fn lost(&self) {
+        match &self.held {
+            Some(held) => {
+                let mut lost = held.lost.clone();
+                if lost.wait_for(|lost| *lost).await.is_err() {
+                    // The watchdog ended without finding a loss: it never will.
+                    std::future::pending::<()>().await;
+                }
+            }
+            None => std::future::pending::<()>().await,
+        }
+    }
+
+    /// Releases the lock (one level of it, if re-entered). Err([`Error::LockLost`]) when it
+    /// was no longer ours (nothing was changed, someone else's lock was left alone); a store
+    /// error means the lease will free it. Dropping the future of this call is safe: the
+    /// release is then spawned as on drop.
+    pub async fn release(mut self) -> Result<()> {
+        let Some(held) = self.held.as_mut() else {
+            return Ok(());
+        };
+        // The watchdog must not renew what we are giving back.
+        held.watchdog.take();
+        let keep = held.keep();
+        let store = held.handle.store().clone();
+        let outcome = held
+            .spec
+            .kind
+            .release(store.as_ref(), &self.key, &held.owner, keep)
+            .await;
+        // Done: nothing left for Drop.
+        let Some(held) = self.held.take() else {
+            return Ok(());
+        };
+        match outcome {
+            Ok(LockRelease::Released | LockRelease::Nested { .. }) => Ok(()),
+            Ok(LockRelease::NotOwner) => {
+                held.not_owner(&self.key);
+                Err(Error::LockLost {
+                    key: self.key.to_string(),
+                })
+            }
+            Err(err) => {
+                tracing::warn!(key = %self.key, error = %err, "lock release failed; the lease will free it");
+                Err(err)
+            }
+        }
+    }
+
+    /// Runs `work` under this guard (see [`LockBuilder::run`](super::LockBuilder::run)).
+    pub(crate) async fn run<T, E, F>(self, on_lost: OnLost, work: F) -> Result<T, E>
+    where
+        E: From<Error>,
+        F: Future<Output = Result<T, E>>,
+    {
+        let Some(held) = &self.held else {
+            // Failed open: run unprotected, as configured.
+            return work.await;
+        };
+        let work = with_context(&self.key, &held.owner, self.fence, work);
+        let output = match on_lost {
+            OnLost::Cancel => {
+                tokio::select! {
+                    biased;
+                    () = self.lost() => None,
+                    output = work => Some(output),
+                }
+            }
+            OnLost::Continue => Some(work.await),
+        };
+        let lost_while_running = self.is_lost();
+        let key = self.key.to_string();
+        let released = self.release().await;
+        let Some(output) = output else {
+            // The work was cancelled when the watchdog found the lock lost.
+            return Err(E::from(Error::LockLost { key }));
+        };
+        match (released, on_lost) {
+            (Err(Error::LockLost { .. }), OnLost::Cancel) => Err(E::from(Error::LockLost { key })),
+            _ if lost_while_running && on_lost == OnLost::Cancel => {
+                Err(E::from(Error::LockLost { key }))
+            }
+            _ => output,
+        }
+    }
+}
+
+impl Held {
+    /// How long the key must stay taken after release, for `hold_at_least`.
+    fn keep(&self) -> Duration {
+        if self.depth > 1 || !matches!(self.spec.kind, Kind::Exclusive | Kind::Fair) {
+            return Duration::ZERO;
+        }
+        self.spec
+            .hold_at_least
+            .saturating_sub(self.acquired_at.elapsed())
+    }
+
+    fn not_owner(&self, key: &Key) {
+        metrics::counter!(
+            "redguard_lock_release_not_owner_total",
+            "scope" => self.spec.scope.clone(),
+        )
+        .increment(1);
+        if *self.lost.borrow() {
+            tracing::debug!(%key, "released a lock already known lost");
+        } else {
+            tracing::warn!(%key, "released a lock that was no longer ours; nothing was changed");
+        }
+    }
+}
+
+impl Drop for LockGuard {
+    fn drop(&mut self) {
+        let Some(mut held) = self.held.take() else {
+            return;
+        };
+        held.watchdog.take();
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            tracing::debug!(key = %self.key, "lock dropped outside a Tokio runtime; its lease will free it");
+            return;
+        };
+        let key = self.key.clone();
+        runtime.spawn(async move {
+            let keep = held.keep();
+            let store = held.handle.store().clone();
+            let released = held
+                .spec
+                .kind
+                .release(store.as_ref(), &key, &held.owner, keep)
+                .await;
+            match released {
+                Ok(LockRelease::NotOwner) => held.not_owner(&key),
+                Ok(_) => {}
+                Err(err) => {
+                    tracing::warn!(%key, error = %err, "lock release failed; the lease will free it")
+                }
+            }
+        });
+    }
+}
+
+/// Releases in the background, silently: for an acquisition whose outcome is unknown.
+pub(super) fn spawn_release(handle: Redguard, key: Key, owner: String, kind: Kind, keep: Duration) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        tracing::debug!(%key, "lock dropped outside a Tokio runtime; its lease will free it");
+        return;
+    };
+    runtime.spawn(async move {
+        match kind
+            .release(handle.store().as_ref(), &key, &owner, keep)
+            .await
+        {
+            Ok(_) => {}
+            Err(err) => {
+                tracing::warn!(%key, error = %err, "lock release failed; the lease will free it")
+            }
+        }
+    });
+}

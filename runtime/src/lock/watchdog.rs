@@ -1,0 +1,130 @@
+//! The renewal task of a held lock.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use super::Spec;
+use crate::handle::Redguard;
+use crate::key::Key;
+
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+
+/// Renewal tasks alive in this process right now. Each held lock has one; it ends with its
+/// guard, so this returns to its previous value shortly after every guard is gone (the task
+/// is dropped on the runtime's next turn). Exposed for tests and diagnostics.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> redguard::Result<()> {
+/// let rg = redguard::Redguard::memory();
+/// let guard = rg.lock("job").acquire().await?;
+/// assert!(redguard::lock::live_watchdogs() >= 1);
+/// guard.release().await?;
+/// # Ok(()) }
+/// ```
+pub fn live_watchdogs() -> usize {
+    LIVE.load(Ordering::SeqCst)
+}
+
+/// Counts a task from spawn until its future is dropped (finished or aborted).
+struct Live;
+
+impl Live {
+    fn new() -> Self {
+        LIVE.fetch_add(1, Ordering::SeqCst);
+        Live
+    }
+}
+
+impl Drop for Live {
+    fn drop(&mut self) {
+        LIVE.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Owns the renewal task; dropping it aborts the task.
+#[derive(Debug)]
+pub(super) struct Watchdog {
+    task: JoinHandle<()>,
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Watchdog {
+    /// Starts renewing `key` for `owner` every lease/3. The receiver turns true when the lock
+    /// is lost: renewal found another owner or none, or no renewal succeeded for a whole lease
+    /// (the store unreachable: we cannot know we still hold it).
+    pub(super) fn spawn(
+        handle: Redguard,
+        key: Key,
+        owner: String,
+        spec: Spec,
+        acquired_at: Instant,
+    ) -> (Watchdog, watch::Receiver<bool>) {
+        let (lost_tx, lost_rx) = watch::channel(false);
+        let live = Live::new();
+        let task = tokio::spawn(async move {
+            let _live = live;
+            renew_until_lost(&handle, &key, &owner, &spec, acquired_at).await;
+            lost_tx.send_replace(true);
+            metrics::counter!("redguard_lock_lost_total", "scope" => spec.scope.clone())
+                .increment(1);
+        });
+        (Watchdog { task }, lost_rx)
+    }
+}
+
+/// Returns when the lock is lost.
+async fn renew_until_lost(
+    handle: &Redguard,
+    key: &Key,
+    owner: &str,
+    spec: &Spec,
+    acquired_at: Instant,
+) {
+    let period = spec.lease / 3;
+    // After a failed call, retry sooner: the lease keeps running out meanwhile.
+    let retry = (spec.lease / 10).max(Duration::from_millis(50));
+    // Conservative: the lease is counted from before the acquiring call was sent.
+    let mut valid_until = acquired_at + spec.lease;
+    let mut next = Instant::now() + period;
+    loop {
+        tokio::time::sleep_until(next.into()).await;
+        let sent_at = Instant::now();
+        if sent_at >= valid_until {
+            tracing::warn!(%key, "lock lease ran out before it could be renewed; lock lost");
+            return;
+        }
+        let renewed = spec
+            .kind
+            .renew(handle.store().as_ref(), key, owner, spec.lease)
+            .await;
+        match renewed {
+            Ok(true) => {
+                valid_until = sent_at + spec.lease;
+                next = sent_at + period;
+            }
+            Ok(false) => {
+                tracing::warn!(%key, "lock lost: renewal found it expired or taken by another owner");
+                return;
+            }
+            Err(err) => {
+                // Another attempt must be able to complete before the lease ends; if it
+                // cannot, stop now rather than run on past the lease unknowingly.
+                let retry_at = Instant::now() + retry;
+                if retry_at + handle.timeout() >= valid_until {
+                    tracing::warn!(%key, error = %err, "lock renewal failed and the lease is running out; lock lost");
+                    return;
+                }
+                tracing::warn!(%key, error = %err, "lock renewal failed; retrying");
+                next = retry_at;
+            }
+        }
+    }
+}

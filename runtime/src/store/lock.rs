@@ -1,0 +1,244 @@
+//! Store operations of distributed locks, and the release notifications waiters sleep on.
+//!
+//! A lock is one entry at its key: the owner's token, a reentrancy depth and the fencing token
+//! of the acquisition, living as long as the lease. Next to it (same hash tag, so the same
+//! Redis Cluster slot) a counter hands out fencing tokens.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::sync::watch;
+
+use crate::error::Result;
+use crate::key::Key;
+
+/// How long the fencing counter of a key outlives its last acquisition.
+///
+/// When a key stays unused longer than this, the counter expires; the next acquisition seeds
+/// it again from the store's clock in microseconds, so tokens keep increasing as long as the
+/// store's clock does not step back by more than the gap (see [`LockOps::lock_acquire`]).
+pub const FENCE_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// How long a writer blocked by readers keeps new readers out after its last attempt. A
+/// writer that gives up leaves its announcement to expire.
+pub const WRITER_INTENT: Duration = Duration::from_secs(2);
+
+/// How long a fair-lock waiter keeps its place after its last attempt.
+pub const FAIR_REGISTRATION: Duration = Duration::from_secs(2);
+
+/// The readers' set of the read/write lock at `key`.
+pub fn rw_readers(key: &Key) -> Key {
+    key.companion("readers")
+}
+
+/// Lock operations of a [`Store`](super::Store).
+#[async_trait]
+pub trait LockOps {
+    /// Takes the lock at `key` for `owner` if it is free, or enters it once more if `owner`
+    /// already holds it (up to `max_depth` nested entries). The lease (the key's TTL) becomes
+    /// `lease`; a nested entry only ever extends it.
+    ///
+    /// A fresh acquisition returns a fencing token greater than every token handed out for
+    /// this key before: the counter is incremented, and when it had expired (unused for
+    /// [`FENCE_TTL`]) it restarts from the store's clock in microseconds. A nested entry
+    /// returns the token of the acquisition it nests in.
+    async fn lock_acquire(
+        &self,
+        key: &Key,
+        owner: &str,
+        lease: Duration,
+        max_depth: u32,
+    ) -> Result<LockAcquire>;
+
+    /// Extends the lease of `key` to `lease` from now if `owner` still holds it; false when
+    /// the lock is gone or held by someone else (nothing is changed then).
+    async fn lock_renew(&self, key: &Key, owner: &str, lease: Duration) -> Result<bool>;
+
+    /// Leaves one level of the lock if `owner` holds it. Leaving the last level frees the key
+    /// and notifies waiters, unless `keep` is non-zero: then the key stays taken (by nobody:
+    /// no owner can renew or re-enter it) for `keep` more, which is how `hold_at_least` stops
+    /// another instance from running a job again right away. Someone else's lock is never
+    /// touched.
+    async fn lock_release(&self, key: &Key, owner: &str, keep: Duration) -> Result<LockRelease>;
+
+    /// Takes one of `permits` slots of the semaphore at `key` for `owner`, leased for
+    /// `lease` (each holder has its own lease; expired holders are dropped first). Returns a
+    /// fencing token as [`lock_acquire`](LockOps::lock_acquire) does, or `Held` with the time
+    /// until the earliest holder's lease ends. Not reentrant.
+    async fn semaphore_acquire(
+        &self,
+        key: &Key,
+        owner: &str,
+        permits: u32,
+        lease: Duration,
+    ) -> Result<LockAcquire>;
+
+    /// Extends `owner`'s lease on its slot; false when the slot is gone.
+    async fn semaphore_renew(&self, key: &Key, owner: &str, lease: Duration) -> Result<bool>;
+
+    /// Gives `owner`'s slot back and notifies waiters; `NotOwner` when it had none.
+    async fn semaphore_release(&self, key: &Key, owner: &str) -> Result<LockRelease>;
+
+    /// Takes the read/write lock at `key` in write mode (`write`: no readers, no writer) or
+    /// read mode (no writer, and no writer waiting: a writer blocked by readers announces
+    /// itself for [`WRITER_INTENT`] when `announce` is set — it is going to wait and retry —
+    /// so a stream of readers cannot starve it). Fenced like
+    /// [`lock_acquire`](LockOps::lock_acquire); not reentrant. A writer is renewed and
+    /// released with [`lock_renew`](LockOps::lock_renew) and
+    /// [`lock_release`](LockOps::lock_release) on `key`; a reader is renewed with
+    /// [`semaphore_renew`](LockOps::semaphore_renew) on [`rw_readers`].
+    async fn rw_acquire(
+        &self,
+        key: &Key,
+        owner: &str,
+        write: bool,
+        lease: Duration,
+        announce: bool,
+    ) -> Result<LockAcquire>;
+
+    /// Leaves the read/write lock at `key` as reader `owner`, notifying waiters.
+    async fn rw_release_read(&self, key: &Key, owner: &str) -> Result<LockRelease>;
+
+    /// Like [`lock_acquire`](LockOps::lock_acquire), but a free lock goes to the waiter that
+    /// queued first: with `join`, a caller that does not get the lock takes a place in the
+    /// queue at `key` (kept for [`FAIR_REGISTRATION`] after each attempt, so a waiter that
+    /// vanishes loses its place). Renewed and released as an exclusive lock.
+    async fn fair_acquire(
+        &self,
+        key: &Key,
+        owner: &str,
+        lease: Duration,
+        max_depth: u32,
+        join: bool,
+    ) -> Result<LockAcquire>;
+
+    /// Gives up `owner`'s place in the fair queue at `key`.
+    async fn fair_leave(&self, key: &Key, owner: &str) -> Result<()>;
+
+    /// A subscription to release notifications of `key`. Take it *before* trying to acquire,
+    /// so a release between a failed attempt and the wait is not missed. Never fails: when
+    /// notifications are unavailable the watch says so and waiters poll.
+    async fn lock_watch(&self, key: &Key) -> LockWatch;
+}
+
+/// What [`LockOps::lock_acquire`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LockAcquire {
+    /// The caller holds the lock now, `depth` levels deep (1 for a fresh acquisition).
+    Acquired {
+        /// The fencing token of this acquisition.
+        fence: u64,
+        /// Nesting depth after this entry.
+        depth: u32,
+    },
+    /// Someone else holds it; their lease ends in `ttl` unless renewed.
+    Held {
+        /// Time left on the holder's lease.
+        ttl: Duration,
+    },
+    /// The caller holds it already, `max_depth` levels deep; nothing was changed.
+    TooDeep {
+        /// The depth reached.
+        depth: u32,
+    },
+}
+
+/// What [`LockOps::lock_release`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LockRelease {
+    /// The last level was left; the key is free (or kept for `keep`, with no owner).
+    Released,
+    /// One nested level was left; the caller still holds the lock `depth` levels deep.
+    Nested {
+        /// Depth left.
+        depth: u32,
+    },
+    /// The caller did not hold the lock (its lease ran out, or the key was deleted and
+    /// perhaps taken by another owner). Nothing was changed.
+    NotOwner,
+}
+
+/// Release notifications of one key: see [`LockOps::lock_watch`].
+#[derive(Debug)]
+pub struct LockWatch {
+    rx: Option<watch::Receiver<u64>>,
+    live: bool,
+}
+
+impl LockWatch {
+    /// A watch that never fires: the waiter polls.
+    pub fn polling() -> Self {
+        LockWatch {
+            rx: None,
+            live: false,
+        }
+    }
+
+    /// True when releases are delivered; false means the waiter relies on polling alone.
+    pub fn is_live(&self) -> bool {
+        self.live && self.rx.is_some()
+    }
+
+    /// Resolves at the next release notification after this watch was taken (or after the
+    /// previous `changed`); never resolves on a polling-only watch.
+    pub async fn changed(&mut self) {
+        if let Some(rx) = &mut self.rx
+            && rx.changed().await.is_ok()
+        {
+            return;
+        }
+        // No channel, or its sender went away (the store was dropped): from now on, poll.
+        self.rx = None;
+        std::future::pending::<()>().await
+    }
+}
+
+/// Release notifications fanned out to the waiters of each key, shared by both stores.
+///
+/// Each key with waiters has a `watch` channel carrying a release count; a waiter's receiver
+/// remembers the count it saw, so a release that happens between its subscription and its
+/// wait still wakes it.
+#[derive(Debug, Default)]
+pub(crate) struct Waiters {
+    keys: Mutex<HashMap<String, watch::Sender<u64>>>,
+}
+
+impl Waiters {
+    fn keys(&self) -> std::sync::MutexGuard<'_, HashMap<String, watch::Sender<u64>>> {
+        // Each operation is a single map call: a panic elsewhere cannot leave it torn.
+        self.keys
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Subscribes to releases of `key`; `live` says whether releases will be delivered.
+    pub(crate) fn watch(&self, key: &str, live: bool) -> LockWatch {
+        let mut keys = self.keys();
+        // Keys whose waiters all left are dropped here rather than on every notification.
+        if keys.len() >= 64 {
+            keys.retain(|_, tx| tx.receiver_count() > 0);
+        }
+        let rx = keys
+            .entry(key.to_owned())
+            .or_insert_with(|| watch::channel(0).0)
+            .subscribe();
+        LockWatch { rx: Some(rx), live }
+    }
+
+    /// Wakes the waiters of `key`.
+    pub(crate) fn notify(&self, key: &str) {
+        let keys = self.keys();
+        if let Some(tx) = keys.get(key) {
+            tx.send_modify(|count| *count = count.wrapping_add(1));
+        }
+    }
+
+    /// Wakes every waiter: notifications may have been lost (the subscription dropped).
+    pub(crate) fn notify_all(&self) {
+        for tx in self.keys().values() {
+            tx.send_modify(|count| *count = count.wrapping_add(1));
+        }
+    }
+}

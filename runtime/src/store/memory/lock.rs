@@ -1,0 +1,348 @@
+//! Lock operations in memory.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use super::MemoryStore;
+use super::table::Table;
+use crate::error::Result;
+use crate::key::Key;
+use crate::store::lock::{FAIR_REGISTRATION, FENCE_TTL, WRITER_INTENT, rw_readers};
+use crate::store::{LockAcquire, LockOps, LockRelease, LockWatch};
+
+/// Holders of a semaphore and when each lease ends.
+pub(super) type Holders = HashMap<String, Duration>;
+
+/// Stores `holders` back, living as long as the longest lease; an empty set is dropped.
+fn put_holders(sems: &mut Table<Holders>, key: &Key, holders: Holders) {
+    if let Some(last) = holders.values().max().copied() {
+        sems.put(key, holders, last);
+    }
+}
+
+/// Waiters of a fair lock in arrival order, each with the end of its registration.
+pub(super) type FairQueue = Vec<(String, Duration)>;
+
+/// Stores `queue` back, living as long as its last registration; an empty one is dropped.
+fn put_queue(queues: &mut Table<FairQueue>, key: &Key, queue: FairQueue) {
+    if let Some(last) = queue.iter().map(|(_, until)| *until).max() {
+        queues.put(key, queue, last);
+    }
+}
+
+#[derive(Debug)]
+pub(super) struct LockState {
+    /// Empty while a released lock is kept for `hold_at_least`: nobody can renew or enter it.
+    owner: String,
+    depth: u32,
+    fence: u64,
+}
+
+impl MemoryStore {
+    /// The exclusive acquisition, on the locks table already locked (fair locks call it after
+    /// checking their queue, atomically).
+    fn acquire_in(
+        &self,
+        locks: &mut Table<LockState>,
+        now: Duration,
+        key: &Key,
+        owner: &str,
+        lease: Duration,
+        max_depth: u32,
+    ) -> LockAcquire {
+        if let Some(state) = locks.get_mut(key) {
+            if state.owner != owner || owner.is_empty() {
+                let ttl = locks
+                    .expires_at(key)
+                    .map_or(Duration::ZERO, |at| at.saturating_sub(now));
+                return LockAcquire::Held { ttl };
+            }
+            if state.depth >= max_depth {
+                return LockAcquire::TooDeep { depth: state.depth };
+            }
+            state.depth += 1;
+            let (fence, depth) = (state.fence, state.depth);
+            // A nested entry may extend the lease, never shorten the outer level's.
+            if locks.expires_at(key).is_some_and(|at| at < now + lease) {
+                locks.set_expiry(key, now + lease);
+            }
+            return LockAcquire::Acquired { fence, depth };
+        }
+        // Same rule as the Redis script: increment, or restart from the clock in microseconds
+        // when the counter has expired, so tokens keep increasing across long idle gaps.
+        let fence_key = key.companion("fence");
+        let (mut fences, _) = self.lock(&self.tables.fences);
+        let fence = match fences.get(&fence_key) {
+            Some(last) => last.saturating_add(1),
+            None => u64::try_from(now.as_micros()).unwrap_or(u64::MAX),
+        };
+        fences.put(&fence_key, fence, now + FENCE_TTL.max(lease));
+        let state = LockState {
+            owner: owner.to_owned(),
+            depth: 1,
+            fence,
+        };
+        locks.put(key, state, now + lease);
+        LockAcquire::Acquired { fence, depth: 1 }
+    }
+}
+
+#[async_trait]
+impl LockOps for MemoryStore {
+    async fn lock_acquire(
+        &self,
+        key: &Key,
+        owner: &str,
+        lease: Duration,
+        max_depth: u32,
+    ) -> Result<LockAcquire> {
+        let (mut locks, now) = self.lock(&self.tables.locks);
+        Ok(self.acquire_in(&mut locks, now, key, owner, lease, max_depth))
+    }
+
+    async fn lock_renew(&self, key: &Key, owner: &str, lease: Duration) -> Result<bool> {
+        let (mut locks, now) = self.lock(&self.tables.locks);
+        let owned = locks
+            .get(key)
+            .is_some_and(|state| !owner.is_empty() && state.owner == owner);
+        if owned {
+            locks.set_expiry(key, now + lease);
+        }
+        Ok(owned)
+    }
+
+    async fn lock_release(&self, key: &Key, owner: &str, keep: Duration) -> Result<LockRelease> {
+        let (mut locks, now) = self.lock(&self.tables.locks);
+        let Some(state) = locks.get_mut(key) else {
+            return Ok(LockRelease::NotOwner);
+        };
+        if owner.is_empty() || state.owner != owner {
+            return Ok(LockRelease::NotOwner);
+        }
+        if state.depth > 1 {
+            state.depth -= 1;
+            return Ok(LockRelease::Nested { depth: state.depth });
+        }
+        if keep.is_zero() {
+            locks.remove(key);
+            drop(locks);
+            self.tables.lock_waiters.notify(key.as_str());
+        } else {
+            state.owner.clear();
+            state.depth = 0;
+            locks.set_expiry(key, now + keep);
+        }
+        Ok(LockRelease::Released)
+    }
+
+    async fn semaphore_acquire(
+        &self,
+        key: &Key,
+        owner: &str,
+        permits: u32,
+        lease: Duration,
+    ) -> Result<LockAcquire> {
+        let (mut sems, now) = self.lock(&self.tables.semaphores);
+        let mut holders = sems.remove(key).unwrap_or_default();
+        holders.retain(|_, until| *until > now);
+        let count = u32::try_from(holders.len()).unwrap_or(u32::MAX);
+        if count >= permits {
+            let first = holders.values().min().copied().unwrap_or(now);
+            let ttl = first.saturating_sub(now);
+            put_holders(&mut sems, key, holders);
+            return Ok(LockAcquire::Held { ttl });
+        }
+        let fence_key = key.companion("fence");
+        let (mut fences, _) = self.lock(&self.tables.fences);
+        let fence = match fences.get(&fence_key) {
+            Some(last) => last.saturating_add(1),
+            None => u64::try_from(now.as_micros()).unwrap_or(u64::MAX),
+        };
+        fences.put(&fence_key, fence, now + FENCE_TTL.max(lease));
+        holders.insert(owner.to_owned(), now + lease);
+        put_holders(&mut sems, key, holders);
+        Ok(LockAcquire::Acquired { fence, depth: 1 })
+    }
+
+    async fn semaphore_renew(&self, key: &Key, owner: &str, lease: Duration) -> Result<bool> {
+        let (mut sems, now) = self.lock(&self.tables.semaphores);
+        let Some(mut holders) = sems.remove(key) else {
+            return Ok(false);
+        };
+        holders.retain(|_, until| *until > now);
+        let renewed = match holders.get_mut(owner) {
+            Some(until) => {
+                *until = now + lease;
+                true
+            }
+            None => false,
+        };
+        put_holders(&mut sems, key, holders);
+        Ok(renewed)
+    }
+
+    async fn semaphore_release(&self, key: &Key, owner: &str) -> Result<LockRelease> {
+        let (mut sems, _) = self.lock(&self.tables.semaphores);
+        let Some(mut holders) = sems.remove(key) else {
+            return Ok(LockRelease::NotOwner);
+        };
+        let released = holders.remove(owner).is_some();
+        put_holders(&mut sems, key, holders);
+        drop(sems);
+        if !released {
+            return Ok(LockRelease::NotOwner);
+        }
+        self.tables.lock_waiters.notify(key.as_str());
+        Ok(LockRelease::Released)
+    }
+
+    async fn rw_acquire(
+        &self,
+        key: &Key,
+        owner: &str,
+        write: bool,
+        lease: Duration,
+        announce: bool,
+    ) -> Result<LockAcquire> {
+        // Same order as everywhere: locks, then semaphores, then fences.
+        let (mut locks, now) = self.lock(&self.tables.locks);
+        if let Some(at) = locks.expires_at(key) {
+            return Ok(LockAcquire::Held {
+                ttl: at.saturating_sub(now),
+            });
+        }
+        let intent_key = key.companion("intent");
+        let intent = locks.get(&intent_key).map(|state| state.owner.clone());
+        let intent_ttl = locks
+            .expires_at(&intent_key)
+            .map_or(Duration::ZERO, |at| at.saturating_sub(now));
+        let readers_key = rw_readers(key);
+        let (mut sems, _) = self.lock(&self.tables.semaphores);
+        let mut readers = sems.remove(&readers_key).unwrap_or_default();
+        readers.retain(|_, until| *until > now);
+        if write {
+            if let Some(first) = readers.values().min().copied() {
+                put_holders(&mut sems, &readers_key, readers);
+                if announce && intent.as_deref().is_none_or(|intent| intent == owner) {
+                    let state = LockState {
+                        owner: owner.to_owned(),
+                        depth: 0,
+                        fence: 0,
+                    };
+                    locks.put(&intent_key, state, now + WRITER_INTENT);
+                }
+                return Ok(LockAcquire::Held {
+                    ttl: first.saturating_sub(now),
+                });
+            }
+            if intent.as_deref().is_some_and(|intent| intent != owner) {
+                return Ok(LockAcquire::Held { ttl: intent_ttl });
+            }
+            locks.remove(&intent_key);
+        } else if intent.is_some() {
+            put_holders(&mut sems, &readers_key, readers);
+            return Ok(LockAcquire::Held { ttl: intent_ttl });
+        }
+        let fence_key = key.companion("fence");
+        let (mut fences, _) = self.lock(&self.tables.fences);
+        let fence = match fences.get(&fence_key) {
+            Some(last) => last.saturating_add(1),
+            None => u64::try_from(now.as_micros()).unwrap_or(u64::MAX),
+        };
+        fences.put(&fence_key, fence, now + FENCE_TTL.max(lease));
+        if write {
+            let state = LockState {
+                owner: owner.to_owned(),
+                depth: 1,
+                fence,
+            };
+            locks.put(key, state, now + lease);
+        } else {
+            readers.insert(owner.to_owned(), now + lease);
+        }
+        put_holders(&mut sems, &readers_key, readers);
+        Ok(LockAcquire::Acquired { fence, depth: 1 })
+    }
+
+    async fn rw_release_read(&self, key: &Key, owner: &str) -> Result<LockRelease> {
+        let (mut sems, _) = self.lock(&self.tables.semaphores);
+        let readers_key = rw_readers(key);
+        let Some(mut readers) = sems.remove(&readers_key) else {
+            return Ok(LockRelease::NotOwner);
+        };
+        let released = readers.remove(owner).is_some();
+        put_holders(&mut sems, &readers_key, readers);
+        drop(sems);
+        if !released {
+            return Ok(LockRelease::NotOwner);
+        }
+        self.tables.lock_waiters.notify(key.as_str());
+        Ok(LockRelease::Released)
+    }
+
+    async fn fair_acquire(
+        &self,
+        key: &Key,
+        owner: &str,
+        lease: Duration,
+        max_depth: u32,
+        join: bool,
+    ) -> Result<LockAcquire> {
+        // Same order as everywhere: locks, then queues, then fences.
+        let (mut locks, now) = self.lock(&self.tables.locks);
+        let queue_key = key.companion("queue");
+        let (mut queues, _) = self.lock(&self.tables.fair_queues);
+        let mut queue = queues.remove(&queue_key).unwrap_or_default();
+        // Waiters that stopped retrying (gave up, crashed) lose their place.
+        queue.retain(|(_, until)| *until > now);
+        let held_by = locks.get(key).map(|state| state.owner.clone());
+        let outcome = match held_by {
+            Some(current) if !owner.is_empty() && current == owner => {
+                put_queue(&mut queues, &queue_key, queue);
+                drop(queues);
+                return Ok(self.acquire_in(&mut locks, now, key, owner, lease, max_depth));
+            }
+            None if queue.first().is_none_or(|(head, _)| head == owner) => {
+                queue.retain(|(waiter, _)| waiter != owner);
+                put_queue(&mut queues, &queue_key, queue);
+                drop(queues);
+                return Ok(self.acquire_in(&mut locks, now, key, owner, lease, max_depth));
+            }
+            Some(_) => LockAcquire::Held {
+                ttl: locks
+                    .expires_at(key)
+                    .map_or(Duration::ZERO, |at| at.saturating_sub(now)),
+            },
+            None => LockAcquire::Held {
+                ttl: FAIR_REGISTRATION / 10,
+            },
+        };
+        if join {
+            let until = now + FAIR_REGISTRATION;
+            match queue.iter_mut().find(|(waiter, _)| waiter == owner) {
+                Some(place) => place.1 = until,
+                None => queue.push((owner.to_owned(), until)),
+            }
+        }
+        put_queue(&mut queues, &queue_key, queue);
+        Ok(outcome)
+    }
+
+    async fn fair_leave(&self, key: &Key, owner: &str) -> Result<()> {
+        let queue_key = key.companion("queue");
+        let (mut queues, _) = self.lock(&self.tables.fair_queues);
+        if let Some(mut queue) = queues.remove(&queue_key) {
+            queue.retain(|(waiter, _)| waiter != owner);
+            put_queue(&mut queues, &queue_key, queue);
+        }
+        drop(queues);
+        self.tables.lock_waiters.notify(key.as_str());
+        Ok(())
+    }
+
+    async fn lock_watch(&self, key: &Key) -> LockWatch {
+        self.tables.lock_waiters.watch(key.as_str(), true)
+    }
+}

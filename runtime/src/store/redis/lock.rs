@@ -1,0 +1,411 @@
+//! Lock operations on Redis, and the pub/sub subscription that wakes waiters.
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures_util::StreamExt as _;
+use once_cell::sync::Lazy;
+use redis::Script;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use super::RedisStore;
+use crate::error::{Error, Result};
+use crate::key::Key;
+use crate::store::lock::{FAIR_REGISTRATION, FENCE_TTL, WRITER_INTENT, Waiters, rw_readers};
+use crate::store::{LockAcquire, LockOps, LockRelease, LockWatch};
+
+static ACQUIRE: Lazy<Script> = Lazy::new(|| Script::new(include_str!("scripts/lock_acquire.lua")));
+static RENEW: Lazy<Script> = Lazy::new(|| Script::new(include_str!("scripts/lock_renew.lua")));
+static RELEASE: Lazy<Script> = Lazy::new(|| Script::new(include_str!("scripts/lock_release.lua")));
+static SEM_ACQUIRE: Lazy<Script> =
+    Lazy::new(|| Script::new(include_str!("scripts/sem_acquire.lua")));
+static SEM_RENEW: Lazy<Script> = Lazy::new(|| Script::new(include_str!("scripts/sem_renew.lua")));
+static RW_ACQUIRE: Lazy<Script> = Lazy::new(|| Script::new(include_str!("scripts/rw_acquire.lua")));
+static RW_RELEASE_READ: Lazy<Script> =
+    Lazy::new(|| Script::new(include_str!("scripts/rw_release_read.lua")));
+static FAIR_ACQUIRE: Lazy<Script> =
+    Lazy::new(|| Script::new(include_str!("scripts/fair_acquire.lua")));
+static FAIR_LEAVE: Lazy<Script> = Lazy::new(|| Script::new(include_str!("scripts/fair_leave.lua")));
+static SEM_RELEASE: Lazy<Script> =
+    Lazy::new(|| Script::new(include_str!("scripts/sem_release.lua")));
+
+/// Lock keys are `<prefix>:lock:{<scope>:<body>}` (semaphores add a suffix) and the release
+/// scripts publish on the key's own name; one pattern subscription covers every lock of every
+/// prefix.
+const RELEASE_PATTERN: &str = "*:lock:{*";
+
+pub(super) fn scripts() -> Vec<&'static Script> {
+    vec![
+        &ACQUIRE,
+        &RENEW,
+        &RELEASE,
+        &SEM_ACQUIRE,
+        &SEM_RENEW,
+        &SEM_RELEASE,
+        &RW_ACQUIRE,
+        &RW_RELEASE_READ,
+        &FAIR_ACQUIRE,
+        &FAIR_LEAVE,
+    ]
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
+#[async_trait]
+impl LockOps for RedisStore {
+    async fn lock_acquire(
+        &self,
+        key: &Key,
+        owner: &str,
+        lease: Duration,
+        max_depth: u32,
+    ) -> Result<LockAcquire> {
+        let fence_key = key.companion("fence");
+        let fence_ttl = millis(FENCE_TTL.max(lease));
+        let reply: (i64, i64, i64) = self
+            .eval(
+                "lock_acquire",
+                &ACQUIRE,
+                &[key, &fence_key],
+                &[&owner, &millis(lease), &max_depth, &fence_ttl],
+            )
+            .await?;
+        let corrupt = || Error::Corrupt {
+            key: key.to_string(),
+            detail: format!("lock_acquire returned {reply:?}"),
+        };
+        match reply {
+            (1, fence, depth) => Ok(LockAcquire::Acquired {
+                fence: u64::try_from(fence).map_err(|_| corrupt())?,
+                depth: u32::try_from(depth).map_err(|_| corrupt())?,
+            }),
+            // PTTL is -1 when someone wrote the key without a TTL: not ours to fix, report.
+            (0, pttl, _) if pttl >= 0 => Ok(LockAcquire::Held {
+                ttl: Duration::from_millis(pttl.unsigned_abs()),
+            }),
+            (2, _, depth) => Ok(LockAcquire::TooDeep {
+                depth: u32::try_from(depth).map_err(|_| corrupt())?,
+            }),
+            _ => Err(corrupt()),
+        }
+    }
+
+    async fn lock_renew(&self, key: &Key, owner: &str, lease: Duration) -> Result<bool> {
+        let renewed: i64 = self
+            .eval("lock_renew", &RENEW, &[key], &[&owner, &millis(lease)])
+            .await?;
+        Ok(renewed == 1)
+    }
+
+    async fn lock_release(&self, key: &Key, owner: &str, keep: Duration) -> Result<LockRelease> {
+        let keep = u64::try_from(keep.as_millis()).unwrap_or(u64::MAX);
+        let code: i64 = self
+            .eval("lock_release", &RELEASE, &[key], &[&owner, &keep])
+            .await?;
+        match code {
+            -1 => Ok(LockRelease::NotOwner),
+            0 => Ok(LockRelease::Released),
+            depth => Ok(LockRelease::Nested {
+                depth: u32::try_from(depth).map_err(|_| Error::Corrupt {
+                    key: key.to_string(),
+                    detail: format!("lock_release returned {depth}"),
+                })?,
+            }),
+        }
+    }
+
+    async fn semaphore_acquire(
+        &self,
+        key: &Key,
+        owner: &str,
+        permits: u32,
+        lease: Duration,
+    ) -> Result<LockAcquire> {
+        let fence_key = key.companion("fence");
+        let fence_ttl = millis(FENCE_TTL.max(lease));
+        let reply: (i64, i64, i64) = self
+            .eval(
+                "semaphore_acquire",
+                &SEM_ACQUIRE,
+                &[key, &fence_key],
+                &[&owner, &permits, &millis(lease), &fence_ttl],
+            )
+            .await?;
+        match reply {
+            (1, fence, _) if fence > 0 => Ok(LockAcquire::Acquired {
+                fence: fence.unsigned_abs(),
+                depth: 1,
+            }),
+            (0, wait, _) => Ok(LockAcquire::Held {
+                ttl: Duration::from_millis(wait.unsigned_abs()),
+            }),
+            _ => Err(Error::Corrupt {
+                key: key.to_string(),
+                detail: format!("semaphore_acquire returned {reply:?}"),
+            }),
+        }
+    }
+
+    async fn semaphore_renew(&self, key: &Key, owner: &str, lease: Duration) -> Result<bool> {
+        let renewed: i64 = self
+            .eval(
+                "semaphore_renew",
+                &SEM_RENEW,
+                &[key],
+                &[&owner, &millis(lease)],
+            )
+            .await?;
+        Ok(renewed == 1)
+    }
+
+    async fn semaphore_release(&self, key: &Key, owner: &str) -> Result<LockRelease> {
+        let released: i64 = self
+            .eval("semaphore_release", &SEM_RELEASE, &[key], &[&owner])
+            .await?;
+        Ok(if released == 1 {
+            LockRelease::Released
+        } else {
+            LockRelease::NotOwner
+        })
+    }
+
+    async fn rw_acquire(
+        &self,
+        key: &Key,
+        owner: &str,
+        write: bool,
+        lease: Duration,
+        announce: bool,
+    ) -> Result<LockAcquire> {
+        let readers = rw_readers(key);
+        let intent = key.companion("intent");
+        let fence_key = key.companion("fence");
+        let mode = match (write, announce) {
+            (true, true) => "W",
+            (true, false) => "w",
+            (false, _) => "r",
+        };
+        let reply: (i64, i64, i64) = self
+            .eval(
+                "rw_acquire",
+                &RW_ACQUIRE,
+                &[key, &readers, &intent, &fence_key],
+                &[
+                    &owner,
+                    &mode,
+                    &millis(lease),
+                    &millis(FENCE_TTL.max(lease)),
+                    &millis(WRITER_INTENT),
+                ],
+            )
+            .await?;
+        match reply {
+            (1, fence, _) if fence > 0 => Ok(LockAcquire::Acquired {
+                fence: fence.unsigned_abs(),
+                depth: 1,
+            }),
+            (0, wait, _) => Ok(LockAcquire::Held {
+                ttl: Duration::from_millis(wait.unsigned_abs()),
+            }),
+            _ => Err(Error::Corrupt {
+                key: key.to_string(),
+                detail: format!("rw_acquire returned {reply:?}"),
+            }),
+        }
+    }
+
+    async fn rw_release_read(&self, key: &Key, owner: &str) -> Result<LockRelease> {
+        let readers = rw_readers(key);
+        let released: i64 = self
+            .eval(
+                "rw_release_read",
+                &RW_RELEASE_READ,
+                &[key, &readers],
+                &[&owner],
+            )
+            .await?;
+        Ok(if released == 1 {
+            LockRelease::Released
+        } else {
+            LockRelease::NotOwner
+        })
+    }
+
+    async fn fair_acquire(
+        &self,
+        key: &Key,
+        owner: &str,
+        lease: Duration,
+        max_depth: u32,
+        join: bool,
+    ) -> Result<LockAcquire> {
+        let keys = fair_keys(key);
+        let join = if join { "1" } else { "0" };
+        let reply: (i64, i64, i64) = self
+            .eval(
+                "fair_acquire",
+                &FAIR_ACQUIRE,
+                &[key, &keys[0], &keys[1], &keys[2], &keys[3]],
+                &[
+                    &owner,
+                    &millis(lease),
+                    &max_depth,
+                    &millis(FENCE_TTL.max(lease)),
+                    &millis(FAIR_REGISTRATION),
+                    &join,
+                ],
+            )
+            .await?;
+        acquire_reply(key, "fair_acquire", reply)
+    }
+
+    async fn fair_leave(&self, key: &Key, owner: &str) -> Result<()> {
+        let keys = fair_keys(key);
+        let _: i64 = self
+            .eval(
+                "fair_leave",
+                &FAIR_LEAVE,
+                &[key, &keys[0], &keys[1]],
+                &[&owner],
+            )
+            .await?;
+        Ok(())
+    }
+
+    async fn lock_watch(&self, key: &Key) -> LockWatch {
+        self.bus.watch(key, self.timeout()).await
+    }
+}
+
+/// The queue, registrations, fencing counter and ticket counter of the fair lock at `key`.
+fn fair_keys(key: &Key) -> [Key; 4] {
+    [
+        key.companion("queue"),
+        key.companion("registered"),
+        key.companion("fence"),
+        key.companion("tickets"),
+    ]
+}
+
+/// Decodes the `{code, fence or wait, depth}` reply of the acquire scripts.
+fn acquire_reply(key: &Key, op: &str, reply: (i64, i64, i64)) -> Result<LockAcquire> {
+    let corrupt = || Error::Corrupt {
+        key: key.to_string(),
+        detail: format!("{op} returned {reply:?}"),
+    };
+    match reply {
+        (1, fence, depth) => Ok(LockAcquire::Acquired {
+            fence: u64::try_from(fence).map_err(|_| corrupt())?,
+            depth: u32::try_from(depth).map_err(|_| corrupt())?,
+        }),
+        (0, wait, _) if wait >= 0 => Ok(LockAcquire::Held {
+            ttl: Duration::from_millis(wait.unsigned_abs()),
+        }),
+        (2, _, depth) => Ok(LockAcquire::TooDeep {
+            depth: u32::try_from(depth).map_err(|_| corrupt())?,
+        }),
+        _ => Err(corrupt()),
+    }
+}
+
+/// The pub/sub side of a [`RedisStore`]: one dedicated connection, opened on the first wait,
+/// pattern-subscribed to every lock's release channel and fanning messages out to local
+/// waiters. It reconnects by itself; while it is down, waiters poll.
+pub(crate) struct ReleaseBus {
+    client: redis::Client,
+    waiters: Arc<Waiters>,
+    subscribed: watch::Sender<bool>,
+    task: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for ReleaseBus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReleaseBus")
+            .field("subscribed", &*self.subscribed.borrow())
+            .finish_non_exhaustive()
+    }
+}
+
+impl ReleaseBus {
+    pub(crate) fn new(client: redis::Client) -> Self {
+        ReleaseBus {
+            client,
+            waiters: Arc::default(),
+            subscribed: watch::channel(false).0,
+            task: Mutex::new(None),
+        }
+    }
+
+    /// Subscribes a waiter to `key`, starting the connection if needed and waiting up to
+    /// `timeout` for the subscription to be in place (after that the watch polls).
+    async fn watch(&self, key: &Key, timeout: Duration) -> LockWatch {
+        // Registered first: a release delivered while we wait for the subscription counts.
+        let mut ready = self.subscribed.subscribe();
+        let watch = self.waiters.watch(key.as_str(), true);
+        self.ensure_running();
+        let live = tokio::time::timeout(timeout, ready.wait_for(|subscribed| *subscribed))
+            .await
+            .is_ok_and(|subscribed| subscribed.is_ok());
+        if live { watch } else { LockWatch::polling() }
+    }
+
+    fn ensure_running(&self) {
+        let mut task = self.task.lock().unwrap_or_else(PoisonError::into_inner);
+        if task.as_ref().is_some_and(|task| !task.is_finished()) {
+            return;
+        }
+        // Outside a Tokio runtime there is nothing to drive the connection: waiters poll.
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let client = self.client.clone();
+        let waiters = Arc::clone(&self.waiters);
+        let subscribed = self.subscribed.clone();
+        *task = Some(runtime.spawn(run_bus(client, waiters, subscribed)));
+    }
+}
+
+impl Drop for ReleaseBus {
+    fn drop(&mut self) {
+        let task = self.task.get_mut().unwrap_or_else(PoisonError::into_inner);
+        if let Some(task) = task.take() {
+            task.abort();
+        }
+    }
+}
+
+/// Keeps the subscription up: connect, subscribe, deliver; on any failure mark it down, wake
+/// every waiter (a release may have been missed) and retry with a capped backoff.
+async fn run_bus(client: redis::Client, waiters: Arc<Waiters>, subscribed: watch::Sender<bool>) {
+    let mut backoff = Duration::from_millis(50);
+    loop {
+        let connected = tokio::time::timeout(Duration::from_secs(3), async {
+            let mut pubsub = client.get_async_pubsub().await?;
+            pubsub.psubscribe(RELEASE_PATTERN).await?;
+            Ok::<_, redis::RedisError>(pubsub)
+        })
+        .await;
+        match connected {
+            Ok(Ok(pubsub)) => {
+                backoff = Duration::from_millis(50);
+                subscribed.send_replace(true);
+                tracing::debug!("lock release subscription up");
+                let mut messages = pubsub.into_on_message();
+                while let Some(message) = messages.next().await {
+                    waiters.notify(message.get_channel_name());
+                }
+                subscribed.send_replace(false);
+                waiters.notify_all();
+                tracing::warn!("lock release subscription lost; waiters poll until it is back");
+            }
+            Ok(Err(err)) => tracing::debug!(error = %err, "lock release subscription failed"),
+            Err(_) => tracing::debug!("lock release subscription timed out"),
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(2));
+    }
+}

@@ -1,0 +1,32 @@
+-- Acquire (or re-enter) a lock.
+-- KEYS[1] lock hash {owner, depth, fence}; KEYS[2] fencing counter (same hash tag).
+-- ARGV[1] owner token; ARGV[2] lease ms; ARGV[3] max depth; ARGV[4] counter TTL ms.
+-- Returns {1, fence, depth} acquired, {0, pttl, 0} held by another, {2, 0, depth} too deep.
+local owner = redis.call('HGET', KEYS[1], 'owner')
+if not owner then
+  local fence = redis.call('INCR', KEYS[2])
+  if fence == 1 then
+    -- The counter expired (or never existed): restart from Redis's clock in microseconds, so
+    -- tokens keep increasing across the gap. Below 2^53, exact in Lua's doubles.
+    local t = redis.call('TIME')
+    fence = tonumber(t[1]) * 1000000 + tonumber(t[2])
+    redis.call('SET', KEYS[2], string.format('%.0f', fence))
+  end
+  redis.call('PEXPIRE', KEYS[2], ARGV[4])
+  redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'depth', 1, 'fence', string.format('%.0f', fence))
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return {1, fence, 1}
+end
+if owner ~= '' and owner == ARGV[1] then
+  local depth = tonumber(redis.call('HGET', KEYS[1], 'depth')) or 0
+  if depth >= tonumber(ARGV[3]) then
+    return {2, 0, depth}
+  end
+  depth = redis.call('HINCRBY', KEYS[1], 'depth', 1)
+  -- A nested entry may extend the lease, never shorten the outer level's.
+  if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[2]) then
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  end
+  return {1, tonumber(redis.call('HGET', KEYS[1], 'fence')), depth}
+end
+return {0, redis.call('PTTL', KEYS[1]), 0}

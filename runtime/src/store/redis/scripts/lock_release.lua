@@ -1,0 +1,22 @@
+-- Leave one level of a lock, compare-and-delete style.
+-- KEYS[1] lock hash; ARGV[1] owner token; ARGV[2] keep ms (0: free the key now).
+-- Returns -1 not the owner (nothing changed), 0 released, n > 0 still held n levels deep.
+local owner = redis.call('HGET', KEYS[1], 'owner')
+if not owner or owner == '' or owner ~= ARGV[1] then
+  return -1
+end
+local depth = redis.call('HINCRBY', KEYS[1], 'depth', -1)
+if depth > 0 then
+  return depth
+end
+local keep = tonumber(ARGV[2])
+if keep > 0 then
+  -- hold_at_least: the key stays taken, by nobody, until the minimum hold time has passed.
+  redis.call('HSET', KEYS[1], 'owner', '', 'depth', 0)
+  redis.call('PEXPIRE', KEYS[1], keep)
+  return 0
+end
+redis.call('DEL', KEYS[1])
+-- Waiters subscribe to the key's own name as a channel.
+redis.call('PUBLISH', KEYS[1], '1')
+return 0

@@ -1,0 +1,11 @@
+-- Leave a read/write lock held in read mode.
+-- KEYS[1] writer hash (its name is the channel waiters listen on); KEYS[2] readers zset.
+-- ARGV[1] owner. Returns 1 released (waiters notified), 0 not a reader (nothing changed).
+if redis.call('ZREM', KEYS[2], ARGV[1]) == 0 then
+  return 0
+end
+if redis.call('ZCARD', KEYS[2]) == 0 then
+  redis.call('DEL', KEYS[2])
+end
+redis.call('PUBLISH', KEYS[1], '1')
+return 1

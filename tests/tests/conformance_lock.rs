@@ -1,0 +1,443 @@
+//! Lock store operations and the lock API, on both stores (see `redguard_tests::conformance!`).
+
+use std::time::Duration;
+
+use redguard::{Error, GuardKind, KeyBuilder, LockAcquire, LockRelease, Redguard};
+
+redguard_tests::conformance!(
+    acquire_is_exclusive_and_fenced,
+    fences_increase_across_owners,
+    renew_only_by_owner,
+    release_is_compare_and_delete,
+    reentrant_depth_is_bounded,
+    release_keeps_key_for_hold_at_least,
+    lease_expiry_frees_the_key,
+    watch_wakes_on_release,
+    api_timeout_held_and_release,
+    api_run_exposes_fence_and_reenters,
+    api_rejects_bad_settings,
+    semaphore_admits_n_holders,
+    read_write_modes_exclude,
+);
+
+fn key(rg: &Redguard, body: &str) -> redguard::Key {
+    let body = KeyBuilder::new().text(body).finish().unwrap();
+    rg.key(GuardKind::Lock, "conf", &body).unwrap()
+}
+
+const LEASE: Duration = Duration::from_secs(5);
+
+async fn acquire_is_exclusive_and_fenced(rg: Redguard) {
+    let k = key(&rg, "a");
+    let store = rg.store();
+    let first = store.lock_acquire(&k, "alice", LEASE, 5).await.unwrap();
+    let LockAcquire::Acquired { fence, depth: 1 } = first else {
+        panic!("{first:?}")
+    };
+    assert!(fence > 0);
+    match store.lock_acquire(&k, "bob", LEASE, 5).await.unwrap() {
+        LockAcquire::Held { ttl } => assert!(ttl <= LEASE && ttl > LEASE / 2, "{ttl:?}"),
+        other => panic!("{other:?}"),
+    }
+}
+
+async fn fences_increase_across_owners(rg: Redguard) {
+    let k = key(&rg, "f");
+    let store = rg.store();
+    let mut last = 0;
+    for i in 0..20 {
+        let owner = format!("o{i}");
+        let LockAcquire::Acquired { fence, .. } =
+            store.lock_acquire(&k, &owner, LEASE, 5).await.unwrap()
+        else {
+            panic!("not acquired")
+        };
+        assert!(fence > last, "{fence} after {last}");
+        last = fence;
+        let released = store
+            .lock_release(&k, &owner, Duration::ZERO)
+            .await
+            .unwrap();
+        assert_eq!(released, LockRelease::Released);
+    }
+}
+
+async fn renew_only_by_owner(rg: Redguard) {
+    let k = key(&rg, "r");
+    let store = rg.store();
+    assert!(!store.lock_renew(&k, "alice", LEASE).await.unwrap());
+    store.lock_acquire(&k, "alice", LEASE, 5).await.unwrap();
+    assert!(store.lock_renew(&k, "alice", LEASE).await.unwrap());
+    assert!(!store.lock_renew(&k, "bob", LEASE).await.unwrap());
+}
+
+async fn release_is_compare_and_delete(rg: Redguard) {
+    let k = key(&rg, "d");
+    let store = rg.store();
+    assert_eq!(
+        store
+            .lock_release(&k, "alice", Duration::ZERO)
+            .await
+            .unwrap(),
+        LockRelease::NotOwner
+    );
+    store.lock_acquire(&k, "alice", LEASE, 5).await.unwrap();
+    assert_eq!(
+        store.lock_release(&k, "bob", Duration::ZERO).await.unwrap(),
+        LockRelease::NotOwner
+    );
+    // Bob's attempt changed nothing: still Alice's.
+    assert!(matches!(
+        store.lock_acquire(&k, "bob", LEASE, 5).await.unwrap(),
+        LockAcquire::Held { .. }
+    ));
+    assert_eq!(
+        store
+            .lock_release(&k, "alice", Duration::ZERO)
+            .await
+            .unwrap(),
+        LockRelease::Released
+    );
+    assert!(matches!(
+        store.lock_acquire(&k, "bob", LEASE, 5).await.unwrap(),
+        LockAcquire::Acquired { .. }
+    ));
+}
+
+async fn reentrant_depth_is_bounded(rg: Redguard) {
+    let k = key(&rg, "n");
+    let store = rg.store();
+    let LockAcquire::Acquired { fence, .. } =
+        store.lock_acquire(&k, "alice", LEASE, 3).await.unwrap()
+    else {
+        panic!()
+    };
+    for depth in 2..=3 {
+        assert_eq!(
+            store.lock_acquire(&k, "alice", LEASE, 3).await.unwrap(),
+            LockAcquire::Acquired { fence, depth }
+        );
+    }
+    assert_eq!(
+        store.lock_acquire(&k, "alice", LEASE, 3).await.unwrap(),
+        LockAcquire::TooDeep { depth: 3 }
+    );
+    // A nested entry with a shorter lease does not cut the outer one short.
+    assert_eq!(
+        store
+            .lock_release(&k, "alice", Duration::ZERO)
+            .await
+            .unwrap(),
+        LockRelease::Nested { depth: 2 }
+    );
+    store
+        .lock_acquire(&k, "alice", Duration::from_millis(100), 3)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(matches!(
+        store.lock_acquire(&k, "bob", LEASE, 3).await.unwrap(),
+        LockAcquire::Held { .. }
+    ));
+    for depth in (1..=2).rev() {
+        assert_eq!(
+            store
+                .lock_release(&k, "alice", Duration::ZERO)
+                .await
+                .unwrap(),
+            LockRelease::Nested { depth }
+        );
+    }
+    assert_eq!(
+        store
+            .lock_release(&k, "alice", Duration::ZERO)
+            .await
+            .unwrap(),
+        LockRelease::Released
+    );
+}
+
+async fn release_keeps_key_for_hold_at_least(rg: Redguard) {
+    let k = key(&rg, "h");
+    let store = rg.store();
+    store.lock_acquire(&k, "alice", LEASE, 5).await.unwrap();
+    let keep = Duration::from_millis(400);
+    assert_eq!(
+        store.lock_release(&k, "alice", keep).await.unwrap(),
+        LockRelease::Released
+    );
+    // Kept by nobody: not even the old owner can renew or re-enter it.
+    assert!(!store.lock_renew(&k, "alice", LEASE).await.unwrap());
+    for owner in ["alice", "bob"] {
+        assert!(matches!(
+            store.lock_acquire(&k, owner, LEASE, 5).await.unwrap(),
+            LockAcquire::Held { .. }
+        ));
+    }
+    tokio::time::sleep(keep + Duration::from_millis(100)).await;
+    assert!(matches!(
+        store.lock_acquire(&k, "bob", LEASE, 5).await.unwrap(),
+        LockAcquire::Acquired { .. }
+    ));
+}
+
+async fn lease_expiry_frees_the_key(rg: Redguard) {
+    let k = key(&rg, "e");
+    let store = rg.store();
+    let short = Duration::from_millis(200);
+    store.lock_acquire(&k, "alice", short, 5).await.unwrap();
+    tokio::time::sleep(short + Duration::from_millis(100)).await;
+    assert!(!store.lock_renew(&k, "alice", LEASE).await.unwrap());
+    assert!(matches!(
+        store.lock_acquire(&k, "bob", LEASE, 5).await.unwrap(),
+        LockAcquire::Acquired { .. }
+    ));
+    // Alice's late release must not free Bob's lock.
+    assert_eq!(
+        store
+            .lock_release(&k, "alice", Duration::ZERO)
+            .await
+            .unwrap(),
+        LockRelease::NotOwner
+    );
+    assert!(store.lock_renew(&k, "bob", LEASE).await.unwrap());
+}
+
+async fn watch_wakes_on_release(rg: Redguard) {
+    let k = key(&rg, "w");
+    let store = rg.store();
+    store.lock_acquire(&k, "alice", LEASE, 5).await.unwrap();
+    let mut watch = store.lock_watch(&k).await;
+    assert!(watch.is_live());
+    store
+        .lock_release(&k, "alice", Duration::ZERO)
+        .await
+        .unwrap();
+    // Taken before the release, so the release is seen even though we wait only now.
+    tokio::time::timeout(Duration::from_secs(2), watch.changed())
+        .await
+        .expect("release notification");
+}
+
+async fn api_timeout_held_and_release(rg: Redguard) {
+    let guard = rg.lock("job:1").acquire().await.unwrap();
+    assert!(guard.fence() > 0);
+    let wait = Duration::from_millis(150);
+    let started = std::time::Instant::now();
+    let timed_out = rg.lock("job:1").wait(wait).acquire().await;
+    let waited = started.elapsed();
+    assert!(
+        matches!(timed_out, Err(Error::LockTimeout { .. })),
+        "{timed_out:?}"
+    );
+    assert!(
+        waited >= wait && waited < wait + Duration::from_millis(100),
+        "{waited:?}"
+    );
+    let skipped = rg.lock("job:1").skip_if_held().acquire().await;
+    assert!(
+        matches!(skipped, Err(Error::LockHeld { .. })),
+        "{skipped:?}"
+    );
+    assert!(rg.lock("job:1").try_acquire().await.unwrap().is_none());
+    let fence = guard.fence();
+    guard.release().await.unwrap();
+    let next = rg.lock("job:1").acquire().await.unwrap();
+    assert!(next.fence() > fence);
+    next.release().await.unwrap();
+}
+
+async fn api_run_exposes_fence_and_reenters(rg: Redguard) {
+    let (outer, inner) = rg
+        .lock("order:9")
+        .run(async {
+            let outer = redguard::fence();
+            // Same task: re-enters instead of deadlocking on itself, same token.
+            let inner = rg
+                .lock("order:9")
+                .run(async { Ok::<_, Error>(redguard::fence()) })
+                .await?;
+            Ok::<_, Error>((outer, inner))
+        })
+        .await
+        .unwrap();
+    assert!(outer.is_some());
+    assert_eq!(outer, inner);
+    // Released after the run: free for anyone.
+    assert!(rg.lock("order:9").try_acquire().await.unwrap().is_some());
+
+    // Depth limit: each level re-enters, the sixth is refused.
+    fn nest(
+        rg: Redguard,
+        left: u32,
+    ) -> std::pin::Pin<Box<dyn Future<Output = Result<u32, Error>> + Send>> {
+        Box::pin(async move {
+            let inner = rg.clone();
+            rg.lock("deep")
+                .run(async move {
+                    if left == 0 {
+                        Ok(0)
+                    } else {
+                        nest(inner, left - 1).await.map(|d| d + 1)
+                    }
+                })
+                .await
+        })
+    }
+    assert_eq!(nest(rg.clone(), 4).await.unwrap(), 4);
+    let too_deep = nest(rg.clone(), 5).await;
+    assert!(
+        matches!(too_deep, Err(Error::LockTooDeep { depth: 5, .. })),
+        "{too_deep:?}"
+    );
+    assert!(rg.lock("deep").try_acquire().await.unwrap().is_some());
+}
+
+async fn api_rejects_bad_settings(rg: Redguard) {
+    for builder in [
+        rg.lock("x").wait(Duration::from_secs(61)),
+        rg.lock("x").lease(Duration::from_millis(999)),
+        rg.lock("x").lease(Duration::from_secs(3601)),
+    ] {
+        let outcome = builder.acquire().await;
+        assert!(matches!(outcome, Err(Error::Config(_))), "{outcome:?}");
+    }
+    let bad = rg.lock("a b").acquire().await;
+    assert!(matches!(bad, Err(Error::InvalidKey { .. })), "{bad:?}");
+}
+
+async fn semaphore_admits_n_holders(rg: Redguard) {
+    let k = key(&rg, "s");
+    let store = rg.store();
+    let mut last = 0;
+    for owner in ["a", "b", "c"] {
+        let LockAcquire::Acquired { fence, .. } =
+            store.semaphore_acquire(&k, owner, 3, LEASE).await.unwrap()
+        else {
+            panic!("{owner} refused")
+        };
+        assert!(fence > last);
+        last = fence;
+    }
+    match store.semaphore_acquire(&k, "d", 3, LEASE).await.unwrap() {
+        LockAcquire::Held { ttl } => assert!(ttl <= LEASE, "{ttl:?}"),
+        other => panic!("{other:?}"),
+    }
+    assert!(store.semaphore_renew(&k, "b", LEASE).await.unwrap());
+    assert!(!store.semaphore_renew(&k, "d", LEASE).await.unwrap());
+    assert_eq!(
+        store.semaphore_release(&k, "d").await.unwrap(),
+        LockRelease::NotOwner
+    );
+    assert_eq!(
+        store.semaphore_release(&k, "b").await.unwrap(),
+        LockRelease::Released
+    );
+    assert!(matches!(
+        store.semaphore_acquire(&k, "d", 3, LEASE).await.unwrap(),
+        LockAcquire::Acquired { .. }
+    ));
+    // A holder whose lease ran out frees its slot.
+    let short = Duration::from_millis(200);
+    let k2 = key(&rg, "s2");
+    store.semaphore_acquire(&k2, "a", 1, short).await.unwrap();
+    assert!(matches!(
+        store.semaphore_acquire(&k2, "b", 1, LEASE).await.unwrap(),
+        LockAcquire::Held { .. }
+    ));
+    tokio::time::sleep(short + Duration::from_millis(100)).await;
+    assert!(!store.semaphore_renew(&k2, "a", LEASE).await.unwrap());
+    assert!(matches!(
+        store.semaphore_acquire(&k2, "b", 1, LEASE).await.unwrap(),
+        LockAcquire::Acquired { .. }
+    ));
+    for owner in ["a", "c", "d"] {
+        store.semaphore_release(&k, owner).await.unwrap();
+    }
+}
+
+async fn read_write_modes_exclude(rg: Redguard) {
+    let k = key(&rg, "rw");
+    let store = rg.store();
+    let acquired = |outcome: LockAcquire| matches!(outcome, LockAcquire::Acquired { .. });
+    // Readers share.
+    assert!(acquired(
+        store
+            .rw_acquire(&k, "r1", false, LEASE, true)
+            .await
+            .unwrap()
+    ));
+    assert!(acquired(
+        store
+            .rw_acquire(&k, "r2", false, LEASE, true)
+            .await
+            .unwrap()
+    ));
+    // A writer that will not wait does not hold readers back.
+    assert!(!acquired(
+        store
+            .rw_acquire(&k, "w0", true, LEASE, false)
+            .await
+            .unwrap()
+    ));
+    assert!(acquired(
+        store
+            .rw_acquire(&k, "r0", false, LEASE, true)
+            .await
+            .unwrap()
+    ));
+    store.rw_release_read(&k, "r0").await.unwrap();
+    // A writer waits for them, and from then on new readers queue behind it.
+    assert!(!acquired(
+        store.rw_acquire(&k, "w1", true, LEASE, true).await.unwrap()
+    ));
+    assert!(!acquired(
+        store
+            .rw_acquire(&k, "r3", false, LEASE, true)
+            .await
+            .unwrap()
+    ));
+    let readers = redguard::rw_readers(&k);
+    assert!(store.semaphore_renew(&readers, "r1", LEASE).await.unwrap());
+    for reader in ["r1", "r2"] {
+        assert_eq!(
+            store.rw_release_read(&k, reader).await.unwrap(),
+            LockRelease::Released
+        );
+    }
+    assert_eq!(
+        store.rw_release_read(&k, "r1").await.unwrap(),
+        LockRelease::NotOwner
+    );
+    // Another writer cannot jump the announced one.
+    assert!(!acquired(
+        store.rw_acquire(&k, "w2", true, LEASE, true).await.unwrap()
+    ));
+    let LockAcquire::Acquired { fence, .. } =
+        store.rw_acquire(&k, "w1", true, LEASE, true).await.unwrap()
+    else {
+        panic!("the waiting writer did not get in")
+    };
+    assert!(fence > 0);
+    assert!(!acquired(
+        store
+            .rw_acquire(&k, "r3", false, LEASE, true)
+            .await
+            .unwrap()
+    ));
+    assert!(!acquired(
+        store.rw_acquire(&k, "w2", true, LEASE, true).await.unwrap()
+    ));
+    assert!(store.lock_renew(&k, "w1", LEASE).await.unwrap());
+    assert_eq!(
+        store.lock_release(&k, "w1", Duration::ZERO).await.unwrap(),
+        LockRelease::Released
+    );
+    assert!(acquired(
+        store
+            .rw_acquire(&k, "r3", false, LEASE, true)
+            .await
+            .unwrap()
+    ));
+    store.rw_release_read(&k, "r3").await.unwrap();
+}
