@@ -164,7 +164,8 @@ pub(crate) fn expand<G: Guard>(attr: TokenStream, item: TokenStream) -> TokenStr
         (Ok(()), Some(ret)) => {
             let expansions: Option<Vec<_>> = expansions.into_iter().collect();
             let expansions = expansions.expect("every failed check pushed an error");
-            emit(item, ret, &expansions)
+            let paths: Vec<syn::Path> = stacked.iter().map(|(_, a)| a.path().clone()).collect();
+            emit(item, ret, &expansions, &paths)
         }
         (Err(err), _) => {
             let err = err.to_compile_error();
@@ -179,7 +180,12 @@ pub(crate) fn expand<G: Guard>(attr: TokenStream, item: TokenStream) -> TokenStr
 
 /// Input: a checked fn and its guards, outermost first.
 /// Output: the fn with the same signature and attributes, its body wrapped by every guard.
-fn emit(item: ItemFn, ret: Type, expansions: &[Box<dyn Expansion>]) -> TokenStream {
+fn emit(
+    item: ItemFn,
+    ret: Type,
+    expansions: &[Box<dyn Expansion>],
+    stacked: &[syn::Path],
+) -> TokenStream {
     let ItemFn {
         attrs,
         vis,
@@ -229,6 +235,9 @@ fn emit(item: ItemFn, ret: Type, expansions: &[Box<dyn Expansion>]) -> TokenStre
     quote! {
         #(#attrs)*
         #vis #sig {
+            // The stacked attributes were expanded here, not by their own macros: name their
+            // paths so the user's `use redguard::idempotent` does not look unused.
+            #(#[allow(unused_imports)] use #stacked as _;)*
             #ret_check
             #(#preludes)*
             #[allow(clippy::let_and_return, clippy::needless_return, unreachable_code)]

@@ -59,7 +59,7 @@ impl RedisCluster {
     pub fn wait_until_ok(&self, within: Duration) {
         let deadline = Instant::now() + within;
         loop {
-            if self.running().all(|node| node_ok(node)) {
+            if self.running().all(node_ok) {
                 return;
             }
             assert!(Instant::now() < deadline, "the cluster did not become ok");

@@ -85,8 +85,8 @@ impl RateOps for RedisStore {
                     decided
                         .iter()
                         .find(|(key, _)| key == check.key)
-                        .map(|(_, decision)| decision.clone())
-                        .or_else(|| previous.get(i).cloned())
+                        .map(|(_, decision)| *decision)
+                        .or_else(|| previous.get(i).copied())
                         .ok_or_else(|| Error::Corrupt {
                             key: check.key.to_string(),
                             detail: "no decision for this limit".to_owned(),
