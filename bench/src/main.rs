@@ -12,7 +12,7 @@ mod measure;
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use redguard::{Idempotency, KeyBuilder, Redguard, idempotent};
+use redguard::{Algorithm, Idempotency, KeyBuilder, Redguard, idempotent};
 use serde::Serialize;
 
 use crate::measure::{Sample, closed_loop};
@@ -265,6 +265,195 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             },
         )
         .await;
+
+    // Rate limits: the same script redis-benchmark runs, on random keys (the allowed path),
+    // one hot key that always admits, and one hot key that always rejects.
+    let rate_sha = redis::Script::new(include_str!(
+        "../../runtime/src/store/redis/scripts/rate_check.lua"
+    ))
+    .get_hash()
+    .to_owned();
+    let rate_args = |algorithm: &str, key: &str, count: &str, burst: &str| -> Vec<String> {
+        [
+            "EVALSHA",
+            &rate_sha,
+            "2",
+            key,
+            &format!("{key}:block"),
+            "0",
+            "benchbenchbe",
+            algorithm,
+            count,
+            "1000000",
+            burst,
+            "1",
+            "0",
+        ]
+        .map(str::to_owned)
+        .to_vec()
+    };
+    for algorithm in [
+        Algorithm::Gcra,
+        Algorithm::TokenBucket,
+        Algorithm::LeakyBucket,
+        Algorithm::FixedWindow,
+        Algorithm::SlidingCounter,
+        Algorithm::SlidingWindow,
+    ] {
+        let name = algorithm.as_str();
+        let burst = if algorithm.is_window() {
+            "1000000"
+        } else {
+            "1000"
+        };
+        let args = rate_args(
+            name,
+            "redguard:rate:{bench:r:__rand_int__}",
+            "1000000",
+            burst,
+        );
+        let base: Vec<f64> = bench
+            .levels
+            .iter()
+            .map(|&n| baseline::redis_benchmark(port, n, 1, requests, &args).unwrap_or(0.0))
+            .collect();
+        let ceiling = baseline::redis_benchmark(port, 16, 16, requests, &args);
+        let limiter = move |i: u64| {
+            let limiter = redguard::limiter("r:")
+                .part("i", &i)
+                .scope("bench")
+                .rate("1000000/s")
+                .algorithm(algorithm);
+            if algorithm.is_window() {
+                limiter
+            } else {
+                limiter.burst(1000)
+            }
+        };
+        let rg2 = rg.clone();
+        bench
+            .run(
+                &format!("rate {name} random keys"),
+                "redis",
+                Some(&base),
+                ceiling,
+                move |i| {
+                    let check = limiter(i).on(&rg2);
+                    async move {
+                        check.check().await.expect("rate check");
+                    }
+                },
+            )
+            .await;
+        if algorithm == Algorithm::Gcra {
+            let m = memory.clone();
+            bench
+                .run(
+                    &format!("rate {name} random keys"),
+                    "memory",
+                    None,
+                    None,
+                    move |i| {
+                        let check = limiter(i).on(&m);
+                        async move {
+                            check.check().await.expect("rate check");
+                        }
+                    },
+                )
+                .await;
+            for (case, rate, burst) in [("allowed", "1000000/s", 1000), ("denied", "1/h", 1)] {
+                let rg2 = rg.clone();
+                let hot = move || {
+                    redguard::limiter("hot:")
+                        .part("case", case)
+                        .scope("bench")
+                        .rate(rate)
+                        .burst(burst)
+                        .on(&rg2)
+                };
+                bench
+                    .run(
+                        &format!("rate gcra one hot key, {case}"),
+                        "redis",
+                        None,
+                        ceiling,
+                        move |_| {
+                            let check = hot();
+                            async move {
+                                check.check().await.expect("rate check");
+                            }
+                        },
+                    )
+                    .await;
+            }
+        }
+    }
+
+    // Locks: acquire + release on random keys (uncontended), then contenders on one key.
+    let rg2 = rg.clone();
+    bench
+        .run(
+            "lock acquire+release random keys",
+            "redis",
+            None,
+            None,
+            move |i| {
+                let lock = rg2.lock(KeyBuilder::new().text("l:").part("i", &i));
+                async move {
+                    lock.acquire()
+                        .await
+                        .expect("acquire")
+                        .release()
+                        .await
+                        .expect("release");
+                }
+            },
+        )
+        .await;
+    let m = memory.clone();
+    bench
+        .run(
+            "lock acquire+release random keys",
+            "memory",
+            None,
+            None,
+            move |i| {
+                let lock = m.lock(KeyBuilder::new().text("l:").part("i", &i));
+                async move {
+                    lock.acquire()
+                        .await
+                        .expect("acquire")
+                        .release()
+                        .await
+                        .expect("release");
+                }
+            },
+        )
+        .await;
+    let levels = std::mem::replace(&mut bench.levels, vec![16, 64]);
+    for fair in [false, true] {
+        let rg2 = rg.clone();
+        let case = if fair {
+            "lock one key, fair (sections/s, wait)"
+        } else {
+            "lock one key, default (sections/s, wait)"
+        };
+        bench
+            .run(case, "redis", None, None, move |_| {
+                let lock = rg2.lock("contended").wait(Duration::from_secs(10));
+                let lock = if fair { lock.fair() } else { lock };
+                async move {
+                    lock.acquire()
+                        .await
+                        .expect("acquire")
+                        .release()
+                        .await
+                        .expect("release");
+                }
+            })
+            .await;
+    }
+    bench.levels = levels;
 
     write_reports(&bench.rows)?;
     Ok(())
