@@ -14,18 +14,15 @@ use syn::{Expr, ExprLit, Ident, Lit, LitInt, LitStr, Meta, Token};
 
 use crate::errors::Errors;
 use crate::template::{self, Segment};
-use crate::value::{self, Rate};
+use crate::value;
 
 /// The shape an argument's value must have.
-#[allow(dead_code, reason = "used by the guard expansions as they land")]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Kind {
     /// A key template string.
     Template,
     /// A duration string, or an integer of seconds.
     Duration,
-    /// A rate string.
-    Rate,
     /// Any expression, evaluated per call.
     Expr,
     /// A string literal.
@@ -62,7 +59,6 @@ impl TemplateArg {
 }
 
 /// A value with the span of what the user wrote.
-#[allow(dead_code, reason = "used by the guard expansions as they land")]
 pub(crate) struct Spanned<T> {
     pub(crate) value: T,
     pub(crate) span: Span,
@@ -72,7 +68,6 @@ pub(crate) struct Spanned<T> {
 pub(crate) enum Value {
     Template(TemplateArg),
     Duration(Spanned<Duration>),
-    Rate(Spanned<Rate>),
     Expr(Expr),
     Str(LitStr),
     Int(Spanned<u64>),
@@ -85,7 +80,6 @@ pub(crate) struct Args {
     written: Vec<Ident>,
 }
 
-#[allow(dead_code, reason = "used by the guard expansions as they land")]
 impl Args {
     /// Whether the user wrote `name`, valid or not (so a bad value is not also "missing").
     pub(crate) fn written(&self, name: &str) -> bool {
@@ -109,13 +103,6 @@ impl Args {
     pub(crate) fn duration(&self, name: &str) -> Option<&Spanned<Duration>> {
         match self.get(name)? {
             Value::Duration(value) => Some(value),
-            _ => None,
-        }
-    }
-
-    pub(crate) fn rate(&self, name: &str) -> Option<&Spanned<Rate>> {
-        match self.get(name)? {
-            Value::Rate(value) => Some(value),
             _ => None,
         }
     }
@@ -245,16 +232,6 @@ fn parse_value(attr: &str, spec: &ArgSpec, meta: Meta, errors: &mut Errors) -> O
                 span: lit.span(),
             })
         }
-        (Kind::Rate, Some(Lit::Str(lit))) => match value::parse_rate(&lit.value()) {
-            Ok(value) => Value::Rate(Spanned {
-                value,
-                span: lit.span(),
-            }),
-            Err(message) => {
-                errors.push(lit.span(), format!("invalid `{name}`: {message}"));
-                return None;
-            }
-        },
         (Kind::Str, Some(Lit::Str(lit))) => Value::Str(lit),
         (Kind::Int, Some(Lit::Int(lit))) => Value::Int(Spanned {
             value: int(&lit, name, errors)?,
@@ -264,7 +241,6 @@ fn parse_value(attr: &str, spec: &ArgSpec, meta: Meta, errors: &mut Errors) -> O
             let expected = match kind {
                 Kind::Template => "a key template string, e.g. \"order:{id}\"",
                 Kind::Duration => "a duration such as \"300ms\" or an integer of seconds",
-                Kind::Rate => "a rate string such as \"100/s\"",
                 Kind::Str => "a string literal",
                 Kind::Int => "an integer literal",
                 Kind::Expr | Kind::Flag => unreachable!("handled above"),

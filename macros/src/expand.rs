@@ -12,7 +12,6 @@ use crate::template::Segment;
 /// Output: an expression of type `redguard::Result<KeyBody>`:
 /// `KeyBuilder::new().text("stock:").part("sku", key_part(&sku)).finish()`, each `key_part`
 /// spanned at its placeholder so a value that is not `KeyPart` is reported there.
-#[allow(dead_code, reason = "used by the guard expansions as they land")]
 pub(crate) fn key(template: &TemplateArg) -> TokenStream {
     let steps = template.segments.iter().map(|segment| match segment {
         Segment::Text { text, .. } => quote!(.text(#text)),
@@ -48,7 +47,6 @@ pub(crate) fn key(template: &TemplateArg) -> TokenStream {
 }
 
 /// The `scope = "..."` the user wrote, or the fn's module path and name.
-#[allow(dead_code, reason = "used by the guard expansions as they land")]
 pub(crate) fn scope(written: Option<&LitStr>, cx: &Context) -> TokenStream {
     match written {
         Some(lit) => quote!(#lit),

@@ -63,7 +63,6 @@ pub(crate) trait Expansion {
 }
 
 /// What every expansion may refer to.
-#[allow(dead_code, reason = "used by the guard expansions as they land")]
 pub(crate) struct Context {
     /// An expression of type `&'static str`: the default scope, `module_path!()::fn_name`.
     pub(crate) default_scope: TokenStream,

@@ -28,10 +28,6 @@ impl<V> Default for Table<V> {
     }
 }
 
-#[allow(
-    dead_code,
-    reason = "the guards' tables use these as they land; removed at merge"
-)]
 impl<V> Table<V> {
     /// Drops every entry whose time has come (`expires_at <= now`, as Redis does).
     pub(crate) fn sweep(&mut self, now: Duration) {
