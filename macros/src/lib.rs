@@ -54,7 +54,7 @@ pub fn idempotent(attr: TokenStream, item: TokenStream) -> TokenStream {
 /// The body reads its fencing token with `redguard::fence()`.
 ///
 /// # Equivalent code without `#[dist_lock]`
-/// ```ignore
+/// ```text
 /// async fn reserve_stock(sku: &str, qty: u32) -> Result<(), OrderError> {
 ///     redguard::lock(redguard::KeyBuilder::new().text("stock:").part("sku", sku))
 ///         .scope(concat!(module_path!(), "::reserve_stock"))
