@@ -90,6 +90,14 @@ impl LockOps for RedisStore {
             (2, _, depth) => Ok(LockAcquire::TooDeep {
                 depth: u32::try_from(depth).map_err(|_| corrupt())?,
             }),
+            (3, _, _) => Err(Error::Corrupt {
+                key: key.to_string(),
+                detail: "not a lock hash with an owner and numeric depth and fence".to_owned(),
+            }),
+            (4, _, _) => Err(Error::Corrupt {
+                key: fence_key.to_string(),
+                detail: "the fencing counter is not a non-negative integer".to_owned(),
+            }),
             _ => Err(corrupt()),
         }
     }

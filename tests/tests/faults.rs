@@ -1,0 +1,443 @@
+//! Fault injection against a single Redis, one fault per test: a mixed workload (idempotent
+//! calls whose executions are counted outside the guard, lock sections doing a non-atomic
+//! read-modify-write of a counter, rate-limit checks) runs in several tasks on two handles
+//! (two clients, as two instances would have) while Redis is killed, paused, flushed, cut
+//! off or out of memory; holder processes are SIGKILLed; guard keys hold garbage.
+//!
+//! Every case checks: the degradation policy while Redis cannot answer, no double execution
+//! and no lost update while it can, no panic (a panicking task fails the test), every call
+//! back within its bound, and the time the same handles take to recover (printed).
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use redguard::{Error, FailMode, GuardKind, Idempotency, KeyBuilder, Redguard, track_replay};
+use redguard_tests::RedisServer;
+
+/// The per-call bound given to the handles.
+const TIMEOUT: Duration = Duration::from_millis(200);
+/// Scheduling noise allowed on top of a bound on a loaded 2-core machine.
+const SLACK: Duration = Duration::from_millis(400);
+const TASKS: usize = 4;
+const LEASE: Duration = Duration::from_secs(1);
+const LOCK_WAIT: Duration = Duration::from_millis(300);
+const IDEM_EXPIRE: Duration = Duration::from_secs(30);
+/// How long the same handles may take to work normally again once the fault is gone.
+const RECOVERY_BOUND: Duration = Duration::from_secs(10);
+
+async fn handle(server: &RedisServer, modes: &[(GuardKind, FailMode)]) -> Redguard {
+    let mut builder = Redguard::redis(server.url()).timeout(TIMEOUT);
+    for (guard, mode) in modes {
+        builder = builder.fail_mode(*guard, *mode);
+    }
+    builder.connect().await.expect("connect to the test redis-server")
+}
+
+/// Two handles with the same policies: two instances of a service.
+async fn instances(server: &RedisServer, modes: &[(GuardKind, FailMode)]) -> Vec<Redguard> {
+    vec![handle(server, modes).await, handle(server, modes).await]
+}
+
+/// What the workload did, counted outside the guards.
+#[derive(Debug, Default)]
+struct Shared {
+    /// Executions of each idempotent intent's body.
+    executions: Mutex<HashMap<u64, u32>>,
+    next_intent: AtomicU64,
+    /// Read-modify-written (non-atomically) inside the lock: loses updates without exclusion.
+    counter: AtomicU64,
+    sections: AtomicU64,
+    inside: AtomicU64,
+    overlaps: AtomicU64,
+}
+
+impl Shared {
+    fn executions(&self, intent: u64) -> u32 {
+        let map = self.executions.lock().expect("executions");
+        map.get(&intent).copied().unwrap_or(0)
+    }
+}
+
+/// Outcomes of one phase of the workload.
+#[derive(Debug, Default)]
+struct Tally {
+    intents: Vec<u64>,
+    idem_ok: u64,
+    idem_replayed: u64,
+    idem_in_progress: u64,
+    idem_backend: u64,
+    lock_ok: u64,
+    lock_unprotected: u64,
+    lock_backend: u64,
+    lock_timeout: u64,
+    rate_allowed: u64,
+    rate_backend: u64,
+    backend_messages: Vec<String>,
+    max_idem: Duration,
+    max_lock: Duration,
+    max_rate: Duration,
+}
+
+impl Tally {
+    fn merge(&mut self, other: Tally) {
+        self.intents.extend(other.intents);
+        self.idem_ok += other.idem_ok;
+        self.idem_replayed += other.idem_replayed;
+        self.idem_in_progress += other.idem_in_progress;
+        self.idem_backend += other.idem_backend;
+        self.lock_ok += other.lock_ok;
+        self.lock_unprotected += other.lock_unprotected;
+        self.lock_backend += other.lock_backend;
+        self.lock_timeout += other.lock_timeout;
+        self.rate_allowed += other.rate_allowed;
+        self.rate_backend += other.rate_backend;
+        for message in other.backend_messages {
+            if self.backend_messages.len() < 3 {
+                self.backend_messages.push(message);
+            }
+        }
+        self.max_idem = self.max_idem.max(other.max_idem);
+        self.max_lock = self.max_lock.max(other.max_lock);
+        self.max_rate = self.max_rate.max(other.max_rate);
+    }
+
+    fn backend(&mut self, err: &Error) {
+        if self.backend_messages.len() < 3 {
+            self.backend_messages.push(err.to_string());
+        }
+    }
+
+    /// Every call came back within its bound: one store call for a rate check and for a
+    /// failing lock attempt (or the lock's wait), two for an idempotent call.
+    fn assert_bounded(&self, what: &str) {
+        println!(
+            "{what}: max latency idempotent {:?}, lock {:?}, rate {:?}",
+            self.max_idem, self.max_lock, self.max_rate
+        );
+        assert!(self.max_rate <= TIMEOUT + SLACK, "{what}: rate {:?}", self.max_rate);
+        assert!(
+            self.max_lock <= LOCK_WAIT.max(TIMEOUT) + TIMEOUT + SLACK,
+            "{what}: lock {:?}",
+            self.max_lock
+        );
+        assert!(
+            self.max_idem <= 2 * TIMEOUT + SLACK,
+            "{what}: idempotent {:?}",
+            self.max_idem
+        );
+    }
+
+    /// Redis up the whole phase: every intent ran exactly once (the second call replayed),
+    /// every section was exclusive, every check decided by Redis.
+    fn assert_up(&self, shared: &Shared, what: &str) {
+        assert!(!self.intents.is_empty(), "{what}: no work done");
+        for intent in &self.intents {
+            assert_eq!(shared.executions(*intent), 1, "{what}: intent {intent}");
+        }
+        assert_eq!(self.idem_ok, 2 * self.intents.len() as u64, "{what}: {self:?}");
+        assert_eq!(self.idem_replayed, self.intents.len() as u64, "{what}: {self:?}");
+        assert_eq!(self.lock_ok, self.intents.len() as u64, "{what}: {self:?}");
+        assert_eq!(self.lock_unprotected, 0, "{what}: {self:?}");
+        assert_eq!(self.rate_allowed, self.intents.len() as u64, "{what}: {self:?}");
+        assert_no_lost_update(shared, what);
+    }
+}
+
+fn assert_no_lost_update(shared: &Shared, what: &str) {
+    assert_eq!(shared.overlaps.load(Ordering::SeqCst), 0, "{what}: overlapping sections");
+    assert_eq!(
+        shared.counter.load(Ordering::SeqCst),
+        shared.sections.load(Ordering::SeqCst),
+        "{what}: lost updates in the locked read-modify-write"
+    );
+}
+
+async fn idempotent_call(rg: &Redguard, shared: &Arc<Shared>, intent: u64) -> (Result<u64, Error>, bool) {
+    let key = match KeyBuilder::new().part("intent", &intent.to_string()).finish() {
+        Ok(key) => key,
+        Err(err) => return (Err(err), false),
+    };
+    let shared = shared.clone();
+    let body = async move {
+        *shared
+            .executions
+            .lock()
+            .expect("executions")
+            .entry(intent)
+            .or_default() += 1;
+        Ok::<u64, Error>(intent * 3)
+    };
+    rg.scope(track_replay(
+        Idempotency::new("faults", key).expire(IDEM_EXPIRE).run(body),
+    ))
+    .await
+}
+
+/// The locked section: a read-modify-write that loses updates unless exclusive. Returns the
+/// fence (`None`: ran unprotected, fail-open).
+async fn locked_section(rg: &Redguard, shared: &Arc<Shared>) -> Result<Option<u64>, Error> {
+    let shared = shared.clone();
+    rg.lock("counter")
+        .scope("faults")
+        .lease(LEASE)
+        .wait(LOCK_WAIT)
+        .run(async move {
+            let fence = redguard::fence();
+            if fence.is_some() && shared.inside.fetch_add(1, Ordering::SeqCst) != 0 {
+                shared.overlaps.fetch_add(1, Ordering::SeqCst);
+            }
+            let value = shared.counter.load(Ordering::SeqCst);
+            tokio::task::yield_now().await;
+            shared.counter.store(value + 1, Ordering::SeqCst);
+            shared.sections.fetch_add(1, Ordering::SeqCst);
+            if fence.is_some() {
+                shared.inside.fetch_sub(1, Ordering::SeqCst);
+            }
+            Ok::<_, Error>(fence)
+        })
+        .await
+}
+
+/// One round of the workload on `rg`, the intent sent again through `other`.
+async fn round(rg: &Redguard, other: &Redguard, shared: &Arc<Shared>, tally: &mut Tally) {
+    let intent = shared.next_intent.fetch_add(1, Ordering::SeqCst);
+    tally.intents.push(intent);
+    for handle in [rg, other] {
+        let started = Instant::now();
+        let (result, replayed) = idempotent_call(handle, shared, intent).await;
+        tally.max_idem = tally.max_idem.max(started.elapsed());
+        match result {
+            Ok(value) => {
+                assert_eq!(value, intent * 3);
+                tally.idem_ok += 1;
+                tally.idem_replayed += u64::from(replayed);
+            }
+            Err(Error::InProgress) => tally.idem_in_progress += 1,
+            Err(err @ Error::Backend(_)) => {
+                tally.idem_backend += 1;
+                tally.backend(&err);
+            }
+            Err(other) => panic!("idempotent call: unexpected {other:?}"),
+        }
+    }
+
+    let started = Instant::now();
+    let locked = locked_section(rg, shared).await;
+    tally.max_lock = tally.max_lock.max(started.elapsed());
+    match locked {
+        Ok(Some(_)) => tally.lock_ok += 1,
+        Ok(None) => tally.lock_unprotected += 1,
+        Err(err @ Error::Backend(_)) => {
+            tally.lock_backend += 1;
+            tally.backend(&err);
+        }
+        Err(Error::LockTimeout { .. }) => tally.lock_timeout += 1,
+        Err(other) => panic!("lock: unexpected {other:?}"),
+    }
+
+    let started = Instant::now();
+    let checked = redguard::limiter("api")
+        .scope("faults")
+        .on(rg)
+        .rate("100000/s")
+        .check()
+        .await;
+    tally.max_rate = tally.max_rate.max(started.elapsed());
+    match checked {
+        Ok(decision) => {
+            assert!(decision.allowed, "{decision:?}");
+            tally.rate_allowed += 1;
+        }
+        Err(err @ Error::Backend(_)) => {
+            tally.rate_backend += 1;
+            tally.backend(&err);
+        }
+        Err(other) => panic!("rate: unexpected {other:?}"),
+    }
+}
+
+/// Runs the workload in `TASKS` tasks over `handles` for `duration` (at least one round per
+/// task). A panicking task fails the test here.
+async fn run_phase(handles: &[Redguard], shared: &Arc<Shared>, duration: Duration) -> Tally {
+    let deadline = Instant::now() + duration;
+    let tasks: Vec<_> = (0..TASKS)
+        .map(|t| {
+            let rg = handles[t % handles.len()].clone();
+            let other = handles[(t + 1) % handles.len()].clone();
+            let shared = shared.clone();
+            tokio::spawn(async move {
+                let mut tally = Tally::default();
+                loop {
+                    round(&rg, &other, &shared, &mut tally).await;
+                    if Instant::now() >= deadline {
+                        return tally;
+                    }
+                }
+            })
+        })
+        .collect();
+    let mut total = Tally::default();
+    for task in tasks {
+        total.merge(task.await.expect("a workload task panicked"));
+    }
+    total
+}
+
+/// Runs single rounds until one is fully decided by Redis on every handle; returns how long
+/// that took.
+async fn recover(handles: &[Redguard], shared: &Arc<Shared>, what: &str) -> Duration {
+    let started = Instant::now();
+    loop {
+        assert!(
+            started.elapsed() < RECOVERY_BOUND,
+            "{what}: no recovery within {RECOVERY_BOUND:?}"
+        );
+        let mut tally = Tally::default();
+        for (i, rg) in handles.iter().enumerate() {
+            round(rg, &handles[(i + 1) % handles.len()], shared, &mut tally).await;
+        }
+        let n = handles.len() as u64;
+        if tally.idem_replayed == n && tally.lock_ok == n && tally.rate_backend == 0 {
+            let took = started.elapsed();
+            println!("{what}: recovered in {took:?}");
+            return took;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn redis_cmd<T: redis::FromRedisValue>(server: &RedisServer, args: &[&str]) -> T {
+    let mut cmd = redis::cmd(args[0]);
+    for arg in &args[1..] {
+        cmd.arg(*arg);
+    }
+    cmd.query(&mut server.connection())
+        .unwrap_or_else(|err| panic!("{args:?}: {err}"))
+}
+
+// ---------------------------------------------------------------------------------------
+// Redis killed and restarted empty.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_and_restarted_empty() {
+    let mut server = RedisServer::start();
+    let handles = instances(&server, &[]).await;
+    let shared = Arc::new(Shared::default());
+    run_phase(&handles, &shared, Duration::from_millis(300))
+        .await
+        .assert_up(&shared, "before");
+
+    server.kill();
+    let down = run_phase(&handles, &shared, Duration::from_millis(600)).await;
+    down.assert_bounded("killed");
+    println!("killed: {down:?}");
+    // Idempotency and rate limits fail open: every call ran / was admitted.
+    assert_eq!(down.idem_backend + down.idem_in_progress, 0, "{down:?}");
+    assert_eq!(down.idem_ok, 2 * down.intents.len() as u64);
+    assert_eq!(down.rate_allowed, down.intents.len() as u64);
+    // Locks fail closed: no section ran. (A waiter queued behind another task of its process
+    // may run out of `wait` before its own attempt fails: LockTimeout, also a refusal.)
+    assert_eq!(down.lock_ok + down.lock_unprotected, 0, "{down:?}");
+    assert!(down.lock_backend > 0, "{down:?}");
+    assert_eq!(down.lock_backend + down.lock_timeout, down.intents.len() as u64);
+
+    // Back, empty (no scripts, no records), on the same port; the same handles.
+    server.restart();
+    let took = recover(&handles, &shared, "killed").await;
+    assert!(took < RECOVERY_BOUND);
+    run_phase(&handles, &shared, Duration::from_millis(300))
+        .await
+        .assert_up(&shared, "after restart");
+    assert_no_lost_update(&shared, "killed");
+    server.assert_every_key_has_ttl();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_with_the_policies_reversed() {
+    let mut server = RedisServer::start();
+    let modes = [
+        (GuardKind::Idempotency, FailMode::Closed),
+        (GuardKind::RateLimit, FailMode::Closed),
+        (GuardKind::Lock, FailMode::Open),
+    ];
+    let handles = instances(&server, &modes).await;
+    let shared = Arc::new(Shared::default());
+    run_phase(&handles, &shared, Duration::from_millis(200))
+        .await
+        .assert_up(&shared, "before");
+
+    server.kill();
+    let down = run_phase(&handles, &shared, Duration::from_millis(500)).await;
+    down.assert_bounded("killed, reversed");
+    // Idempotency fails closed: refused, the body never ran; so do rate limits.
+    assert_eq!(down.idem_ok, 0, "{down:?}");
+    assert_eq!(down.idem_backend, 2 * down.intents.len() as u64);
+    for intent in &down.intents {
+        assert_eq!(shared.executions(*intent), 0);
+    }
+    assert_eq!(down.rate_backend, down.intents.len() as u64, "{down:?}");
+    // Locks fail open: the section ran, unprotected (no fence), unless its turn in the
+    // process's local queue came after `wait`.
+    assert_eq!(down.lock_ok, 0, "{down:?}");
+    assert!(down.lock_unprotected > 0, "{down:?}");
+    assert_eq!(down.lock_unprotected + down.lock_timeout, down.intents.len() as u64);
+
+    server.restart();
+    recover(&handles, &shared, "killed, reversed").await;
+    run_phase(&handles, &shared, Duration::from_millis(200))
+        .await
+        .assert_up(&shared, "after restart");
+    server.assert_every_key_has_ttl();
+}
+
+// ---------------------------------------------------------------------------------------
+// Redis paused (SIGSTOP) for twice the call timeout.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paused_for_twice_the_timeout() {
+    let server = RedisServer::start();
+    let handles = instances(&server, &[]).await;
+    let shared = Arc::new(Shared::default());
+    run_phase(&handles, &shared, Duration::from_millis(200))
+        .await
+        .assert_up(&shared, "before");
+
+    let workload = {
+        let handles = handles.clone();
+        let shared = shared.clone();
+        tokio::spawn(async move { run_phase(&handles, &shared, Duration::from_millis(900)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    server.pause();
+    tokio::time::sleep(2 * TIMEOUT).await;
+    server.resume();
+    let during = workload.await.expect("workload panicked");
+    println!("paused: {during:?}");
+    during.assert_bounded("paused");
+    // The pause was seen, and handled by policy: idempotency and rate limits let calls
+    // through; no section ran without the lock.
+    assert_eq!(during.rate_backend, 0, "rate limits fail open: {during:?}");
+    assert_eq!(during.idem_backend, 0, "idempotency fails open: {during:?}");
+    assert_eq!(during.lock_unprotected, 0);
+    assert!(
+        during.lock_backend + during.lock_timeout > 0,
+        "the pause went unnoticed: {during:?}"
+    );
+    // Executions while Redis answered: a timed-out begin may still have written its record
+    // when Redis woke up, so an intent can run once unprotected (fail-open) and then be
+    // InProgress; never more than once per call.
+    for intent in &during.intents {
+        assert!(shared.executions(*intent) <= 2, "intent {intent}");
+    }
+    assert_no_lost_update(&shared, "paused");
+
+    recover(&handles, &shared, "paused").await;
+    run_phase(&handles, &shared, Duration::from_millis(200))
+        .await
+        .assert_up(&shared, "after resume");
+    server.assert_every_key_has_ttl();
+}
