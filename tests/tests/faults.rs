@@ -83,6 +83,26 @@ struct Tally {
 }
 
 impl Tally {
+    /// The counts, without the intents.
+    fn summary(&self) -> String {
+        format!(
+            "{} rounds; idempotent ok {} (replayed {}), in progress {}, backend {}; lock ok {}, \
+             unprotected {}, backend {}, timeout {}; rate allowed {}, backend {}; errors {:?}",
+            self.intents.len(),
+            self.idem_ok,
+            self.idem_replayed,
+            self.idem_in_progress,
+            self.idem_backend,
+            self.lock_ok,
+            self.lock_unprotected,
+            self.lock_backend,
+            self.lock_timeout,
+            self.rate_allowed,
+            self.rate_backend,
+            self.backend_messages
+        )
+    }
+
     fn merge(&mut self, other: Tally) {
         self.intents.extend(other.intents);
         self.idem_ok += other.idem_ok;
@@ -138,11 +158,11 @@ impl Tally {
         for intent in &self.intents {
             assert_eq!(shared.executions(*intent), 1, "{what}: intent {intent}");
         }
-        assert_eq!(self.idem_ok, 2 * self.intents.len() as u64, "{what}: {self:?}");
-        assert_eq!(self.idem_replayed, self.intents.len() as u64, "{what}: {self:?}");
-        assert_eq!(self.lock_ok, self.intents.len() as u64, "{what}: {self:?}");
-        assert_eq!(self.lock_unprotected, 0, "{what}: {self:?}");
-        assert_eq!(self.rate_allowed, self.intents.len() as u64, "{what}: {self:?}");
+        assert_eq!(self.idem_ok, 2 * self.intents.len() as u64, "{what}: {}", self.summary());
+        assert_eq!(self.idem_replayed, self.intents.len() as u64, "{what}: {}", self.summary());
+        assert_eq!(self.lock_ok, self.intents.len() as u64, "{what}: {}", self.summary());
+        assert_eq!(self.lock_unprotected, 0, "{what}: {}", self.summary());
+        assert_eq!(self.rate_allowed, self.intents.len() as u64, "{what}: {}", self.summary());
         assert_no_lost_update(shared, what);
     }
 }
@@ -310,6 +330,14 @@ async fn recover(handles: &[Redguard], shared: &Arc<Shared>, what: &str) -> Dura
     }
 }
 
+fn used_memory(server: &RedisServer) -> u64 {
+    let info: String = redis_cmd(server, &["INFO", "memory"]);
+    info.lines()
+        .find_map(|line| line.strip_prefix("used_memory:"))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("used_memory in INFO")
+}
+
 fn redis_cmd<T: redis::FromRedisValue>(server: &RedisServer, args: &[&str]) -> T {
     let mut cmd = redis::cmd(args[0]);
     for arg in &args[1..] {
@@ -334,15 +362,15 @@ async fn killed_and_restarted_empty() {
     server.kill();
     let down = run_phase(&handles, &shared, Duration::from_millis(600)).await;
     down.assert_bounded("killed");
-    println!("killed: {down:?}");
+    println!("killed: {}", down.summary());
     // Idempotency and rate limits fail open: every call ran / was admitted.
-    assert_eq!(down.idem_backend + down.idem_in_progress, 0, "{down:?}");
+    assert_eq!(down.idem_backend + down.idem_in_progress, 0, "{}", down.summary());
     assert_eq!(down.idem_ok, 2 * down.intents.len() as u64);
     assert_eq!(down.rate_allowed, down.intents.len() as u64);
     // Locks fail closed: no section ran. (A waiter queued behind another task of its process
     // may run out of `wait` before its own attempt fails: LockTimeout, also a refusal.)
-    assert_eq!(down.lock_ok + down.lock_unprotected, 0, "{down:?}");
-    assert!(down.lock_backend > 0, "{down:?}");
+    assert_eq!(down.lock_ok + down.lock_unprotected, 0, "{}", down.summary());
+    assert!(down.lock_backend > 0, "{}", down.summary());
     assert_eq!(down.lock_backend + down.lock_timeout, down.intents.len() as u64);
 
     // Back, empty (no scripts, no records), on the same port; the same handles.
@@ -374,16 +402,16 @@ async fn killed_with_the_policies_reversed() {
     let down = run_phase(&handles, &shared, Duration::from_millis(500)).await;
     down.assert_bounded("killed, reversed");
     // Idempotency fails closed: refused, the body never ran; so do rate limits.
-    assert_eq!(down.idem_ok, 0, "{down:?}");
+    assert_eq!(down.idem_ok, 0, "{}", down.summary());
     assert_eq!(down.idem_backend, 2 * down.intents.len() as u64);
     for intent in &down.intents {
         assert_eq!(shared.executions(*intent), 0);
     }
-    assert_eq!(down.rate_backend, down.intents.len() as u64, "{down:?}");
+    assert_eq!(down.rate_backend, down.intents.len() as u64, "{}", down.summary());
     // Locks fail open: the section ran, unprotected (no fence), unless its turn in the
     // process's local queue came after `wait`.
-    assert_eq!(down.lock_ok, 0, "{down:?}");
-    assert!(down.lock_unprotected > 0, "{down:?}");
+    assert_eq!(down.lock_ok, 0, "{}", down.summary());
+    assert!(down.lock_unprotected > 0, "{}", down.summary());
     assert_eq!(down.lock_unprotected + down.lock_timeout, down.intents.len() as u64);
 
     server.restart();
@@ -416,7 +444,7 @@ async fn paused_for_twice_the_timeout() {
     tokio::time::sleep(2 * TIMEOUT).await;
     server.resume();
     let during = workload.await.expect("workload panicked");
-    println!("paused: {during:?}");
+    println!("paused: {}", during.summary());
     during.assert_bounded("paused");
     // The pause was seen, and handled by policy: idempotency and rate limits let calls
     // through; no section ran without the lock.
@@ -439,5 +467,483 @@ async fn paused_for_twice_the_timeout() {
     run_phase(&handles, &shared, Duration::from_millis(200))
         .await
         .assert_up(&shared, "after resume");
+    server.assert_every_key_has_ttl();
+}
+
+// ---------------------------------------------------------------------------------------
+// SCRIPT FLUSH, CLIENT KILL, out of memory.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn script_flush_is_invisible() {
+    let server = RedisServer::start();
+    let handles = instances(&server, &[]).await;
+    let shared = Arc::new(Shared::default());
+    let workload = {
+        let handles = handles.clone();
+        let shared = shared.clone();
+        tokio::spawn(async move { run_phase(&handles, &shared, Duration::from_millis(600)).await })
+    };
+    for _ in 0..5 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let _: () = redis_cmd(&server, &["SCRIPT", "FLUSH"]);
+    }
+    let during = workload.await.expect("workload panicked");
+    during.assert_bounded("script flush");
+    // NOSCRIPT is answered by loading the script and retrying: no call even noticed.
+    during.assert_up(&shared, "script flush");
+    server.assert_every_key_has_ttl();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_kill_reconnects() {
+    let server = RedisServer::start();
+    let handles = instances(&server, &[]).await;
+    let shared = Arc::new(Shared::default());
+    let workload = {
+        let handles = handles.clone();
+        let shared = shared.clone();
+        tokio::spawn(async move { run_phase(&handles, &shared, Duration::from_millis(600)).await })
+    };
+    let mut killed = 0;
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        killed += redis_cmd::<u64>(&server, &["CLIENT", "KILL", "TYPE", "normal"]);
+    }
+    let during = workload.await.expect("workload panicked");
+    println!("client kill: {killed} connections killed; {}", during.summary());
+    assert!(killed >= 2, "the handles' connections were not killed");
+    during.assert_bounded("client kill");
+    // A call cut off is a backend error under its guard's policy: idempotency and rate limits
+    // let it through, locks refuse; nothing else.
+    assert_eq!(during.idem_backend, 0, "{}", during.summary());
+    assert_eq!(during.rate_backend, 0, "{}", during.summary());
+    assert_eq!(during.lock_unprotected, 0, "{}", during.summary());
+    assert_no_lost_update(&shared, "client kill");
+    for intent in &during.intents {
+        assert!(shared.executions(*intent) <= 2, "intent {intent}");
+    }
+
+    recover(&handles, &shared, "client kill").await;
+    run_phase(&handles, &shared, Duration::from_millis(200))
+        .await
+        .assert_up(&shared, "after client kill");
+    server.assert_every_key_has_ttl();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn out_of_memory_is_a_clear_error() {
+    let server = RedisServer::start();
+    let handles = instances(&server, &[]).await;
+    // The other way round too: a fail-closed idempotency guard and rate limit show the error.
+    let closed = handle(
+        &server,
+        &[
+            (GuardKind::Idempotency, FailMode::Closed),
+            (GuardKind::RateLimit, FailMode::Closed),
+        ],
+    )
+    .await;
+    let shared = Arc::new(Shared::default());
+    run_phase(&handles, &shared, Duration::from_millis(200))
+        .await
+        .assert_up(&shared, "before");
+
+    let _: () = redis_cmd(&server, &["CONFIG", "SET", "maxmemory-policy", "noeviction"]);
+    // A little above what Redis uses now, so the junk fills it.
+    let limit = (used_memory(&server) + 512 * 1024).to_string();
+    let _: () = redis_cmd(&server, &["CONFIG", "SET", "maxmemory", &limit]);
+    let mut conn = server.connection();
+    let junk = "x".repeat(16 * 1024);
+    let mut filled = 0;
+    let oom = loop {
+        let set: redis::RedisResult<()> = redis::cmd("SET")
+            .arg(format!("junk:{filled}"))
+            .arg(&junk)
+            .arg("EX")
+            .arg(600)
+            .query(&mut conn);
+        match set {
+            Ok(()) => filled += 1,
+            Err(err) => break err,
+        }
+        assert!(filled < 1000, "maxmemory 1mb never refused a write");
+    };
+    assert_eq!(oom.code(), Some("OOM"), "{oom}");
+    // Used memory dips under the limit again when a client's query buffer is freed; pin the
+    // limit just under what the junk now takes so every write is refused while it lasts.
+    let limit = (used_memory(&server) - 64 * 1024).to_string();
+    let _: () = redis_cmd(&server, &["CONFIG", "SET", "maxmemory", &limit]);
+
+    let down = run_phase(&handles, &shared, Duration::from_millis(300)).await;
+    println!("out of memory after {filled} junk keys: {}", down.summary());
+    down.assert_bounded("out of memory");
+    assert_eq!(down.idem_backend, 0, "{}", down.summary());
+    assert_eq!(down.rate_backend, 0, "{}", down.summary());
+    assert_eq!(down.lock_ok + down.lock_unprotected, 0, "{}", down.summary());
+    assert!(down.lock_backend > 0, "{}", down.summary());
+    assert!(
+        down.backend_messages.iter().all(|m| m.contains("OOM")),
+        "{:?}",
+        down.backend_messages
+    );
+    // What the error says, through each guard that fails closed.
+    let (refused, _) = idempotent_call(&closed, &shared, u64::MAX).await;
+    match refused {
+        Err(Error::Backend(err)) => assert!(err.to_string().contains("OOM"), "{err}"),
+        other => panic!("idempotency, fail-closed, out of memory: {other:?}"),
+    }
+    assert_eq!(shared.executions(u64::MAX), 0);
+    match redguard::limiter("api").scope("faults").on(&closed).rate("100000/s").check().await {
+        Err(Error::Backend(err)) => assert!(err.to_string().contains("OOM"), "{err}"),
+        other => panic!("rate limit, fail-closed, out of memory: {other:?}"),
+    }
+    match locked_section(&handles[0], &shared).await {
+        Err(Error::Backend(err)) => {
+            println!("lock, out of memory: {err}");
+            assert!(err.to_string().contains("OOM"), "{err}");
+        }
+        other => panic!("lock, out of memory: {other:?}"),
+    }
+
+    let _: () = redis_cmd(&server, &["CONFIG", "SET", "maxmemory", "0"]);
+
+    recover(&handles, &shared, "out of memory").await;
+    run_phase(&handles, &shared, Duration::from_millis(200))
+        .await
+        .assert_up(&shared, "after maxmemory reverted");
+    assert_no_lost_update(&shared, "out of memory");
+    server.assert_every_key_has_ttl();
+}
+
+// ---------------------------------------------------------------------------------------
+// Processes SIGKILLed while holding a lock, while inside an idempotent body.
+
+/// Spawns a worker and waits (bounded) for `ready` on its stdout.
+fn spawn_until(command: &mut Command, ready: &str) -> Child {
+    let mut child = command
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn a worker");
+    let stdout = child.stdout.take().expect("worker stdout");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { return };
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(line) if line.starts_with(ready) => return child,
+            Ok(_) => {}
+            Err(err) => {
+                let _ = child.kill();
+                panic!("worker never printed {ready:?}: {err}");
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_holder_killed() {
+    let server = RedisServer::start();
+    let rg = handle(&server, &[]).await;
+    let lease = Duration::from_millis(1500);
+    let mut holder = spawn_until(
+        Command::new(env!("CARGO_BIN_EXE_lock_worker")).args([
+            server.url(),
+            "hold".into(),
+            "crash".into(),
+            lease.as_millis().to_string(),
+        ]),
+        "ACQUIRED",
+    );
+    // Held by the other process (its watchdog renews it past the lease).
+    tokio::time::sleep(lease).await;
+    let try_take = || rg.lock("hold:crash").scope("worker").lease(LEASE).try_acquire();
+    assert!(try_take().await.unwrap().is_none(), "the live holder's lock was taken");
+
+    holder.kill().expect("SIGKILL the holder");
+    let killed = Instant::now();
+    let _ = holder.wait();
+    let guard = loop {
+        if let Some(guard) = try_take().await.unwrap() {
+            break guard;
+        }
+        assert!(
+            killed.elapsed() < lease + Duration::from_secs(1),
+            "the dead holder's lock was not free within its lease + 1 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let free_after = killed.elapsed();
+    println!("lock of a SIGKILLed holder free after {free_after:?} (lease {lease:?})");
+    guard.release().await.unwrap();
+    server.assert_every_key_has_ttl();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idempotent_body_killed() {
+    let server = RedisServer::start();
+    let rg = handle(&server, &[]).await;
+    let expire = Duration::from_secs(2);
+    let mut worker = spawn_until(
+        Command::new(env!("CARGO_BIN_EXE_fault_worker")).args([
+            server.url(),
+            "crash".into(),
+            expire.as_millis().to_string(),
+        ]),
+        "RUNNING",
+    );
+    worker.kill().expect("SIGKILL the worker");
+    let killed = Instant::now();
+    let _ = worker.wait();
+
+    let key = "redguard:idem:{faults:crash}";
+    let runs = Arc::new(AtomicU64::new(0));
+    let retry = || {
+        let runs = runs.clone();
+        let body = KeyBuilder::new().part("intent", "crash").finish().unwrap();
+        rg.scope(track_replay(
+            Idempotency::new("faults", body)
+                .expire(expire)
+                .run(async move {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    Ok::<u64, Error>(7)
+                }),
+        ))
+    };
+    // Until the record expires: PROCESSING, never SUCCESS; every retry is refused.
+    let mut refused = 0;
+    loop {
+        let status: Option<String> = redis_cmd(&server, &["HGET", key, "status"]);
+        match status.as_deref() {
+            Some("P") => {}
+            None => break,
+            other => panic!("the crashed execution's record became {other:?}"),
+        }
+        match retry().await {
+            (Err(Error::InProgress), _) => refused += 1,
+            // The record may expire between the HGET and the retry.
+            (Ok(7), false) if killed.elapsed() >= expire - Duration::from_millis(100) => break,
+            other => panic!("retry while PROCESSING: {other:?}"),
+        }
+        assert!(killed.elapsed() < expire + Duration::from_secs(1), "record never expired");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(refused >= 5, "retries refused while PROCESSING: {refused}");
+    println!(
+        "record of a SIGKILLed body: {refused} retries refused, expired after {:?}",
+        killed.elapsed()
+    );
+    // Expired: a retry runs exactly once, later ones replay.
+    let mut replays = 0;
+    for _ in 0..5 {
+        let (value, replayed) = retry().await;
+        assert_eq!(value.unwrap(), 7);
+        replays += u32::from(replayed);
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "executions after expiry");
+    assert!(replays >= 4, "replays {replays}");
+    server.assert_every_key_has_ttl();
+}
+
+// ---------------------------------------------------------------------------------------
+// Garbage where redguard expects its own data. (Tokens and idempotency records: see
+// redis_store.rs and idempotent_redis.rs.)
+
+/// Writes `key` with `commands` (each given a TTL by the caller), runs `check` with a handle
+/// whose guards all fail open (the case most tempted to let a call through), and requires
+/// `Error::Corrupt` naming `blamed`. The key is cleared before and after.
+async fn assert_corrupt<T: std::fmt::Debug>(
+    server: &RedisServer,
+    what: &str,
+    blamed: &str,
+    commands: &[&[&str]],
+    check: impl AsyncFnOnce() -> Result<T, Error>,
+) {
+    let _: () = redis_cmd(server, &["FLUSHALL"]);
+    for command in commands {
+        let _: redis::Value = redis_cmd(server, command);
+    }
+    let started = Instant::now();
+    match check().await {
+        Err(Error::Corrupt { key, detail }) => {
+            assert_eq!(key, blamed, "{what}: {detail}");
+            println!("{what}: {}", Error::Corrupt { key, detail });
+        }
+        other => panic!("{what}: expected Error::Corrupt naming {blamed}, got {other:?}"),
+    }
+    assert!(started.elapsed() < TIMEOUT + SLACK, "{what}: {:?}", started.elapsed());
+    let _: () = redis_cmd(server, &["FLUSHALL"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_at_lock_keys() {
+    let server = RedisServer::start();
+    let modes = [(GuardKind::Lock, FailMode::Open)];
+    let rg = handle(&server, &modes).await;
+    let ran = AtomicU64::new(0);
+    let key = "redguard:lock:{faults:counter}";
+    let fence = "redguard:lock:{faults:counter}:fence";
+    let take = async || {
+        rg.lock("counter")
+            .scope("faults")
+            .lease(LEASE)
+            .wait(Duration::from_millis(100))
+            .run(async {
+                ran.fetch_add(1, Ordering::SeqCst);
+                Ok::<_, Error>(())
+            })
+            .await
+    };
+    let cases: &[(&str, &str, &[&[&str]])] = &[
+        (
+            "a string at the lock key",
+            key,
+            &[&["SET", key, "locked", "EX", "60"]],
+        ),
+        (
+            "a list at the lock key",
+            key,
+            &[&["RPUSH", key, "a"], &["EXPIRE", key, "60"]],
+        ),
+        (
+            "a hash without an owner at the lock key",
+            key,
+            &[&["HSET", key, "holder", "me"], &["EXPIRE", key, "60"]],
+        ),
+        (
+            "a lock hash with a nonsense depth",
+            key,
+            &[
+                &["HSET", key, "owner", "someone", "depth", "lots", "fence", "7"],
+                &["EXPIRE", key, "60"],
+            ],
+        ),
+        (
+            "a lock hash with a nonsense fence",
+            key,
+            &[
+                &["HSET", key, "owner", "", "depth", "0", "fence", "-"],
+                &["EXPIRE", key, "60"],
+            ],
+        ),
+        (
+            "a lock hash without a TTL",
+            key,
+            &[&["HSET", key, "owner", "someone", "depth", "1", "fence", "7"]],
+        ),
+        (
+            "a fencing counter that is not a number",
+            fence,
+            &[&["SET", fence, "twelve", "EX", "60"]],
+        ),
+    ];
+    for (what, blamed, commands) in cases {
+        assert_corrupt(&server, what, blamed, commands, take).await;
+    }
+    assert_eq!(ran.load(Ordering::SeqCst), 0, "a section ran over garbage");
+    // And the key works again once the garbage is gone.
+    take().await.unwrap();
+    assert_eq!(ran.load(Ordering::SeqCst), 1);
+    server.assert_every_key_has_ttl();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_at_rate_keys() {
+    let server = RedisServer::start();
+    let rg = handle(&server, &[]).await; // rate limits fail open by default
+    let key = "redguard:rate:{faults:api}";
+    let block = "redguard:rate:{faults:api}:block";
+    let cases: &[(&str, &str, &[&[&str]], redguard::Algorithm)] = &[
+        (
+            "a list at the rate key",
+            key,
+            &[&["RPUSH", key, "a"], &["EXPIRE", key, "60"]],
+            redguard::Algorithm::Gcra,
+        ),
+        (
+            "a set at the rate key",
+            key,
+            &[&["SADD", key, "a"], &["EXPIRE", key, "60"]],
+            redguard::Algorithm::FixedWindow,
+        ),
+        (
+            "a gcra state that is not <tat>:<T>",
+            key,
+            &[&["SET", key, "soon", "EX", "60"]],
+            redguard::Algorithm::Gcra,
+        ),
+        (
+            "a gcra-looking string under another algorithm",
+            key,
+            &[&["SET", key, "12:ab", "EX", "60"]],
+            redguard::Algorithm::SlidingWindow,
+        ),
+        (
+            "a fixed-window count that is not a number",
+            key,
+            &[
+                &["HSET", key, "a", "fw", "w", "1", "n", "many"],
+                &["EXPIRE", key, "60"],
+            ],
+            redguard::Algorithm::FixedWindow,
+        ),
+        (
+            "a token-bucket level that is not a number",
+            key,
+            &[
+                &["HSET", key, "a", "tb", "v", "", "u", "1"],
+                &["EXPIRE", key, "60"],
+            ],
+            redguard::Algorithm::TokenBucket,
+        ),
+        (
+            "a hash with an unknown algorithm tag",
+            key,
+            &[&["HSET", key, "a", "zz", "n", "1"], &["EXPIRE", key, "60"]],
+            redguard::Algorithm::SlidingCounter,
+        ),
+        (
+            "a block deadline that is not a number",
+            block,
+            &[&["SET", block, "later", "EX", "60"]],
+            redguard::Algorithm::Gcra,
+        ),
+        (
+            "a hash at the block key",
+            block,
+            &[&["HSET", block, "until", "1"], &["EXPIRE", block, "60"]],
+            redguard::Algorithm::LeakyBucket,
+        ),
+    ];
+    for (what, blamed, commands, algorithm) in cases {
+        let limiter = redguard::limiter("api")
+            .scope("faults")
+            .on(&rg)
+            .algorithm(*algorithm)
+            .rate("1000/s");
+        assert_corrupt(&server, what, blamed, commands, async || limiter.check().await).await;
+        // Peeking reads the same state: the same error.
+        let _: redis::Value = redis_cmd(&server, commands[0]);
+        let peeked = limiter.peek().await;
+        assert!(matches!(peeked, Err(Error::Corrupt { .. })), "{what}: peek {peeked:?}");
+        let _: () = redis_cmd(&server, &["FLUSHALL"]);
+    }
+    // Redguard's own states of every algorithm are still accepted, switching algorithms too.
+    for algorithm in redguard::Algorithm::ALL {
+        let limiter = redguard::limiter("api")
+            .scope("faults")
+            .on(&rg)
+            .algorithm(algorithm)
+            .rate("1000/s");
+        assert!(limiter.check().await.unwrap().allowed, "{algorithm}");
+        assert!(limiter.check().await.unwrap().allowed, "{algorithm}");
+    }
     server.assert_every_key_has_ttl();
 }
