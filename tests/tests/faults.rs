@@ -9,7 +9,7 @@
 //! back within its bound, and the time the same handles take to recover (printed).
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Write as _};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -34,7 +34,10 @@ async fn handle(server: &RedisServer, modes: &[(GuardKind, FailMode)]) -> Redgua
     for (guard, mode) in modes {
         builder = builder.fail_mode(*guard, *mode);
     }
-    builder.connect().await.expect("connect to the test redis-server")
+    builder
+        .connect()
+        .await
+        .expect("connect to the test redis-server")
 }
 
 /// Two handles with the same policies: two instances of a service.
@@ -138,7 +141,11 @@ impl Tally {
             "{what}: max latency idempotent {:?}, lock {:?}, rate {:?}",
             self.max_idem, self.max_lock, self.max_rate
         );
-        assert!(self.max_rate <= TIMEOUT + SLACK, "{what}: rate {:?}", self.max_rate);
+        assert!(
+            self.max_rate <= TIMEOUT + SLACK,
+            "{what}: rate {:?}",
+            self.max_rate
+        );
         assert!(
             self.max_lock <= LOCK_WAIT.max(TIMEOUT) + TIMEOUT + SLACK,
             "{what}: lock {:?}",
@@ -158,17 +165,41 @@ impl Tally {
         for intent in &self.intents {
             assert_eq!(shared.executions(*intent), 1, "{what}: intent {intent}");
         }
-        assert_eq!(self.idem_ok, 2 * self.intents.len() as u64, "{what}: {}", self.summary());
-        assert_eq!(self.idem_replayed, self.intents.len() as u64, "{what}: {}", self.summary());
-        assert_eq!(self.lock_ok, self.intents.len() as u64, "{what}: {}", self.summary());
+        assert_eq!(
+            self.idem_ok,
+            2 * self.intents.len() as u64,
+            "{what}: {}",
+            self.summary()
+        );
+        assert_eq!(
+            self.idem_replayed,
+            self.intents.len() as u64,
+            "{what}: {}",
+            self.summary()
+        );
+        assert_eq!(
+            self.lock_ok,
+            self.intents.len() as u64,
+            "{what}: {}",
+            self.summary()
+        );
         assert_eq!(self.lock_unprotected, 0, "{what}: {}", self.summary());
-        assert_eq!(self.rate_allowed, self.intents.len() as u64, "{what}: {}", self.summary());
+        assert_eq!(
+            self.rate_allowed,
+            self.intents.len() as u64,
+            "{what}: {}",
+            self.summary()
+        );
         assert_no_lost_update(shared, what);
     }
 }
 
 fn assert_no_lost_update(shared: &Shared, what: &str) {
-    assert_eq!(shared.overlaps.load(Ordering::SeqCst), 0, "{what}: overlapping sections");
+    assert_eq!(
+        shared.overlaps.load(Ordering::SeqCst),
+        0,
+        "{what}: overlapping sections"
+    );
     assert_eq!(
         shared.counter.load(Ordering::SeqCst),
         shared.sections.load(Ordering::SeqCst),
@@ -176,8 +207,15 @@ fn assert_no_lost_update(shared: &Shared, what: &str) {
     );
 }
 
-async fn idempotent_call(rg: &Redguard, shared: &Arc<Shared>, intent: u64) -> (Result<u64, Error>, bool) {
-    let key = match KeyBuilder::new().part("intent", &intent.to_string()).finish() {
+async fn idempotent_call(
+    rg: &Redguard,
+    shared: &Arc<Shared>,
+    intent: u64,
+) -> (Result<u64, Error>, bool) {
+    let key = match KeyBuilder::new()
+        .part("intent", &intent.to_string())
+        .finish()
+    {
         Ok(key) => key,
         Err(err) => return (Err(err), false),
     };
@@ -192,7 +230,9 @@ async fn idempotent_call(rg: &Redguard, shared: &Arc<Shared>, intent: u64) -> (R
         Ok::<u64, Error>(intent * 3)
     };
     rg.scope(track_replay(
-        Idempotency::new("faults", key).expire(IDEM_EXPIRE).run(body),
+        Idempotency::new("faults", key)
+            .expire(IDEM_EXPIRE)
+            .run(body),
     ))
     .await
 }
@@ -364,14 +404,27 @@ async fn killed_and_restarted_empty() {
     down.assert_bounded("killed");
     println!("killed: {}", down.summary());
     // Idempotency and rate limits fail open: every call ran / was admitted.
-    assert_eq!(down.idem_backend + down.idem_in_progress, 0, "{}", down.summary());
+    assert_eq!(
+        down.idem_backend + down.idem_in_progress,
+        0,
+        "{}",
+        down.summary()
+    );
     assert_eq!(down.idem_ok, 2 * down.intents.len() as u64);
     assert_eq!(down.rate_allowed, down.intents.len() as u64);
     // Locks fail closed: no section ran. (A waiter queued behind another task of its process
     // may run out of `wait` before its own attempt fails: LockTimeout, also a refusal.)
-    assert_eq!(down.lock_ok + down.lock_unprotected, 0, "{}", down.summary());
+    assert_eq!(
+        down.lock_ok + down.lock_unprotected,
+        0,
+        "{}",
+        down.summary()
+    );
     assert!(down.lock_backend > 0, "{}", down.summary());
-    assert_eq!(down.lock_backend + down.lock_timeout, down.intents.len() as u64);
+    assert_eq!(
+        down.lock_backend + down.lock_timeout,
+        down.intents.len() as u64
+    );
 
     // Back, empty (no scripts, no records), on the same port; the same handles.
     server.restart();
@@ -407,18 +460,201 @@ async fn killed_with_the_policies_reversed() {
     for intent in &down.intents {
         assert_eq!(shared.executions(*intent), 0);
     }
-    assert_eq!(down.rate_backend, down.intents.len() as u64, "{}", down.summary());
+    assert_eq!(
+        down.rate_backend,
+        down.intents.len() as u64,
+        "{}",
+        down.summary()
+    );
     // Locks fail open: the section ran, unprotected (no fence), unless its turn in the
     // process's local queue came after `wait`.
     assert_eq!(down.lock_ok, 0, "{}", down.summary());
     assert!(down.lock_unprotected > 0, "{}", down.summary());
-    assert_eq!(down.lock_unprotected + down.lock_timeout, down.intents.len() as u64);
+    assert_eq!(
+        down.lock_unprotected + down.lock_timeout,
+        down.intents.len() as u64
+    );
 
     server.restart();
     recover(&handles, &shared, "killed, reversed").await;
     run_phase(&handles, &shared, Duration::from_millis(200))
         .await
         .assert_up(&shared, "after restart");
+    server.assert_every_key_has_ttl();
+}
+
+/// A `fault_worker workload` process: commands on its stdin, answers on its stdout.
+struct Worker {
+    child: Child,
+    lines: std::sync::mpsc::Receiver<String>,
+}
+
+impl Worker {
+    fn spawn(server: &RedisServer, seed: u64) -> Worker {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_fault_worker"))
+            .args([server.url(), "workload".into(), seed.to_string()])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawn fault_worker");
+        let stdout = child.stdout.take().expect("worker stdout");
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { return };
+                if tx.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        Worker { child, lines }
+    }
+
+    fn send(&mut self, command: &str) {
+        let stdin = self.child.stdin.as_mut().expect("worker stdin");
+        writeln!(stdin, "{command}").expect("write to the worker");
+    }
+
+    /// The answer to the last command, up to `END` (the worker failing fails the test).
+    fn answer(&mut self) -> Vec<String> {
+        let mut lines = Vec::new();
+        loop {
+            match self.lines.recv_timeout(Duration::from_secs(30)) {
+                Ok(line) if line == "END" => return lines,
+                Ok(line) => lines.push(line),
+                Err(err) => panic!(
+                    "the worker stopped answering ({err}): {:?}",
+                    self.child.try_wait()
+                ),
+            }
+        }
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Sends `run <first> <count>` to every worker; returns executions per intent and the summed
+/// `TALLY` fields.
+fn run_workers(
+    workers: &mut [Worker],
+    first: u64,
+    count: u64,
+) -> (HashMap<u64, u32>, HashMap<String, u64>) {
+    for worker in workers.iter_mut() {
+        worker.send(&format!("run {first} {count}"));
+    }
+    let mut ran: HashMap<u64, u32> = HashMap::new();
+    let mut tally: HashMap<String, u64> = HashMap::new();
+    for worker in workers.iter_mut() {
+        for line in worker.answer() {
+            if let Some(intent) = line.strip_prefix("ran ") {
+                *ran.entry(intent.parse().expect("intent")).or_default() += 1;
+            } else if let Some(fields) = line.strip_prefix("TALLY ") {
+                for field in fields.split(' ') {
+                    let (name, n) = field.split_once('=').expect("name=n");
+                    let n: u64 = n.parse().expect("n");
+                    let entry = tally.entry(name.to_owned()).or_default();
+                    *entry = if name == "max_ms" {
+                        (*entry).max(n)
+                    } else {
+                        *entry + n
+                    };
+                }
+            } else {
+                panic!("unexpected worker line {line:?}");
+            }
+        }
+    }
+    (ran, tally)
+}
+
+/// Redis up for a whole run of two processes: each intent ran exactly once in total, every
+/// section was exclusive (the Redis counter counts them all), nothing degraded.
+fn assert_up_across(
+    server: &RedisServer,
+    workers: &mut [Worker],
+    first: u64,
+    count: u64,
+    what: &str,
+) {
+    let before: Option<u64> = redis_cmd(server, &["GET", "faults:counter"]);
+    let (ran, tally) = run_workers(workers, first, count);
+    println!("{what}: {tally:?}");
+    for intent in first..first + count {
+        assert_eq!(
+            ran.get(&intent).copied().unwrap_or(0),
+            1,
+            "{what}: intent {intent}"
+        );
+    }
+    let n = count * workers.len() as u64;
+    assert_eq!(tally["idem_ok"], n, "{what}: {tally:?}");
+    assert_eq!(tally["idem_replayed"], n - count, "{what}: {tally:?}");
+    assert_eq!(tally["lock_ok"], n, "{what}: {tally:?}");
+    assert_eq!(tally["rate_allowed"], n, "{what}: {tally:?}");
+    let after: Option<u64> = redis_cmd(server, &["GET", "faults:counter"]);
+    assert_eq!(
+        after.unwrap_or(0) - before.unwrap_or(0),
+        n,
+        "{what}: lost updates across processes"
+    );
+}
+
+#[test]
+fn killed_and_restarted_under_two_processes() {
+    let mut server = RedisServer::start();
+    let mut workers = [Worker::spawn(&server, 7), Worker::spawn(&server, 7919)];
+    assert_up_across(&server, &mut workers, 0, 100, "two processes, before");
+
+    server.kill();
+    let (ran, tally) = run_workers(&mut workers, 1000, 8);
+    println!("two processes, killed: {tally:?}");
+    // Fail-open idempotency: each process ran each intent (no record to share); rate limits
+    // admitted; locks refused every section.
+    for intent in 1000..1008 {
+        assert_eq!(ran.get(&intent).copied(), Some(2), "intent {intent}");
+    }
+    assert_eq!(tally["idem_backend"], 0, "{tally:?}");
+    assert_eq!(tally["rate_allowed"], 16, "{tally:?}");
+    assert_eq!(tally["lock_ok"], 0, "{tally:?}");
+    assert_eq!(
+        tally["lock_backend"] + tally["lock_timeout"],
+        16,
+        "{tally:?}"
+    );
+    // One round: idempotent call (≤ 2 store calls), lock (its wait at most, plus one
+    // attempt), rate check.
+    let round = 2 * TIMEOUT + Duration::from_millis(500) + 2 * TIMEOUT + SLACK;
+    assert!(
+        Duration::from_millis(tally["max_ms"]) <= round,
+        "slowest round {} ms",
+        tally["max_ms"]
+    );
+
+    server.restart();
+    for worker in workers.iter_mut() {
+        worker.send("probe");
+    }
+    for (i, worker) in workers.iter_mut().enumerate() {
+        let answer = worker.answer();
+        println!("two processes: process {i}: {answer:?} ms after the restart");
+        assert!(
+            answer[0].starts_with("RECOVERED"),
+            "process {i}: {answer:?}"
+        );
+    }
+    assert_up_across(
+        &server,
+        &mut workers,
+        2000,
+        100,
+        "two processes, after restart",
+    );
     server.assert_every_key_has_ttl();
 }
 
@@ -510,7 +746,10 @@ async fn client_kill_reconnects() {
         killed += redis_cmd::<u64>(&server, &["CLIENT", "KILL", "TYPE", "normal"]);
     }
     let during = workload.await.expect("workload panicked");
-    println!("client kill: {killed} connections killed; {}", during.summary());
+    println!(
+        "client kill: {killed} connections killed; {}",
+        during.summary()
+    );
     assert!(killed >= 2, "the handles' connections were not killed");
     during.assert_bounded("client kill");
     // A call cut off is a backend error under its guard's policy: idempotency and rate limits
@@ -548,7 +787,10 @@ async fn out_of_memory_is_a_clear_error() {
         .await
         .assert_up(&shared, "before");
 
-    let _: () = redis_cmd(&server, &["CONFIG", "SET", "maxmemory-policy", "noeviction"]);
+    let _: () = redis_cmd(
+        &server,
+        &["CONFIG", "SET", "maxmemory-policy", "noeviction"],
+    );
     // A little above what Redis uses now, so the junk fills it.
     let limit = (used_memory(&server) + 512 * 1024).to_string();
     let _: () = redis_cmd(&server, &["CONFIG", "SET", "maxmemory", &limit]);
@@ -579,7 +821,12 @@ async fn out_of_memory_is_a_clear_error() {
     down.assert_bounded("out of memory");
     assert_eq!(down.idem_backend, 0, "{}", down.summary());
     assert_eq!(down.rate_backend, 0, "{}", down.summary());
-    assert_eq!(down.lock_ok + down.lock_unprotected, 0, "{}", down.summary());
+    assert_eq!(
+        down.lock_ok + down.lock_unprotected,
+        0,
+        "{}",
+        down.summary()
+    );
     assert!(down.lock_backend > 0, "{}", down.summary());
     assert!(
         down.backend_messages.iter().all(|m| m.contains("OOM")),
@@ -593,7 +840,13 @@ async fn out_of_memory_is_a_clear_error() {
         other => panic!("idempotency, fail-closed, out of memory: {other:?}"),
     }
     assert_eq!(shared.executions(u64::MAX), 0);
-    match redguard::limiter("api").scope("faults").on(&closed).rate("100000/s").check().await {
+    match redguard::limiter("api")
+        .scope("faults")
+        .on(&closed)
+        .rate("100000/s")
+        .check()
+        .await
+    {
         Err(Error::Backend(err)) => assert!(err.to_string().contains("OOM"), "{err}"),
         other => panic!("rate limit, fail-closed, out of memory: {other:?}"),
     }
@@ -664,8 +917,16 @@ async fn lock_holder_killed() {
     );
     // Held by the other process (its watchdog renews it past the lease).
     tokio::time::sleep(lease).await;
-    let try_take = || rg.lock("hold:crash").scope("worker").lease(LEASE).try_acquire();
-    assert!(try_take().await.unwrap().is_none(), "the live holder's lock was taken");
+    let try_take = || {
+        rg.lock("hold:crash")
+            .scope("worker")
+            .lease(LEASE)
+            .try_acquire()
+    };
+    assert!(
+        try_take().await.unwrap().is_none(),
+        "the live holder's lock was taken"
+    );
 
     holder.kill().expect("SIGKILL the holder");
     let killed = Instant::now();
@@ -694,6 +955,7 @@ async fn idempotent_body_killed() {
     let mut worker = spawn_until(
         Command::new(env!("CARGO_BIN_EXE_fault_worker")).args([
             server.url(),
+            "hang".into(),
             "crash".into(),
             expire.as_millis().to_string(),
         ]),
@@ -732,7 +994,10 @@ async fn idempotent_body_killed() {
             (Ok(7), false) if killed.elapsed() >= expire - Duration::from_millis(100) => break,
             other => panic!("retry while PROCESSING: {other:?}"),
         }
-        assert!(killed.elapsed() < expire + Duration::from_secs(1), "record never expired");
+        assert!(
+            killed.elapsed() < expire + Duration::from_secs(1),
+            "record never expired"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(refused >= 5, "retries refused while PROCESSING: {refused}");
@@ -778,7 +1043,11 @@ async fn assert_corrupt<T: std::fmt::Debug>(
         }
         other => panic!("{what}: expected Error::Corrupt naming {blamed}, got {other:?}"),
     }
-    assert!(started.elapsed() < TIMEOUT + SLACK, "{what}: {:?}", started.elapsed());
+    assert!(
+        started.elapsed() < TIMEOUT + SLACK,
+        "{what}: {:?}",
+        started.elapsed()
+    );
     let _: () = redis_cmd(server, &["FLUSHALL"]);
 }
 
@@ -821,7 +1090,9 @@ async fn garbage_at_lock_keys() {
             "a lock hash with a nonsense depth",
             key,
             &[
-                &["HSET", key, "owner", "someone", "depth", "lots", "fence", "7"],
+                &[
+                    "HSET", key, "owner", "someone", "depth", "lots", "fence", "7",
+                ],
                 &["EXPIRE", key, "60"],
             ],
         ),
@@ -928,11 +1199,17 @@ async fn garbage_at_rate_keys() {
             .on(&rg)
             .algorithm(*algorithm)
             .rate("1000/s");
-        assert_corrupt(&server, what, blamed, commands, async || limiter.check().await).await;
+        assert_corrupt(&server, what, blamed, commands, async || {
+            limiter.check().await
+        })
+        .await;
         // Peeking reads the same state: the same error.
         let _: redis::Value = redis_cmd(&server, commands[0]);
         let peeked = limiter.peek().await;
-        assert!(matches!(peeked, Err(Error::Corrupt { .. })), "{what}: peek {peeked:?}");
+        assert!(
+            matches!(peeked, Err(Error::Corrupt { .. })),
+            "{what}: peek {peeked:?}"
+        );
         let _: () = redis_cmd(&server, &["FLUSHALL"]);
     }
     // Redguard's own states of every algorithm are still accepted, switching algorithms too.
