@@ -2,7 +2,8 @@
 //! calls whose executions are counted outside the guard, lock sections doing a non-atomic
 //! read-modify-write of a counter, rate-limit checks) runs in several tasks on two handles
 //! (two clients, as two instances would have) while Redis is killed, paused, flushed, cut
-//! off or out of memory; holder processes are SIGKILLed; guard keys hold garbage.
+//! off or out of memory (and, for kill/restart, in two `fault_worker` processes too); holder
+//! processes are SIGKILLed; guard keys hold garbage.
 //!
 //! Every case checks: the degradation policy while Redis cannot answer, no double execution
 //! and no lost update while it can, no panic (a panicking task fails the test), every call
@@ -194,6 +195,21 @@ impl Tally {
     }
 }
 
+/// Records written before a fault that kept Redis's data still answer: each intent replays,
+/// none runs again.
+async fn assert_replayed(rg: &Redguard, shared: &Arc<Shared>, intents: &[u64], what: &str) {
+    for intent in intents {
+        let (value, replayed) = idempotent_call(rg, shared, *intent).await;
+        assert_eq!(value.ok(), Some(intent * 3), "{what}: intent {intent}");
+        assert!(replayed, "{what}: intent {intent} was not replayed");
+        assert_eq!(
+            shared.executions(*intent),
+            1,
+            "{what}: intent {intent} ran again"
+        );
+    }
+}
+
 fn assert_no_lost_update(shared: &Shared, what: &str) {
     assert_eq!(
         shared.overlaps.load(Ordering::SeqCst),
@@ -378,6 +394,16 @@ fn used_memory(server: &RedisServer) -> u64 {
         .expect("used_memory in INFO")
 }
 
+/// How many times scripts were loaded (`SCRIPT LOAD`, what the client sends on `NOSCRIPT`).
+fn script_loads(server: &RedisServer) -> u64 {
+    let info: String = redis_cmd(server, &["INFO", "commandstats"]);
+    info.lines()
+        .find_map(|line| line.strip_prefix("cmdstat_script|load:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
 fn redis_cmd<T: redis::FromRedisValue>(server: &RedisServer, args: &[&str]) -> T {
     let mut cmd = redis::cmd(args[0]);
     for arg in &args[1..] {
@@ -430,6 +456,12 @@ async fn killed_and_restarted_empty() {
     server.restart();
     let took = recover(&handles, &shared, "killed").await;
     assert!(took < RECOVERY_BOUND);
+    // The empty server knew none of the scripts: the handles loaded them on NOSCRIPT.
+    assert!(
+        script_loads(&server) >= 3,
+        "scripts loaded: {}",
+        script_loads(&server)
+    );
     run_phase(&handles, &shared, Duration::from_millis(300))
         .await
         .assert_up(&shared, "after restart");
@@ -666,9 +698,8 @@ async fn paused_for_twice_the_timeout() {
     let server = RedisServer::start();
     let handles = instances(&server, &[]).await;
     let shared = Arc::new(Shared::default());
-    run_phase(&handles, &shared, Duration::from_millis(200))
-        .await
-        .assert_up(&shared, "before");
+    let before = run_phase(&handles, &shared, Duration::from_millis(200)).await;
+    before.assert_up(&shared, "before");
 
     let workload = {
         let handles = handles.clone();
@@ -700,6 +731,7 @@ async fn paused_for_twice_the_timeout() {
     assert_no_lost_update(&shared, "paused");
 
     recover(&handles, &shared, "paused").await;
+    assert_replayed(&handles[1], &shared, &before.intents, "paused").await;
     run_phase(&handles, &shared, Duration::from_millis(200))
         .await
         .assert_up(&shared, "after resume");
@@ -719,14 +751,22 @@ async fn script_flush_is_invisible() {
         let shared = shared.clone();
         tokio::spawn(async move { run_phase(&handles, &shared, Duration::from_millis(600)).await })
     };
+    let loads = script_loads(&server);
     for _ in 0..5 {
         tokio::time::sleep(Duration::from_millis(100)).await;
         let _: () = redis_cmd(&server, &["SCRIPT", "FLUSH"]);
     }
     let during = workload.await.expect("workload panicked");
+    let reloads = script_loads(&server) - loads;
+    println!("script flush: {reloads} scripts re-loaded on NOSCRIPT");
+    assert!(
+        reloads >= 5,
+        "NOSCRIPT was never answered by a reload: {reloads}"
+    );
     during.assert_bounded("script flush");
     // NOSCRIPT is answered by loading the script and retrying: no call even noticed.
     during.assert_up(&shared, "script flush");
+    assert_replayed(&handles[0], &shared, &during.intents, "script flush").await;
     server.assert_every_key_has_ttl();
 }
 
@@ -735,6 +775,8 @@ async fn client_kill_reconnects() {
     let server = RedisServer::start();
     let handles = instances(&server, &[]).await;
     let shared = Arc::new(Shared::default());
+    let before = run_phase(&handles, &shared, Duration::from_millis(200)).await;
+    before.assert_up(&shared, "before");
     let workload = {
         let handles = handles.clone();
         let shared = shared.clone();
@@ -763,6 +805,7 @@ async fn client_kill_reconnects() {
     }
 
     recover(&handles, &shared, "client kill").await;
+    assert_replayed(&handles[1], &shared, &before.intents, "client kill").await;
     run_phase(&handles, &shared, Duration::from_millis(200))
         .await
         .assert_up(&shared, "after client kill");
@@ -783,9 +826,8 @@ async fn out_of_memory_is_a_clear_error() {
     )
     .await;
     let shared = Arc::new(Shared::default());
-    run_phase(&handles, &shared, Duration::from_millis(200))
-        .await
-        .assert_up(&shared, "before");
+    let before = run_phase(&handles, &shared, Duration::from_millis(200)).await;
+    before.assert_up(&shared, "before");
 
     let _: () = redis_cmd(
         &server,
@@ -861,6 +903,7 @@ async fn out_of_memory_is_a_clear_error() {
     let _: () = redis_cmd(&server, &["CONFIG", "SET", "maxmemory", "0"]);
 
     recover(&handles, &shared, "out of memory").await;
+    assert_replayed(&handles[1], &shared, &before.intents, "out of memory").await;
     run_phase(&handles, &shared, Duration::from_millis(200))
         .await
         .assert_up(&shared, "after maxmemory reverted");
