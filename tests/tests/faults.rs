@@ -254,7 +254,8 @@ async fn idempotent_call(
 }
 
 /// The locked section: a read-modify-write that loses updates unless exclusive. Returns the
-/// fence (`None`: ran unprotected, fail-open).
+/// fence (`None`: ran unprotected, fail-open; such runs may overlap by policy, so they leave
+/// the counter alone).
 async fn locked_section(rg: &Redguard, shared: &Arc<Shared>) -> Result<Option<u64>, Error> {
     let shared = shared.clone();
     rg.lock("counter")
@@ -263,16 +264,17 @@ async fn locked_section(rg: &Redguard, shared: &Arc<Shared>) -> Result<Option<u6
         .wait(LOCK_WAIT)
         .run(async move {
             let fence = redguard::fence();
-            if fence.is_some() && shared.inside.fetch_add(1, Ordering::SeqCst) != 0 {
+            if fence.is_none() {
+                return Ok(None);
+            }
+            if shared.inside.fetch_add(1, Ordering::SeqCst) != 0 {
                 shared.overlaps.fetch_add(1, Ordering::SeqCst);
             }
             let value = shared.counter.load(Ordering::SeqCst);
             tokio::task::yield_now().await;
             shared.counter.store(value + 1, Ordering::SeqCst);
             shared.sections.fetch_add(1, Ordering::SeqCst);
-            if fence.is_some() {
-                shared.inside.fetch_sub(1, Ordering::SeqCst);
-            }
+            shared.inside.fetch_sub(1, Ordering::SeqCst);
             Ok::<_, Error>(fence)
         })
         .await
