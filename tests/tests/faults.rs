@@ -453,6 +453,20 @@ async fn killed_and_restarted_empty() {
         down.lock_backend + down.lock_timeout,
         down.intents.len() as u64
     );
+    // Alone (no other task of the process queued ahead of it), a refused lock costs one
+    // attempt: no wait for the release subscription, which is down too.
+    let started = Instant::now();
+    let alone = locked_section(&handles[0], &shared).await;
+    println!(
+        "killed: a lone lock call refused after {:?}",
+        started.elapsed()
+    );
+    assert!(matches!(alone, Err(Error::Backend(_))), "{alone:?}");
+    assert!(
+        started.elapsed() <= TIMEOUT + SLACK,
+        "{:?}",
+        started.elapsed()
+    );
 
     // Back, empty (no scripts, no records), on the same port; the same handles.
     server.restart();
