@@ -1,5 +1,6 @@
 //! Lock operations on Redis, and the pub/sub subscription that wakes waiters.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -89,6 +90,14 @@ impl LockOps for RedisStore {
             }),
             (2, _, depth) => Ok(LockAcquire::TooDeep {
                 depth: u32::try_from(depth).map_err(|_| corrupt())?,
+            }),
+            (3, _, _) => Err(Error::Corrupt {
+                key: key.to_string(),
+                detail: "not a lock hash with an owner and numeric depth and fence".to_owned(),
+            }),
+            (4, _, _) => Err(Error::Corrupt {
+                key: fence_key.to_string(),
+                detail: "the fencing counter is not a non-negative integer".to_owned(),
             }),
             _ => Err(corrupt()),
         }
@@ -319,6 +328,9 @@ pub(crate) struct ReleaseBus {
     client: redis::Client,
     waiters: Arc<Waiters>,
     subscribed: watch::Sender<bool>,
+    /// The last attempt to subscribe failed, or the subscription was lost, and it is not back
+    /// yet: Redis is unreachable or restarting.
+    down: Arc<AtomicBool>,
     task: Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -336,6 +348,7 @@ impl ReleaseBus {
             client,
             waiters: Arc::default(),
             subscribed: watch::channel(false).0,
+            down: Arc::default(),
             task: Mutex::new(None),
         }
     }
@@ -343,6 +356,13 @@ impl ReleaseBus {
     /// Subscribes a waiter to `key`, starting the connection if needed and waiting up to
     /// `timeout` for the subscription to be in place (after that the watch polls).
     async fn watch(&self, key: &Key, timeout: Duration) -> LockWatch {
+        if self.down.load(Ordering::SeqCst) {
+            // Waiting for a subscription that just failed would add a whole timeout to every
+            // acquisition while Redis is away: poll at once; releases are delivered again as
+            // soon as the subscription is back.
+            self.ensure_running();
+            return self.waiters.watch(key.as_str(), false);
+        }
         // Registered first: a release delivered while we wait for the subscription counts.
         let mut ready = self.subscribed.subscribe();
         let watch = self.waiters.watch(key.as_str(), true);
@@ -365,7 +385,8 @@ impl ReleaseBus {
         let client = self.client.clone();
         let waiters = Arc::clone(&self.waiters);
         let subscribed = self.subscribed.clone();
-        *task = Some(runtime.spawn(run_bus(client, waiters, subscribed)));
+        let down = Arc::clone(&self.down);
+        *task = Some(runtime.spawn(run_bus(client, waiters, subscribed, down)));
     }
 }
 
@@ -380,7 +401,12 @@ impl Drop for ReleaseBus {
 
 /// Keeps the subscription up: connect, subscribe, deliver; on any failure mark it down, wake
 /// every waiter (a release may have been missed) and retry with a capped backoff.
-async fn run_bus(client: redis::Client, waiters: Arc<Waiters>, subscribed: watch::Sender<bool>) {
+async fn run_bus(
+    client: redis::Client,
+    waiters: Arc<Waiters>,
+    subscribed: watch::Sender<bool>,
+    down: Arc<AtomicBool>,
+) {
     let mut backoff = Duration::from_millis(50);
     loop {
         let connected = tokio::time::timeout(Duration::from_secs(3), async {
@@ -392,6 +418,7 @@ async fn run_bus(client: redis::Client, waiters: Arc<Waiters>, subscribed: watch
         match connected {
             Ok(Ok(pubsub)) => {
                 backoff = Duration::from_millis(50);
+                down.store(false, Ordering::SeqCst);
                 subscribed.send_replace(true);
                 tracing::debug!("lock release subscription up");
                 let mut messages = pubsub.into_on_message();
@@ -399,13 +426,21 @@ async fn run_bus(client: redis::Client, waiters: Arc<Waiters>, subscribed: watch
                     waiters.notify(message.get_channel_name());
                 }
                 subscribed.send_replace(false);
+                down.store(true, Ordering::SeqCst);
                 waiters.notify_all();
                 tracing::warn!("lock release subscription lost; waiters poll until it is back");
             }
-            Ok(Err(err)) => tracing::debug!(error = %err, "lock release subscription failed"),
-            Err(_) => tracing::debug!("lock release subscription timed out"),
+            Ok(Err(err)) => {
+                down.store(true, Ordering::SeqCst);
+                tracing::debug!(error = %err, "lock release subscription failed");
+            }
+            Err(_) => {
+                down.store(true, Ordering::SeqCst);
+                tracing::debug!("lock release subscription timed out");
+            }
         }
         tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(Duration::from_secs(2));
+        // Capped low: after Redis comes back, waiters poll until the subscription is up.
+        backoff = (backoff * 2).min(Duration::from_millis(500));
     }
 }

@@ -184,9 +184,18 @@ impl<T: ToRedisArgs + Sync> ToRedisArgsDyn for T {
     }
 }
 
-/// A `WRONGTYPE` reply means someone else's data sits at our key: say which key.
+/// A `WRONGTYPE` reply means someone else's data sits at our key: say which key. A script
+/// that finds data it never writes replies `CORRUPT <key> <what>` itself.
 pub(crate) fn corrupt_or(err: Error, key: &Key) -> Error {
     match err {
+        Error::Backend(BackendError::Redis { source, .. }) if source.code() == Some("CORRUPT") => {
+            let detail = source.detail().unwrap_or_default();
+            let (at, what) = detail.split_once(' ').unwrap_or((detail, ""));
+            Error::Corrupt {
+                key: at.to_owned(),
+                detail: what.to_owned(),
+            }
+        }
         Error::Backend(BackendError::Redis { source, .. })
             if source.code() == Some("WRONGTYPE") =>
         {

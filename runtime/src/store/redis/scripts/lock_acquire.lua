@@ -1,9 +1,19 @@
 -- Acquire (or re-enter) a lock.
 -- KEYS[1] lock hash {owner, depth, fence}; KEYS[2] fencing counter (same hash tag).
 -- ARGV[1] owner token; ARGV[2] lease ms; ARGV[3] max depth; ARGV[4] counter TTL ms.
--- Returns {1, fence, depth} acquired, {0, pttl, 0} held by another, {2, 0, depth} too deep.
-local owner = redis.call('HGET', KEYS[1], 'owner')
+-- Returns {1, fence, depth} acquired, {0, pttl, 0} held by another, {2, 0, depth} too deep,
+-- {3, 0, 0} the lock hash is not one this script wrote, {4, 0, 0} neither is the counter.
+local h = redis.call('HMGET', KEYS[1], 'owner', 'depth', 'fence')
+local owner = h[1]
 if not owner then
+  -- Something else sits at our key (a hash without an owner): never take it over silently.
+  if redis.call('EXISTS', KEYS[1]) == 1 then
+    return {3, 0, 0}
+  end
+  local counter = redis.call('GET', KEYS[2])
+  if counter and not string.match(counter, '^%d+$') then
+    return {4, 0, 0}
+  end
   local fence = redis.call('INCR', KEYS[2])
   if fence == 1 then
     -- The counter expired (or never existed): restart from Redis's clock in microseconds, so
@@ -16,6 +26,9 @@ if not owner then
   redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'depth', 1, 'fence', string.format('%.0f', fence))
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return {1, fence, 1}
+end
+if not tonumber(h[2]) or not tonumber(h[3]) then
+  return {3, 0, 0}
 end
 if owner ~= '' and owner == ARGV[1] then
   local depth = tonumber(redis.call('HGET', KEYS[1], 'depth')) or 0

@@ -34,6 +34,47 @@ local function hash_state(key, algo)
   return s, false
 end
 
+-- Data this script never writes at a limit's keys (another type, a hand-edited value) is
+-- refused with a CORRUPT error naming the key: treating it as empty would silently admit.
+local tags = { fw = { 'w', 'n' }, sc = { 'w', 'c', 'p' }, tb = { 'v', 'u' }, lb = { 'v', 'u' } }
+local function corrupt(key, detail)
+  return redis.error_reply('CORRUPT ' .. key .. ' ' .. detail)
+end
+local function unusable(key, bkey)
+  local ty = redis.call('TYPE', key).ok
+  if ty == 'string' then
+    if not string.match(redis.call('GET', key), '^%d+:%d+$') then
+      return corrupt(key, 'a string that is not a gcra state')
+    end
+  elseif ty == 'hash' then
+    local a = redis.call('HGET', key, 'a')
+    local fields = tags[a or '']
+    if not fields then
+      return corrupt(key, 'a hash without a known algorithm tag')
+    end
+    for _, f in ipairs(fields) do
+      if not tonumber(redis.call('HGET', key, f)) then
+        return corrupt(key, 'field ' .. f .. ' of a ' .. a .. ' state is not a number')
+      end
+    end
+  elseif ty ~= 'none' and ty ~= 'zset' then
+    return corrupt(key, 'a ' .. ty .. ' is stored there')
+  end
+  local bty = redis.call('TYPE', bkey).ok
+  if bty == 'string' then
+    if not tonumber(redis.call('GET', bkey)) then
+      return corrupt(bkey, 'the block deadline is not a number')
+    end
+  elseif bty ~= 'none' then
+    return corrupt(bkey, 'a ' .. bty .. ' is stored there')
+  end
+  return nil
+end
+for i = 1, n do
+  local bad = unusable(KEYS[2 * i - 1], KEYS[2 * i])
+  if bad then return bad end
+end
+
 local out = { now }
 local commits = {}
 local all = true
