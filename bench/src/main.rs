@@ -4,7 +4,8 @@
 //! the load runs on core 1), or uses `REDGUARD_REDIS_URL`'s server when set. For each case
 //! it runs a closed loop of N operations in flight (N = 1, 16, 64), and measures Redis's own
 //! ceiling for the same script with `redis-benchmark` in the same run. Prints a table and
-//! writes `target/bench/results.{json,md}`.
+//! writes `target/bench/results.{json,md}`. `--only TEXT` runs only the cases whose name
+//! contains TEXT (for profiling one path).
 
 mod baseline;
 mod idem;
@@ -48,6 +49,8 @@ pub(crate) struct Bench {
     levels: Vec<usize>,
     port: u16,
     requests: usize,
+    /// `--only`: run only the cases whose name contains this.
+    only: Option<String>,
     /// The kind of connection the runtime uses, for the raw EVALSHA cases.
     pub(crate) conn: ConnectionManager,
 }
@@ -65,6 +68,9 @@ impl Bench {
         F: Fn(u64) -> Fut + Send + Sync + Clone + 'static,
         Fut: Future<Output = ()> + Send,
     {
+        if !self.selected(case) {
+            return;
+        }
         for (i, &in_flight) in self.levels.clone().iter().enumerate() {
             let sample = closed_loop(in_flight, self.warmup, self.window, op.clone()).await;
             self.push(Row {
@@ -104,6 +110,9 @@ impl Bench {
         R: Fn(G) -> RF + Send + Sync + Clone + 'static,
         RF: Future<Output = ()> + Send,
     {
+        if !self.selected(case) {
+            return;
+        }
         for in_flight in [16, 64] {
             let (sample, handoff) = contended(
                 in_flight,
@@ -128,11 +137,18 @@ impl Bench {
     /// redis-benchmark running `args` at every level (`-c N`), and its ceiling
     /// (`-c 16 -P 16`).
     pub(crate) fn baselines(&self, args: &[String]) -> (Vec<f64>, Option<f64>) {
+        if self.only.is_some() {
+            return (Vec::new(), None);
+        }
         let rb = |clients, pipeline| {
             baseline::redis_benchmark(self.port, clients, pipeline, self.requests, args)
         };
         let levels = self.levels.iter().map(|&n| rb(n, 1).unwrap_or(0.0));
         (levels.collect(), rb(16, 16))
+    }
+
+    fn selected(&self, case: &str) -> bool {
+        self.only.as_ref().is_none_or(|only| case.contains(only.as_str()))
     }
 
     fn push(&mut self, row: Row) {
@@ -227,7 +243,12 @@ fn print_row(row: &Row) {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 1)]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let quick = std::env::args().any(|a| a == "--quick");
+    let args: Vec<String> = std::env::args().collect();
+    let quick = args.iter().any(|a| a == "--quick");
+    let only = args
+        .iter()
+        .position(|a| a == "--only")
+        .and_then(|i| args.get(i + 1).cloned());
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
     let pin = cores >= 2;
     if pin {
@@ -257,6 +278,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         levels: vec![1, 16, 64],
         port,
         requests: if quick { 20_000 } else { 200_000 },
+        only,
         conn: ConnectionManager::new(redis::Client::open(server.url())?).await?,
     };
     println!(
