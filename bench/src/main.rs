@@ -148,7 +148,9 @@ impl Bench {
     }
 
     fn selected(&self, case: &str) -> bool {
-        self.only.as_ref().is_none_or(|only| case.contains(only.as_str()))
+        self.only
+            .as_ref()
+            .is_none_or(|only| case.contains(only.as_str()))
     }
 
     fn push(&mut self, row: Row) {
