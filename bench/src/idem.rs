@@ -44,7 +44,9 @@ pub(crate) async fn cases(bench: &mut Bench, rg: &Redguard, memory: &Redguard) {
 
     // Redis's own numbers for the replay script: idem_begin on a SUCCESS record.
     let args = raw::evalsha(
-        include_str!("../../runtime/src/store/redis/scripts/idem_begin.lua"),
+        &raw::sha(include_str!(
+            "../../runtime/src/store/redis/scripts/idem_begin.lua"
+        )),
         &["redguard:idem:{bench:bench:0}"],
         &["o", "", "600000"],
     );

@@ -24,23 +24,23 @@ async fn section(rg: Redguard, i: u64) {
 
 /// `lock_acquire.lua` then `lock_release.lua` on `key`, as the runtime sends them (default
 /// lease and depth; the fencing counter's week-long TTL).
-fn raw_section(key: &str, owner: &str) -> Vec<redis::Cmd> {
+fn raw_section(shas: &(String, String), key: &str, owner: &str) -> Vec<redis::Cmd> {
     let fence = format!("{key}:fence");
-    let acquire = raw::evalsha(
-        include_str!("../../runtime/src/store/redis/scripts/lock_acquire.lua"),
-        &[key, &fence],
-        &[owner, "30000", "5", "604800000"],
-    );
-    let release = raw::evalsha(
-        include_str!("../../runtime/src/store/redis/scripts/lock_release.lua"),
-        &[key],
-        &[owner, "0"],
-    );
+    let acquire = raw::evalsha(&shas.0, &[key, &fence], &[owner, "30000", "5", "604800000"]);
+    let release = raw::evalsha(&shas.1, &[key], &[owner, "0"]);
     vec![raw::command(&acquire), raw::command(&release)]
 }
 
 pub(crate) async fn cases(bench: &mut Bench, rg: &Redguard, memory: &Redguard) {
     let conn = bench.conn.clone();
+    let shas = (
+        raw::sha(include_str!(
+            "../../runtime/src/store/redis/scripts/lock_acquire.lua"
+        )),
+        raw::sha(include_str!(
+            "../../runtime/src/store/redis/scripts/lock_release.lua"
+        )),
+    );
     let rg2 = rg.clone();
     let ways = Ways {
         case: "lock acquire+release random keys",
@@ -55,7 +55,7 @@ pub(crate) async fn cases(bench: &mut Bench, rg: &Redguard, memory: &Redguard) {
         move |i| section(rg2.clone(), i),
         move |i| {
             let key = format!("redguard:lock:{{bench:l:i={i}}}");
-            raw::send(conn.clone(), raw_section(&key, &format!("{i:032x}")))
+            raw::send(conn.clone(), raw_section(&shas, &key, &format!("{i:032x}")))
         },
     )
     .await;

@@ -36,9 +36,9 @@ fn burst(algorithm: Algorithm) -> &'static str {
 
 /// `rate_check.lua` for one limit at `key` with the random-key cases' limit, as the runtime
 /// sends it.
-fn script_args(algorithm: Algorithm, key: &str) -> Vec<String> {
+fn script_args(sha: &str, algorithm: Algorithm, key: &str) -> Vec<String> {
     raw::evalsha(
-        include_str!("../../runtime/src/store/redis/scripts/rate_check.lua"),
+        sha,
         &[key, &format!("{key}:block")],
         &[
             "0",
@@ -62,14 +62,17 @@ async fn check(limiter: Limiter) {
 }
 
 pub(crate) async fn cases(bench: &mut Bench, rg: &Redguard, memory: &Redguard) {
+    let sha = raw::sha(include_str!(
+        "../../runtime/src/store/redis/scripts/rate_check.lua"
+    ));
     for algorithm in Algorithm::ALL {
         let name = algorithm.as_str();
         let case = format!("rate {name} random keys");
-        let (base, ceiling) = bench.baselines(&script_args(algorithm, &key("__rand_int__")));
+        let (base, ceiling) = bench.baselines(&script_args(&sha, algorithm, &key("__rand_int__")));
         let rg2 = rg.clone();
         let api = move |i| check(limiter(algorithm, i).on(&rg2));
         if algorithm == Algorithm::Gcra {
-            let conn = bench.conn.clone();
+            let (conn, sha) = (bench.conn.clone(), sha.clone());
             let ways = Ways {
                 case: &case,
                 base: &base,
@@ -82,7 +85,7 @@ pub(crate) async fn cases(bench: &mut Bench, rg: &Redguard, memory: &Redguard) {
                 },
                 api,
                 move |i| {
-                    let args = script_args(algorithm, &key(i));
+                    let args = script_args(&sha, algorithm, &key(i));
                     raw::send(conn.clone(), vec![raw::command(&args)])
                 },
             )
