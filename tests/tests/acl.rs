@@ -10,7 +10,7 @@ use redguard_tests::RedisServer;
 const ACL: &str = "on >secret ~redguard:* resetchannels &redguard:* -@all \
     +evalsha +eval +script|load +time +ping +hello +psubscribe +punsubscribe \
     +set +get +del +exists +type +hget +hset +hmget +hdel +hgetall +hincrby +incr +pexpire \
-    +pttl +publish +zadd +zcard +zcount +zrange +zrangebyscore +zrem +zremrangebyscore \
+    +pexpiretime +pttl +publish +zadd +zcard +zcount +zrange +zrangebyscore +zrem +zremrangebyscore \
     +zrevrangebyscore +zscore";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

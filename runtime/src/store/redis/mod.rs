@@ -15,7 +15,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
-use redis::{FromRedisValue, RedisError, Script, ToRedisArgs};
+use redis::{FromRedisValue, RedisError, Script, ServerErrorKind, ToRedisArgs};
 
 use super::{Store, StoreKind};
 use crate::error::{BackendError, Error, Result};
@@ -154,33 +154,62 @@ impl RedisStore {
         keys: &[&Key],
         args: &[&dyn ToRedisArgsDyn],
     ) -> Result<T> {
-        let mut invocation = script.prepare_invoke();
+        let mut cmd = evalsha(script, keys.len());
         for key in keys {
-            invocation.key(key.as_str());
+            cmd.arg(key.as_str());
         }
         for arg in args {
-            invocation.arg(arg.to_args());
+            arg.write_to(&mut cmd);
         }
+        self.run_script(op, script, cmd, keys.first().copied())
+            .await
+    }
+
+    /// Sends `cmd` (built by [`evalsha`] for `script`) under the timeout, loading the script
+    /// and retrying once on `NOSCRIPT` (after a restart or `SCRIPT FLUSH`). `WRONGTYPE`
+    /// becomes [`Error::Corrupt`] naming `key`.
+    pub(crate) async fn run_script<T: FromRedisValue>(
+        &self,
+        op: &'static str,
+        script: &Script,
+        cmd: redis::Cmd,
+        key: Option<&Key>,
+    ) -> Result<T> {
         let mut conn = self.conn.clone();
         bounded(op, self.timeout, async move {
-            invocation.invoke_async(&mut conn).await
+            match cmd.query_async(&mut conn).await {
+                Err(err) if err.kind() == redis::ErrorKind::Server(ServerErrorKind::NoScript) => {
+                    script.load_async(&mut conn).await?;
+                    cmd.query_async(&mut conn).await
+                }
+                reply => reply,
+            }
         })
         .await
-        .map_err(|err| match keys.first() {
+        .map_err(|err| match key {
             Some(key) => corrupt_or(err, key),
             None => err,
         })
     }
 }
 
+/// `EVALSHA <script's sha1> <keys>`, ready for the keys, then the arguments. Built directly
+/// (not through `Script::prepare_invoke`, which copies every argument into its own buffer
+/// and then again into the command).
+pub(crate) fn evalsha(script: &Script, keys: usize) -> redis::Cmd {
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(script.get_hash()).arg(keys);
+    cmd
+}
+
 /// Object-safe argument for [`RedisStore::eval`]: scripts take strings and integers.
 pub(crate) trait ToRedisArgsDyn: Sync {
-    fn to_args(&self) -> Vec<Vec<u8>>;
+    fn write_to(&self, cmd: &mut redis::Cmd);
 }
 
 impl<T: ToRedisArgs + Sync> ToRedisArgsDyn for T {
-    fn to_args(&self) -> Vec<Vec<u8>> {
-        self.to_redis_args()
+    fn write_to(&self, cmd: &mut redis::Cmd) {
+        cmd.arg(self);
     }
 }
 

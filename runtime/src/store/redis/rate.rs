@@ -6,10 +6,10 @@ use async_trait::async_trait;
 use once_cell::sync::Lazy;
 use redis::Script;
 
-use super::{RedisStore, bounded, corrupt_or};
+use super::{RedisStore, evalsha};
 use crate::error::{Error, Result};
 use crate::key::Key;
-use crate::rate::{Decision, micros};
+use crate::rate::{Algorithm, Decision, micros};
 use crate::store::{RateCheck, RateMode, RateOps, RateOutcome, Store as _};
 
 static CHECK: Lazy<Script> = Lazy::new(|| Script::new(include_str!("scripts/rate_check.lua")));
@@ -39,11 +39,15 @@ impl RateOps for RedisStore {
     /// phase two, after the slots before it were charged: the only case in which a rejected
     /// call uses up another limit, and only on a Cluster with limits in several slots.
     async fn rate_check(&self, checks: &[RateCheck<'_>], mode: RateMode) -> Result<RateOutcome> {
+        // On a single node, skip the slot grouping altogether (the common, hot case).
+        if !self.is_cluster() {
+            return self.rate_check_slot(checks, mode).await;
+        }
         let first_tag = checks.first().map(|check| hash_tag(check.key));
         let one_slot = checks
             .iter()
             .all(|check| Some(hash_tag(check.key)) == first_tag);
-        if !self.is_cluster() || one_slot {
+        if one_slot {
             return self.rate_check_slot(checks, mode).await;
         }
         let mut groups: Vec<Vec<RateCheck<'_>>> = Vec::new();
@@ -115,34 +119,35 @@ impl RedisStore {
                 decisions: Vec::new(),
             });
         };
-        let mut invocation = CHECK.prepare_invoke();
-        invocation
-            .arg(if mode == RateMode::Peek { "1" } else { "0" })
-            .arg(
-                uuid::Uuid::new_v4()
-                    .simple()
-                    .to_string()
-                    .get(..12)
-                    .unwrap_or("0"),
-            );
+        // Every key first, then the arguments: EVALSHA's order.
+        let mut cmd = evalsha(&CHECK, checks.len() * 2);
+        for check in checks {
+            cmd.arg(check.key.as_str())
+                .arg(format!("{}{BLOCK_SUFFIX}", check.key));
+        }
+        cmd.arg(if mode == RateMode::Peek { "1" } else { "0" });
+        // Only the sliding log needs a nonce (its entries' names): skip the random for others.
+        if checks
+            .iter()
+            .any(|check| check.limit.algorithm == Algorithm::SlidingWindow)
+        {
+            let nonce = uuid::Uuid::new_v4().simple().to_string();
+            cmd.arg(nonce.get(..12).unwrap_or("0"));
+        } else {
+            cmd.arg("0");
+        }
         for check in checks {
             let limit = check.limit;
-            invocation
-                .key(check.key.as_str())
-                .key(format!("{}{BLOCK_SUFFIX}", check.key))
-                .arg(limit.algorithm.as_str())
+            cmd.arg(limit.algorithm.as_str())
                 .arg(limit.rate.count())
                 .arg(micros(limit.rate.period()))
                 .arg(limit.burst)
                 .arg(limit.cost)
                 .arg(micros(limit.block));
         }
-        let mut conn = self.conn();
-        let reply: Vec<i64> = bounded("rate_check", self.timeout(), async move {
-            invocation.invoke_async(&mut conn).await
-        })
-        .await
-        .map_err(|err| corrupt_or(err, first.key))?;
+        let reply: Vec<i64> = self
+            .run_script("rate_check", &CHECK, cmd, Some(first.key))
+            .await?;
         parse(&reply, checks, first.key)
     }
 }

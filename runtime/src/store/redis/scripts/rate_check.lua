@@ -100,15 +100,25 @@ for i = 1, n do
     retry = until_us - now
     reset = retry
   elseif algo == 'gcra' then
-    -- State: "<tat>:<T it was computed with>". When the rate changed, the debt is rescaled
-    -- in units (not in time), so a lowered rate never admits beyond the new limit.
-    local ty = redis.call('TYPE', key).ok
+    -- State: one integer "<T><rrr>", so Redis keeps it unboxed (no string buffer): T is the
+    -- emission interval it was computed with and the TAT is the key's expiry (PXAT, ms)
+    -- * 1000 - rrr. A GET that fails is another algorithm's hash or set (a configuration
+    -- change: replaced on commit, as SET overwrites any type). When the rate changed, the
+    -- debt is rescaled in units (not in time), so a lowered rate never admits beyond the new
+    -- limit. "<tat>:<T>" is the format before 0.1's compaction, still read.
+    local v = redis.pcall('GET', key)
     local tat = now
-    if ty == 'string' then
-      local v = redis.call('GET', key)
-      local a, old_t = string.match(v, '^(%d+):(%d+)$')
-      a, old_t = tonumber(a), tonumber(old_t)
-      if a and old_t and a > now then
+    if type(v) == 'string' then
+      local a, old_t
+      local t_digits, r = string.match(v, '^(%d+)(%d%d%d)$')
+      if t_digits then
+        old_t = tonumber(t_digits)
+        a = redis.call('PEXPIRETIME', key) * 1000 - tonumber(r)
+      else
+        a, old_t = string.match(v, '^(%d+):(%d+)$')
+        a, old_t = tonumber(a), tonumber(old_t)
+      end
+      if a and old_t and old_t > 0 and a > now then
         if old_t == T then
           tat = a
         else
@@ -124,8 +134,8 @@ for i = 1, n do
       remaining = math.floor((tau - (new - now)) / T)
       reset = new - now
       commit = function()
-        if ty ~= 'string' and ty ~= 'none' then redis.call('DEL', key) end
-        redis.call('SET', key, int(new) .. ':' .. int(T), 'PX', ms(new - now))
+        local at = math.ceil(new / 1000)
+        redis.call('SET', key, int(T) .. string.format('%03d', at * 1000 - new), 'PXAT', int(at))
       end
     else
       remaining = math.floor((tau - (tat - now)) / T)

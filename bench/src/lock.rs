@@ -1,0 +1,93 @@
+//! Locks: acquire + release on random keys (uncontended) three ways, then contenders on one
+//! key, default and fair, with the hand-off latency.
+
+use std::time::Duration;
+
+use redguard::{KeyBuilder, LockGuard, Redguard, dist_lock};
+
+use crate::raw;
+use crate::{Bench, Ways};
+
+/// The same acquire + release as the runtime-API case, through the attribute.
+#[dist_lock(key = "l:{i}", scope = "bench")]
+async fn annotated_section(i: u64) -> redguard::Result<u64> {
+    Ok(i)
+}
+
+async fn section(rg: Redguard, i: u64) {
+    let lock = rg
+        .lock(KeyBuilder::new().text("l:").part("i", &i))
+        .scope("bench");
+    let guard = lock.acquire().await.expect("acquire");
+    guard.release().await.expect("release");
+}
+
+/// `lock_acquire.lua` then `lock_release.lua` on `key`, as the runtime sends them (default
+/// lease and depth; the fencing counter's week-long TTL).
+fn raw_section(shas: &(String, String), key: &str, owner: &str) -> Vec<redis::Cmd> {
+    let fence = format!("{key}:fence");
+    let acquire = raw::evalsha(&shas.0, &[key, &fence], &[owner, "30000", "5", "604800000"]);
+    let release = raw::evalsha(&shas.1, &[key], &[owner, "0"]);
+    vec![raw::command(&acquire), raw::command(&release)]
+}
+
+pub(crate) async fn cases(bench: &mut Bench, rg: &Redguard, memory: &Redguard) {
+    let conn = bench.conn.clone();
+    let shas = (
+        raw::sha(include_str!(
+            "../../runtime/src/store/redis/scripts/lock_acquire.lua"
+        )),
+        raw::sha(include_str!(
+            "../../runtime/src/store/redis/scripts/lock_release.lua"
+        )),
+    );
+    let rg2 = rg.clone();
+    let ways = Ways {
+        case: "lock acquire+release random keys",
+        base: &[],
+        ceiling: None,
+    };
+    ways.run(
+        bench,
+        |i| async move {
+            annotated_section(i).await.expect("section");
+        },
+        move |i| section(rg2.clone(), i),
+        move |i| {
+            let key = format!("redguard:lock:{{bench:l:i={i}}}");
+            raw::send(conn.clone(), raw_section(&shas, &key, &format!("{i:032x}")))
+        },
+    )
+    .await;
+    let m = memory.clone();
+    bench
+        .run_memory("lock acquire+release random keys", memory, move |i| {
+            section(m.clone(), i)
+        })
+        .await;
+    for (store, handle) in [("redis", rg), ("memory", memory)] {
+        for fair in [false, true] {
+            contended(bench, store, handle, fair).await;
+        }
+    }
+}
+
+/// Contenders on one key, each taking the lock and leaving at once.
+async fn contended(bench: &mut Bench, store: &'static str, rg: &Redguard, fair: bool) {
+    let case = if fair {
+        "lock one key, fair (sections/s, wait)"
+    } else {
+        "lock one key, default (sections/s, wait)"
+    };
+    let rg = rg.clone();
+    let acquire = move || {
+        let lock = rg
+            .lock("contended")
+            .scope("bench")
+            .wait(Duration::from_secs(30));
+        let lock = if fair { lock.fair() } else { lock };
+        async move { lock.acquire().await.expect("acquire") }
+    };
+    let release = |guard: LockGuard| async move { guard.release().await.expect("release") };
+    bench.run_contended(case, store, acquire, release).await;
+}

@@ -1,0 +1,119 @@
+//! Rate limits: every algorithm on random keys (the allowed path); GCRA also through the
+//! attribute and as a raw EVALSHA, and on one hot key that always admits or always rejects.
+
+use redguard::{Algorithm, Limiter, Redguard, rate_limit};
+
+use crate::raw;
+use crate::{Bench, Ways};
+
+/// The same check as the runtime-API GCRA case, through the attribute.
+#[rate_limit(key = "r:{i}", rate = "1000000/s", burst = 1000, scope = "bench")]
+async fn annotated_check(i: u64) -> redguard::Result<u64> {
+    Ok(i)
+}
+
+/// The limit of the random-key cases: a million per second, so every call is admitted.
+fn limiter(algorithm: Algorithm, i: u64) -> Limiter {
+    let limiter = redguard::limiter("r:")
+        .part("i", &i)
+        .scope("bench")
+        .rate("1000000/s")
+        .algorithm(algorithm);
+    if algorithm.is_window() {
+        limiter
+    } else {
+        limiter.burst(1000)
+    }
+}
+
+fn burst(algorithm: Algorithm) -> &'static str {
+    if algorithm.is_window() {
+        "1000000"
+    } else {
+        "1000"
+    }
+}
+
+/// `rate_check.lua` for one limit at `key` with the random-key cases' limit, as the runtime
+/// sends it.
+fn script_args(sha: &str, algorithm: Algorithm, key: &str) -> Vec<String> {
+    raw::evalsha(
+        sha,
+        &[key, &format!("{key}:block")],
+        &[
+            "0",
+            "benchbenchbe",
+            algorithm.as_str(),
+            "1000000",
+            "1000000",
+            burst(algorithm),
+            "1",
+            "0",
+        ],
+    )
+}
+
+fn key(i: impl std::fmt::Display) -> String {
+    format!("redguard:rate:{{bench:r:i={i}}}")
+}
+
+async fn check(limiter: Limiter) {
+    limiter.check().await.expect("rate check");
+}
+
+pub(crate) async fn cases(bench: &mut Bench, rg: &Redguard, memory: &Redguard) {
+    let sha = raw::sha(include_str!(
+        "../../runtime/src/store/redis/scripts/rate_check.lua"
+    ));
+    for algorithm in Algorithm::ALL {
+        let name = algorithm.as_str();
+        let case = format!("rate {name} random keys");
+        let (base, ceiling) = bench.baselines(&script_args(&sha, algorithm, &key("__rand_int__")));
+        let rg2 = rg.clone();
+        let api = move |i| check(limiter(algorithm, i).on(&rg2));
+        if algorithm == Algorithm::Gcra {
+            let (conn, sha) = (bench.conn.clone(), sha.clone());
+            let ways = Ways {
+                case: &case,
+                base: &base,
+                ceiling,
+            };
+            ways.run(
+                bench,
+                |i| async move {
+                    annotated_check(i).await.expect("rate check");
+                },
+                api,
+                move |i| {
+                    let args = script_args(&sha, algorithm, &key(i));
+                    raw::send(conn.clone(), vec![raw::command(&args)])
+                },
+            )
+            .await;
+            hot_key(bench, rg, ceiling).await;
+        } else {
+            bench.run(&case, "redis", Some(&base), ceiling, api).await;
+        }
+        bench
+            .run_memory(&case, memory, move |i| check(limiter(algorithm, i)))
+            .await;
+    }
+}
+
+/// GCRA on one key: a limit that always admits, and one that always rejects.
+async fn hot_key(bench: &mut Bench, rg: &Redguard, ceiling: Option<f64>) {
+    for (case, rate, burst) in [("allowed", "1000000/s", 1000), ("denied", "1/h", 1)] {
+        let rg2 = rg.clone();
+        let hot = move |_| {
+            let limiter = redguard::limiter("hot:")
+                .part("case", case)
+                .scope("bench")
+                .rate(rate)
+                .burst(burst)
+                .on(&rg2);
+            check(limiter)
+        };
+        let name = format!("rate gcra one hot key, {case}");
+        bench.run(&name, "redis", None, ceiling, hot).await;
+    }
+}
