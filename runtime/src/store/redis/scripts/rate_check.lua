@@ -43,7 +43,9 @@ end
 local function unusable(key, bkey)
   local ty = redis.call('TYPE', key).ok
   if ty == 'string' then
-    if not string.match(redis.call('GET', key), '^%d+:%d+$') then
+    -- gcra: "<T><rrr>" (all digits, kept as an integer), or "<tat>:<T>" written before 0.1.
+    local v = redis.call('GET', key)
+    if not (string.match(v, '^%d%d%d%d+$') or string.match(v, '^%d+:%d+$')) then
       return corrupt(key, 'a string that is not a gcra state')
     end
   elseif ty == 'hash' then
