@@ -75,22 +75,7 @@ impl LockOps for RedisStore {
                 &[&owner, &millis(lease), &max_depth, &fence_ttl],
             )
             .await?;
-        let corrupt = || Error::Corrupt {
-            key: key.to_string(),
-            detail: format!("lock_acquire returned {reply:?}"),
-        };
         match reply {
-            (1, fence, depth) => Ok(LockAcquire::Acquired {
-                fence: u64::try_from(fence).map_err(|_| corrupt())?,
-                depth: u32::try_from(depth).map_err(|_| corrupt())?,
-            }),
-            // PTTL is -1 when someone wrote the key without a TTL: not ours to fix, report.
-            (0, pttl, _) if pttl >= 0 => Ok(LockAcquire::Held {
-                ttl: Duration::from_millis(pttl.unsigned_abs()),
-            }),
-            (2, _, depth) => Ok(LockAcquire::TooDeep {
-                depth: u32::try_from(depth).map_err(|_| corrupt())?,
-            }),
             (3, _, _) => Err(Error::Corrupt {
                 key: key.to_string(),
                 detail: "not a lock hash with an owner and numeric depth and fence".to_owned(),
@@ -99,7 +84,8 @@ impl LockOps for RedisStore {
                 key: fence_key.to_string(),
                 detail: "the fencing counter is not a non-negative integer".to_owned(),
             }),
-            _ => Err(corrupt()),
+            // PTTL is -1 when someone wrote the key without a TTL: not ours to fix, reported.
+            _ => acquire_reply(key, "lock_acquire", reply),
         }
     }
 
