@@ -56,6 +56,11 @@ fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
 }
 
+/// The TTL (ms) of a fencing counter: it must outlive the lock it fences.
+fn fence_ttl(lease: Duration) -> u64 {
+    millis(FENCE_TTL.max(lease))
+}
+
 #[async_trait]
 impl LockOps for RedisStore {
     async fn lock_acquire(
@@ -66,7 +71,7 @@ impl LockOps for RedisStore {
         max_depth: u32,
     ) -> Result<LockAcquire> {
         let fence_key = key.companion("fence");
-        let fence_ttl = millis(FENCE_TTL.max(lease));
+        let fence_ttl = fence_ttl(lease);
         let reply: (i64, i64, i64) = self
             .eval(
                 "lock_acquire",
@@ -121,7 +126,7 @@ impl LockOps for RedisStore {
         lease: Duration,
     ) -> Result<LockAcquire> {
         let fence_key = key.companion("fence");
-        let fence_ttl = millis(FENCE_TTL.max(lease));
+        let fence_ttl = fence_ttl(lease);
         let reply: (i64, i64, i64) = self
             .eval(
                 "semaphore_acquire",
@@ -193,7 +198,7 @@ impl LockOps for RedisStore {
                     &owner,
                     &mode,
                     &millis(lease),
-                    &millis(FENCE_TTL.max(lease)),
+                    &fence_ttl(lease),
                     &millis(WRITER_INTENT),
                 ],
             )
@@ -249,7 +254,7 @@ impl LockOps for RedisStore {
                     &owner,
                     &millis(lease),
                     &max_depth,
-                    &millis(FENCE_TTL.max(lease)),
+                    &fence_ttl(lease),
                     &millis(FAIR_REGISTRATION),
                     &join,
                 ],
