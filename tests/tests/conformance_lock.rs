@@ -13,6 +13,7 @@ redguard_tests::conformance!(
     release_keeps_key_for_hold_at_least,
     lease_expiry_frees_the_key,
     watch_wakes_on_release,
+    fair_release_wakes_only_the_head,
     api_timeout_held_and_release,
     api_run_exposes_fence_and_reenters,
     api_rejects_bad_settings,
@@ -217,6 +218,53 @@ async fn watch_wakes_on_release(rg: Redguard) {
     tokio::time::timeout(Duration::from_secs(2), watch.changed())
         .await
         .expect("release notification");
+}
+
+/// A fair lock's release (or its head leaving) wakes the queue's head alone: waking every
+/// waiter would have all of them ask the store for a lock only the head may take.
+async fn fair_release_wakes_only_the_head(rg: Redguard) {
+    let k = key(&rg, "fair");
+    let store = rg.store();
+    let quiet = Duration::from_millis(300);
+    let fired = Duration::from_secs(2);
+    let acquired = store.fair_acquire(&k, "alice", LEASE, 5, true).await;
+    assert!(
+        matches!(acquired, Ok(LockAcquire::Acquired { .. })),
+        "{acquired:?}"
+    );
+    let mut bob = store.fair_watch(&k, "bob").await;
+    let mut carol = store.fair_watch(&k, "carol").await;
+    let mut everyone = store.lock_watch(&k).await;
+    assert!(bob.is_live() && carol.is_live());
+    for waiter in ["bob", "carol"] {
+        let queued = store.fair_acquire(&k, waiter, LEASE, 5, true).await;
+        assert!(matches!(queued, Ok(LockAcquire::Held { .. })), "{queued:?}");
+    }
+    let released = store.fair_release(&k, "alice", Duration::ZERO).await;
+    assert_eq!(released.unwrap(), LockRelease::Released);
+    tokio::time::timeout(fired, bob.changed())
+        .await
+        .expect("the head is told it is its turn");
+    assert!(
+        tokio::time::timeout(quiet, carol.changed()).await.is_err(),
+        "a waiter behind the head was woken by the release"
+    );
+    assert!(
+        tokio::time::timeout(quiet, everyone.changed())
+            .await
+            .is_err(),
+        "a fair release woke the lock's plain waiters"
+    );
+    // The head gives up while the lock is free: now it is carol's turn.
+    store.fair_leave(&k, "bob").await.unwrap();
+    tokio::time::timeout(fired, carol.changed())
+        .await
+        .expect("the next head is told when the head leaves");
+    let acquired = store.fair_acquire(&k, "carol", LEASE, 5, true).await;
+    assert!(
+        matches!(acquired, Ok(LockAcquire::Acquired { .. })),
+        "{acquired:?}"
+    );
 }
 
 async fn api_timeout_held_and_release(rg: Redguard) {

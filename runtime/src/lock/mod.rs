@@ -469,9 +469,8 @@ impl Kind {
         keep: Duration,
     ) -> Result<crate::store::LockRelease> {
         match self {
-            Kind::Exclusive | Kind::Write | Kind::Fair => {
-                store.lock_release(key, owner, keep).await
-            }
+            Kind::Exclusive | Kind::Write => store.lock_release(key, owner, keep).await,
+            Kind::Fair => store.fair_release(key, owner, keep).await,
             Kind::Semaphore(_) => store.semaphore_release(key, owner).await,
             Kind::Read => store.rw_release_read(key, owner).await,
         }
@@ -545,13 +544,16 @@ async fn acquire(handle: Redguard, key: Key, spec: Spec) -> Result<LockGuard> {
     // wakes us.
     let mut watch = if spec.wait.is_zero() || spec.skip_if_held {
         None
+    } else if spec.kind == Kind::Fair {
+        Some(store.fair_watch(&key, &owner).await)
     } else {
         Some(store.lock_watch(&key).await)
     };
     // One waiter per key and store in this process asks the store at a time; the others queue
     // here in arrival order. Without it, every release would wake every local waiter into a
     // store round trip that all but one lose.
-    // Not for fair locks: the store's queue orders their waiters, all of them.
+    // Not for fair locks: the store's queue orders their waiters, all of them, and wakes only
+    // its head.
     let _turn = match (&watch, nested) {
         (Some(_), false) if spec.kind != Kind::Fair => {
             let queue = local_queue(&store, &key);

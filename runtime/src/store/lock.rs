@@ -114,13 +114,26 @@ pub trait LockOps {
         join: bool,
     ) -> Result<LockAcquire>;
 
-    /// Gives up `owner`'s place in the fair queue at `key`.
+    /// Leaves one level of the fair lock at `key`, as
+    /// [`lock_release`](LockOps::lock_release) does; freeing it notifies only the waiter at
+    /// the head of its queue (see [`fair_watch`](LockOps::fair_watch)).
+    async fn fair_release(&self, key: &Key, owner: &str, keep: Duration) -> Result<LockRelease>;
+
+    /// Gives up `owner`'s place in the fair queue at `key`; when the lock is free, the new
+    /// head of the queue is notified.
     async fn fair_leave(&self, key: &Key, owner: &str) -> Result<()>;
 
     /// A subscription to release notifications of `key`. Take it *before* trying to acquire,
     /// so a release between a failed attempt and the wait is not missed. Never fails: when
     /// notifications are unavailable the watch says so and waiters poll.
     async fn lock_watch(&self, key: &Key) -> LockWatch;
+
+    /// A subscription to the turn of `owner` at the fair lock `key`: it fires when the lock
+    /// is freed while `owner` heads the queue. Waking every waiter of a fair lock on each
+    /// release would have all of them ask the store and all but one be refused; the others
+    /// keep their place by retrying on their own schedule. Same guarantees as
+    /// [`lock_watch`](LockOps::lock_watch).
+    async fn fair_watch(&self, key: &Key, owner: &str) -> LockWatch;
 }
 
 /// What [`LockOps::lock_acquire`] did.
@@ -227,6 +240,11 @@ impl Waiters {
         LockWatch { rx: Some(rx), live }
     }
 
+    /// Subscribes to the turns of `owner` at the fair lock `key`.
+    pub(crate) fn watch_turn(&self, key: &str, owner: &str, live: bool) -> LockWatch {
+        self.watch(&turn(key, owner), live)
+    }
+
     /// Wakes the waiters of `key`.
     pub(crate) fn notify(&self, key: &str) {
         let keys = self.keys();
@@ -235,10 +253,21 @@ impl Waiters {
         }
     }
 
+    /// Wakes `owner`, waiting for its turn at the fair lock `key`.
+    pub(crate) fn notify_turn(&self, key: &str, owner: &str) {
+        self.notify(&turn(key, owner));
+    }
+
     /// Wakes every waiter: notifications may have been lost (the subscription dropped).
     pub(crate) fn notify_all(&self) {
         for tx in self.keys().values() {
             tx.send_modify(|count| *count = count.wrapping_add(1));
         }
     }
+}
+
+/// The entry of `owner`'s turns at the fair lock `key`: a space is in neither a key nor an
+/// owner token, so it cannot be any key's own entry.
+fn turn(key: &str, owner: &str) -> String {
+    format!("{key} {owner}")
 }

@@ -87,6 +87,42 @@ impl MemoryStore {
         locks.put(key, state, now + lease);
         LockAcquire::Acquired { fence, depth: 1 }
     }
+
+    /// Leaves one level of the lock at `key`; true when that freed the key.
+    fn leave(&self, key: &Key, owner: &str, keep: Duration) -> (LockRelease, bool) {
+        let (mut locks, now) = self.lock(&self.tables.locks);
+        let Some(state) = locks.get_mut(key) else {
+            return (LockRelease::NotOwner, false);
+        };
+        if owner.is_empty() || state.owner != owner {
+            return (LockRelease::NotOwner, false);
+        }
+        if state.depth > 1 {
+            state.depth -= 1;
+            return (LockRelease::Nested { depth: state.depth }, false);
+        }
+        if keep.is_zero() {
+            locks.remove(key);
+            return (LockRelease::Released, true);
+        }
+        state.owner.clear();
+        state.depth = 0;
+        locks.set_expiry(key, now + keep);
+        (LockRelease::Released, false)
+    }
+
+    /// Tells the live waiter at the head of the fair lock `key`'s queue that it is its turn.
+    fn notify_head(&self, key: &Key) {
+        let (queues, now) = self.lock(&self.tables.fair_queues);
+        let head = queues
+            .get(&key.companion("queue"))
+            .and_then(|queue| queue.iter().find(|(_, until)| *until > now))
+            .map(|(head, _)| head.clone());
+        drop(queues);
+        if let Some(head) = head {
+            self.tables.lock_waiters.notify_turn(key.as_str(), &head);
+        }
+    }
 }
 
 #[async_trait]
@@ -114,27 +150,11 @@ impl LockOps for MemoryStore {
     }
 
     async fn lock_release(&self, key: &Key, owner: &str, keep: Duration) -> Result<LockRelease> {
-        let (mut locks, now) = self.lock(&self.tables.locks);
-        let Some(state) = locks.get_mut(key) else {
-            return Ok(LockRelease::NotOwner);
-        };
-        if owner.is_empty() || state.owner != owner {
-            return Ok(LockRelease::NotOwner);
-        }
-        if state.depth > 1 {
-            state.depth -= 1;
-            return Ok(LockRelease::Nested { depth: state.depth });
-        }
-        if keep.is_zero() {
-            locks.remove(key);
-            drop(locks);
+        let (released, freed) = self.leave(key, owner, keep);
+        if freed {
             self.tables.lock_waiters.notify(key.as_str());
-        } else {
-            state.owner.clear();
-            state.depth = 0;
-            locks.set_expiry(key, now + keep);
         }
-        Ok(LockRelease::Released)
+        Ok(released)
     }
 
     async fn semaphore_acquire(
@@ -338,11 +358,27 @@ impl LockOps for MemoryStore {
             put_queue(&mut queues, &queue_key, queue);
         }
         drop(queues);
-        self.tables.lock_waiters.notify(key.as_str());
+        if self.lock(&self.tables.locks).0.get(key).is_none() {
+            self.notify_head(key);
+        }
         Ok(())
+    }
+
+    async fn fair_release(&self, key: &Key, owner: &str, keep: Duration) -> Result<LockRelease> {
+        let (released, freed) = self.leave(key, owner, keep);
+        if freed {
+            self.notify_head(key);
+        }
+        Ok(released)
     }
 
     async fn lock_watch(&self, key: &Key) -> LockWatch {
         self.tables.lock_waiters.watch(key.as_str(), true)
+    }
+
+    async fn fair_watch(&self, key: &Key, owner: &str) -> LockWatch {
+        self.tables
+            .lock_waiters
+            .watch_turn(key.as_str(), owner, true)
     }
 }

@@ -102,20 +102,7 @@ impl LockOps for RedisStore {
     }
 
     async fn lock_release(&self, key: &Key, owner: &str, keep: Duration) -> Result<LockRelease> {
-        let keep = u64::try_from(keep.as_millis()).unwrap_or(u64::MAX);
-        let code: i64 = self
-            .eval("lock_release", &RELEASE, &[key], &[&owner, &keep])
-            .await?;
-        match code {
-            -1 => Ok(LockRelease::NotOwner),
-            0 => Ok(LockRelease::Released),
-            depth => Ok(LockRelease::Nested {
-                depth: u32::try_from(depth).map_err(|_| Error::Corrupt {
-                    key: key.to_string(),
-                    detail: format!("lock_release returned {depth}"),
-                })?,
-            }),
-        }
+        self.release(key, &[key], owner, keep).await
     }
 
     async fn semaphore_acquire(
@@ -263,6 +250,12 @@ impl LockOps for RedisStore {
         acquire_reply(key, "fair_acquire", reply)
     }
 
+    async fn fair_release(&self, key: &Key, owner: &str, keep: Duration) -> Result<LockRelease> {
+        let keys = fair_keys(key);
+        self.release(key, &[key, &keys[0], &keys[1]], owner, keep)
+            .await
+    }
+
     async fn fair_leave(&self, key: &Key, owner: &str) -> Result<()> {
         let keys = fair_keys(key);
         let _: i64 = self
@@ -277,7 +270,38 @@ impl LockOps for RedisStore {
     }
 
     async fn lock_watch(&self, key: &Key) -> LockWatch {
-        self.bus.watch(key, self.timeout()).await
+        self.bus.watch(key, None, self.timeout()).await
+    }
+
+    async fn fair_watch(&self, key: &Key, owner: &str) -> LockWatch {
+        self.bus.watch(key, Some(owner), self.timeout()).await
+    }
+}
+
+impl RedisStore {
+    /// Runs the release script on `keys` (the lock, and a fair lock's queue and
+    /// registrations).
+    async fn release(
+        &self,
+        key: &Key,
+        keys: &[&Key],
+        owner: &str,
+        keep: Duration,
+    ) -> Result<LockRelease> {
+        let keep = u64::try_from(keep.as_millis()).unwrap_or(u64::MAX);
+        let code: i64 = self
+            .eval("lock_release", &RELEASE, keys, &[&owner, &keep])
+            .await?;
+        match code {
+            -1 => Ok(LockRelease::NotOwner),
+            0 => Ok(LockRelease::Released),
+            depth => Ok(LockRelease::Nested {
+                depth: u32::try_from(depth).map_err(|_| Error::Corrupt {
+                    key: key.to_string(),
+                    detail: format!("lock_release returned {depth}"),
+                })?,
+            }),
+        }
     }
 }
 
@@ -344,19 +368,24 @@ impl ReleaseBus {
         }
     }
 
-    /// Subscribes a waiter to `key`, starting the connection if needed and waiting up to
-    /// `timeout` for the subscription to be in place (after that the watch polls).
-    async fn watch(&self, key: &Key, timeout: Duration) -> LockWatch {
+    /// Subscribes a waiter to `key` (to `owner`'s turns at a fair lock), starting the
+    /// connection if needed and waiting up to `timeout` for the subscription to be in place
+    /// (after that the watch polls).
+    async fn watch(&self, key: &Key, owner: Option<&str>, timeout: Duration) -> LockWatch {
+        let watch = |live| match owner {
+            Some(owner) => self.waiters.watch_turn(key.as_str(), owner, live),
+            None => self.waiters.watch(key.as_str(), live),
+        };
         if self.down.load(Ordering::SeqCst) {
             // Waiting for a subscription that just failed would add a whole timeout to every
             // acquisition while Redis is away: poll at once; releases are delivered again as
             // soon as the subscription is back.
             self.ensure_running();
-            return self.waiters.watch(key.as_str(), false);
+            return watch(false);
         }
         // Registered first: a release delivered while we wait for the subscription counts.
         let mut ready = self.subscribed.subscribe();
-        let watch = self.waiters.watch(key.as_str(), true);
+        let watch = watch(true);
         self.ensure_running();
         let live = tokio::time::timeout(timeout, ready.wait_for(|subscribed| *subscribed))
             .await
@@ -414,7 +443,14 @@ async fn run_bus(
                 tracing::debug!("lock release subscription up");
                 let mut messages = pubsub.into_on_message();
                 while let Some(message) = messages.next().await {
-                    waiters.notify(message.get_channel_name());
+                    // '1' is news for every waiter; a fair lock names the one whose turn it is.
+                    match message.get_payload_bytes() {
+                        b"1" => waiters.notify(message.get_channel_name()),
+                        owner => waiters.notify_turn(
+                            message.get_channel_name(),
+                            &String::from_utf8_lossy(owner),
+                        ),
+                    }
                 }
                 subscribed.send_replace(false);
                 down.store(true, Ordering::SeqCst);
