@@ -13,7 +13,7 @@ redguard_tests::conformance!(
     release_keeps_key_for_hold_at_least,
     lease_expiry_frees_the_key,
     watch_wakes_on_release,
-    fair_release_wakes_only_the_head,
+    fair_release_hands_over_to_the_head,
     api_timeout_held_and_release,
     api_run_exposes_fence_and_reenters,
     api_rejects_bad_settings,
@@ -220,50 +220,91 @@ async fn watch_wakes_on_release(rg: Redguard) {
         .expect("release notification");
 }
 
-/// A fair lock's release (or its head leaving) wakes the queue's head alone: waking every
-/// waiter would have all of them ask the store for a lock only the head may take.
-async fn fair_release_wakes_only_the_head(rg: Redguard) {
+/// A fair lock's release hands it to the queue's head and tells the head alone, with its
+/// fencing token; a head that gives up passes it on; one that vanishes holds it only for
+/// `FAIR_REGISTRATION`, not for a lease.
+async fn fair_release_hands_over_to_the_head(rg: Redguard) {
     let k = key(&rg, "fair");
     let store = rg.store();
     let quiet = Duration::from_millis(300);
     let fired = Duration::from_secs(2);
-    let acquired = store.fair_acquire(&k, "alice", LEASE, 5, true).await;
-    assert!(
-        matches!(acquired, Ok(LockAcquire::Acquired { .. })),
-        "{acquired:?}"
-    );
+    let fair = |owner: &'static str| store.fair_acquire(&k, owner, LEASE, 5, true, false);
+    let alice = fair("alice").await.unwrap();
+    let LockAcquire::Acquired { fence: first, .. } = alice else {
+        panic!("{alice:?}");
+    };
     let mut bob = store.fair_watch(&k, "bob").await;
     let mut carol = store.fair_watch(&k, "carol").await;
     let mut everyone = store.lock_watch(&k).await;
     assert!(bob.is_live() && carol.is_live());
-    for waiter in ["bob", "carol"] {
-        let queued = store.fair_acquire(&k, waiter, LEASE, 5, true).await;
+    for waiter in ["bob", "carol", "dave"] {
+        let queued = fair(waiter).await;
         assert!(matches!(queued, Ok(LockAcquire::Held { .. })), "{queued:?}");
     }
     let released = store.fair_release(&k, "alice", Duration::ZERO).await;
     assert_eq!(released.unwrap(), LockRelease::Released);
     tokio::time::timeout(fired, bob.changed())
         .await
-        .expect("the head is told it is its turn");
+        .expect("the head is told the lock is its");
+    let handed = bob.handed().expect("a fencing token with the hand-over");
+    assert!(handed > first, "{handed} after {first}");
     assert!(
         tokio::time::timeout(quiet, carol.changed()).await.is_err(),
         "a waiter behind the head was woken by the release"
     );
+    assert_eq!(carol.handed(), None);
     assert!(
         tokio::time::timeout(quiet, everyone.changed())
             .await
             .is_err(),
         "a fair release woke the lock's plain waiters"
     );
-    // The head gives up while the lock is free: now it is carol's turn.
+    // Handed over means held: by bob, for nobody else.
+    let refused = store.lock_renew(&k, "carol", LEASE).await.unwrap();
+    assert!(!refused);
+    assert!(store.lock_renew(&k, "bob", LEASE).await.unwrap());
+    // Bob gives up before taking it: it goes on to carol.
     store.fair_leave(&k, "bob").await.unwrap();
     tokio::time::timeout(fired, carol.changed())
         .await
-        .expect("the next head is told when the head leaves");
-    let acquired = store.fair_acquire(&k, "carol", LEASE, 5, true).await;
+        .expect("the next head is handed the lock when the head leaves");
+    let to_carol = carol.handed().expect("carol's token");
+    assert!(to_carol > handed);
+    // Carol missed the notice and asks again: the lock she was handed is hers.
+    let taken = fair("carol").await.unwrap();
+    assert_eq!(
+        taken,
+        LockAcquire::Acquired {
+            fence: to_carol,
+            depth: 1
+        }
+    );
+    // Dave is handed it next and never shows up: it frees once his registration would have
+    // lapsed, not after a lease.
+    store
+        .fair_release(&k, "carol", Duration::ZERO)
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    let erin = loop {
+        match store
+            .fair_acquire(&k, "erin", LEASE, 5, false, false)
+            .await
+            .unwrap()
+        {
+            LockAcquire::Held { .. } => tokio::time::sleep(Duration::from_millis(50)).await,
+            taken => break taken,
+        }
+        assert!(
+            started.elapsed() < LEASE,
+            "a vanished head blocked the lock"
+        );
+    };
+    assert!(matches!(erin, LockAcquire::Acquired { .. }), "{erin:?}");
     assert!(
-        matches!(acquired, Ok(LockAcquire::Acquired { .. })),
-        "{acquired:?}"
+        started.elapsed() <= redguard::FAIR_REGISTRATION + Duration::from_millis(500),
+        "{:?}",
+        started.elapsed()
     );
 }
 

@@ -24,14 +24,25 @@ fn output(child: Child) -> String {
 /// fencing tokens must increase in the order the sections ran.
 #[test]
 fn mutual_exclusion_across_processes() {
-    let (processes, tasks, iterations) = (4usize, 16usize, 500usize);
+    exclusive_sections("mutex", 500);
+}
+
+/// The same through a fair lock, whose releases hand the lock straight to the next waiter
+/// in whichever process it waits.
+#[test]
+fn fair_mutual_exclusion_across_processes() {
+    exclusive_sections("fair", 100);
+}
+
+fn exclusive_sections(mode: &str, iterations: usize) {
+    let (processes, tasks) = (4usize, 16usize);
     let server = RedisServer::start();
     let started = Instant::now();
     let children: Vec<Child> = (0..processes)
         .map(|_| {
             worker(
                 &server,
-                &["mutex", "m", &tasks.to_string(), &iterations.to_string()],
+                &[mode, "m", &tasks.to_string(), &iterations.to_string()],
             )
             .spawn()
             .expect("spawn worker")

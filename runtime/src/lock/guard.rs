@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
-use super::watchdog::Watchdog;
+use super::watchdog::{Tenure, Watchdog};
 use super::{Kind, OnLost, Spec, with_context};
 use crate::error::{Error, Result};
 use crate::handle::Redguard;
@@ -61,13 +61,52 @@ impl LockGuard {
         acquired_at: Instant,
         spec: Spec,
     ) -> Self {
+        // The lease is counted from before the acquiring call was sent.
+        let tenure = Tenure {
+            acquired_at,
+            valid_until: acquired_at + spec.lease,
+            renew_at: Instant::now() + spec.lease / 3,
+        };
+        Self::held(handle, key, owner, fence, depth, tenure, spec)
+    }
+
+    /// A fair lock handed to this waiter by its previous holder, for
+    /// [`FAIR_REGISTRATION`](crate::FAIR_REGISTRATION) from the hand-over, which came after the
+    /// waiter's last attempt at `queued_at`: renewed to the full lease at once.
+    pub(super) fn handed(
+        handle: Redguard,
+        key: Key,
+        owner: String,
+        fence: u64,
+        queued_at: Instant,
+        spec: Spec,
+    ) -> Self {
+        let now = Instant::now();
+        let tenure = Tenure {
+            acquired_at: now,
+            valid_until: queued_at + crate::FAIR_REGISTRATION,
+            renew_at: now,
+        };
+        Self::held(handle, key, owner, fence, 1, tenure, spec)
+    }
+
+    fn held(
+        handle: Redguard,
+        key: Key,
+        owner: String,
+        fence: u64,
+        depth: u32,
+        tenure: Tenure,
+        spec: Spec,
+    ) -> Self {
+        let acquired_at = tenure.acquired_at;
         let (watchdog, lost) = if depth == 1 {
             let (watchdog, lost) = Watchdog::spawn(
                 handle.clone(),
                 key.clone(),
                 owner.clone(),
                 spec.clone(),
-                acquired_at,
+                tenure,
             );
             (Some(watchdog), lost)
         } else {

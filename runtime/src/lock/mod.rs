@@ -20,7 +20,7 @@ use crate::degrade::Degrade;
 use crate::error::{Error, Result};
 use crate::handle::Redguard;
 use crate::key::{GuardKind, Key, KeyBody, KeyBuilder};
-use crate::store::LockAcquire;
+use crate::store::{LockAcquire, LockWatch};
 
 pub use self::guard::LockGuard;
 pub use self::multi::{MultiLockBuilder, MultiLockGuard, lock_all};
@@ -280,10 +280,11 @@ impl LockBuilder {
     }
 
     /// Makes the lock fair: when it frees up, it goes to the waiter that has waited longest
-    /// (across every process), not to whoever asks first. Waiters hold their place while they
-    /// keep retrying (each attempt renews it for [`FAIR_REGISTRATION`](crate::FAIR_REGISTRATION));
-    /// one that gives up or is cancelled leaves the queue. A fair lock lives at its own key,
-    /// apart from the non-fair lock of the same name; it is reentrant and fenced like it.
+    /// (across every process), not to whoever asks first. The release hands it over to that
+    /// waiter and wakes it alone. Waiters hold their place while they keep retrying (each
+    /// attempt renews it for [`FAIR_REGISTRATION`](crate::FAIR_REGISTRATION)); one that gives
+    /// up or is cancelled leaves the queue. A fair lock lives at its own key, apart from the
+    /// non-fair lock of the same name; it is reentrant and fenced like it.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> redguard::Result<()> {
@@ -542,7 +543,8 @@ async fn acquire(handle: Redguard, key: Key, spec: Spec) -> Result<LockGuard> {
     let store = handle.store().clone();
     // Subscribed before the first attempt, so a release between a failed attempt and the wait
     // wakes us.
-    let mut watch = if spec.wait.is_zero() || spec.skip_if_held {
+    // A nested entry never waits: the lock is ours already.
+    let mut watch = if spec.wait.is_zero() || spec.skip_if_held || nested {
         None
     } else if spec.kind == Kind::Fair {
         Some(store.fair_watch(&key, &owner).await)
@@ -552,10 +554,10 @@ async fn acquire(handle: Redguard, key: Key, spec: Spec) -> Result<LockGuard> {
     // One waiter per key and store in this process asks the store at a time; the others queue
     // here in arrival order. Without it, every release would wake every local waiter into a
     // store round trip that all but one lose.
-    // Not for fair locks: the store's queue orders their waiters, all of them, and wakes only
-    // its head.
-    let _turn = match (&watch, nested) {
-        (Some(_), false) if spec.kind != Kind::Fair => {
+    // Not for fair locks: the store's queue orders their waiters, all of them, and a release
+    // hands the lock to its head alone.
+    let _turn = match &watch {
+        Some(_) if spec.kind != Kind::Fair => {
             let queue = local_queue(&store, &key);
             match tokio::time::timeout_at(deadline.into(), queue.lock_owned()).await {
                 Ok(turn) => Some(turn),
@@ -576,8 +578,18 @@ async fn acquire(handle: Redguard, key: Key, spec: Spec) -> Result<LockGuard> {
         release: (spec.kind == Kind::Fair && watch.is_some())
             .then(|| (handle.clone(), key.clone(), owner.clone())),
     };
+    // The start of the last attempt: a fair lock handed to us after it is ours from then.
+    let mut attempt_at = started;
     loop {
-        let attempt_at = Instant::now();
+        if let Some(fence) = watch.as_ref().and_then(LockWatch::handed) {
+            place.release = None;
+            record(&spec.scope, "acquired", started);
+            tracing::debug!(%key, fence, "fair lock handed over");
+            return Ok(LockGuard::handed(
+                handle, key, owner, fence, attempt_at, spec,
+            ));
+        }
+        attempt_at = Instant::now();
         let mut in_flight = InFlight {
             // A nested entry is not undone blindly: a release would leave the outer level.
             release: (!nested).then(|| (handle.clone(), key.clone(), owner.clone(), spec.kind)),
@@ -596,7 +608,7 @@ async fn acquire(handle: Redguard, key: Key, spec: Spec) -> Result<LockGuard> {
             Kind::Fair => {
                 let join = watch.is_some();
                 store
-                    .fair_acquire(&key, &owner, spec.lease, spec.max_depth, join)
+                    .fair_acquire(&key, &owner, spec.lease, spec.max_depth, join, nested)
                     .await
             }
             Kind::Read | Kind::Write => {

@@ -44,6 +44,17 @@ impl Drop for Live {
     }
 }
 
+/// What a new holder knows of its lease.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Tenure {
+    /// When the lock became ours, for `hold_at_least`.
+    pub(super) acquired_at: Instant,
+    /// Until when the lock is surely ours without a renewal.
+    pub(super) valid_until: Instant,
+    /// The first renewal.
+    pub(super) renew_at: Instant,
+}
+
 /// Owns the renewal task; dropping it aborts the task.
 #[derive(Debug)]
 pub(super) struct Watchdog {
@@ -57,21 +68,22 @@ impl Drop for Watchdog {
 }
 
 impl Watchdog {
-    /// Starts renewing `key` for `owner` every lease/3. The receiver turns true when the lock
-    /// is lost: renewal found another owner or none, or no renewal succeeded for a whole lease
-    /// (the store unreachable: we cannot know we still hold it).
+    /// Starts renewing `key` for `owner` every lease/3 from `tenure.renew_at`. The receiver
+    /// turns true when the lock is lost: renewal found another owner or none, or no renewal
+    /// succeeded while the lock was surely ours (the store unreachable: we cannot know we
+    /// still hold it).
     pub(super) fn spawn(
         handle: Redguard,
         key: Key,
         owner: String,
         spec: Spec,
-        acquired_at: Instant,
+        tenure: Tenure,
     ) -> (Watchdog, watch::Receiver<bool>) {
         let (lost_tx, lost_rx) = watch::channel(false);
         let live = Live::new();
         let task = tokio::spawn(async move {
             let _live = live;
-            renew_until_lost(&handle, &key, &owner, &spec, acquired_at).await;
+            renew_until_lost(&handle, &key, &owner, &spec, tenure).await;
             lost_tx.send_replace(true);
             metrics::counter!("redguard_lock_lost_total", "scope" => spec.scope.clone())
                 .increment(1);
@@ -81,19 +93,12 @@ impl Watchdog {
 }
 
 /// Returns when the lock is lost.
-async fn renew_until_lost(
-    handle: &Redguard,
-    key: &Key,
-    owner: &str,
-    spec: &Spec,
-    acquired_at: Instant,
-) {
+async fn renew_until_lost(handle: &Redguard, key: &Key, owner: &str, spec: &Spec, tenure: Tenure) {
     let period = spec.lease / 3;
     // After a failed call, retry sooner: the lease keeps running out meanwhile.
     let retry = (spec.lease / 10).max(Duration::from_millis(50));
-    // Conservative: the lease is counted from before the acquiring call was sent.
-    let mut valid_until = acquired_at + spec.lease;
-    let mut next = Instant::now() + period;
+    let mut valid_until = tenure.valid_until;
+    let mut next = tenure.renew_at;
     loop {
         tokio::time::sleep_until(next.into()).await;
         let sent_at = Instant::now();

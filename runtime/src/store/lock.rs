@@ -104,7 +104,10 @@ pub trait LockOps {
     /// Like [`lock_acquire`](LockOps::lock_acquire), but a free lock goes to the waiter that
     /// queued first: with `join`, a caller that does not get the lock takes a place in the
     /// queue at `key` (kept for [`FAIR_REGISTRATION`] after each attempt, so a waiter that
-    /// vanishes loses its place). Renewed and released as an exclusive lock.
+    /// vanishes loses its place). `nested` says the caller holds the lock already and enters
+    /// it again; otherwise finding itself the owner means the lock was handed to it (see
+    /// [`fair_release`](LockOps::fair_release)), and it takes it up. Renewed as an exclusive
+    /// lock.
     async fn fair_acquire(
         &self,
         key: &Key,
@@ -112,15 +115,19 @@ pub trait LockOps {
         lease: Duration,
         max_depth: u32,
         join: bool,
+        nested: bool,
     ) -> Result<LockAcquire>;
 
     /// Leaves one level of the fair lock at `key`, as
-    /// [`lock_release`](LockOps::lock_release) does; freeing it notifies only the waiter at
-    /// the head of its queue (see [`fair_watch`](LockOps::fair_watch)).
+    /// [`lock_release`](LockOps::lock_release) does. Freeing it hands it over at once to the
+    /// first waiter still registered, with a new fencing token and a TTL of
+    /// [`FAIR_REGISTRATION`] (the new holder extends it to its lease), and notifies that
+    /// waiter alone, with its token (see [`fair_watch`](LockOps::fair_watch)). A late
+    /// release that finds the lock already free hands it over too.
     async fn fair_release(&self, key: &Key, owner: &str, keep: Duration) -> Result<LockRelease>;
 
-    /// Gives up `owner`'s place in the fair queue at `key`; when the lock is free, the new
-    /// head of the queue is notified.
+    /// Gives up `owner`'s place in the fair queue at `key`. If the lock was handed to `owner`
+    /// meanwhile, or is free, it is handed to the next waiter.
     async fn fair_leave(&self, key: &Key, owner: &str) -> Result<()>;
 
     /// A subscription to release notifications of `key`. Take it *before* trying to acquire,
@@ -128,11 +135,11 @@ pub trait LockOps {
     /// notifications are unavailable the watch says so and waiters poll.
     async fn lock_watch(&self, key: &Key) -> LockWatch;
 
-    /// A subscription to the turn of `owner` at the fair lock `key`: it fires when the lock
-    /// is freed while `owner` heads the queue. Waking every waiter of a fair lock on each
-    /// release would have all of them ask the store and all but one be refused; the others
-    /// keep their place by retrying on their own schedule. Same guarantees as
-    /// [`lock_watch`](LockOps::lock_watch).
+    /// A subscription to hand-overs of the fair lock `key` to `owner`: it fires when the lock
+    /// is handed to `owner`, and [`LockWatch::handed`] then gives the fencing token. Waking
+    /// every waiter of a fair lock on each release would have all of them ask the store for
+    /// a lock only one may take; the others keep their place by retrying on their own
+    /// schedule. Same guarantees as [`lock_watch`](LockOps::lock_watch).
     async fn fair_watch(&self, key: &Key, owner: &str) -> LockWatch;
 }
 
@@ -176,6 +183,8 @@ pub enum LockRelease {
 /// Release notifications of one key: see [`LockOps::lock_watch`].
 #[derive(Debug)]
 pub struct LockWatch {
+    /// The fencing token of a fair lock handed to the waiter; 0 until then (and for other
+    /// locks). Every notification marks the channel changed, whatever its value.
     rx: Option<watch::Receiver<u64>>,
     live: bool,
 }
@@ -194,6 +203,15 @@ impl LockWatch {
         self.live && self.rx.is_some()
     }
 
+    /// The fencing token of the fair lock handed to this waiter, once it was (see
+    /// [`LockOps::fair_watch`]).
+    pub fn handed(&self) -> Option<u64> {
+        self.rx
+            .as_ref()
+            .map(|rx| *rx.borrow())
+            .filter(|fence| *fence > 0)
+    }
+
     /// Resolves at the next release notification after this watch was taken (or after the
     /// previous `changed`); never resolves on a polling-only watch.
     pub async fn changed(&mut self) {
@@ -210,9 +228,9 @@ impl LockWatch {
 
 /// Release notifications fanned out to the waiters of each key, shared by both stores.
 ///
-/// Each key with waiters has a `watch` channel carrying a release count; a waiter's receiver
-/// remembers the count it saw, so a release that happens between its subscription and its
-/// wait still wakes it.
+/// Each key with waiters has a `watch` channel; a waiter's receiver remembers the version it
+/// saw, so a release that happens between its subscription and its wait still wakes it. A
+/// fair-lock waiter has a channel of its own, which carries the fencing token handed to it.
 #[derive(Debug, Default)]
 pub(crate) struct Waiters {
     keys: Mutex<HashMap<String, watch::Sender<u64>>>,
@@ -240,34 +258,37 @@ impl Waiters {
         LockWatch { rx: Some(rx), live }
     }
 
-    /// Subscribes to the turns of `owner` at the fair lock `key`.
-    pub(crate) fn watch_turn(&self, key: &str, owner: &str, live: bool) -> LockWatch {
-        self.watch(&turn(key, owner), live)
+    /// Subscribes to hand-overs of the fair lock `key` to `owner`.
+    pub(crate) fn watch_handed(&self, key: &str, owner: &str, live: bool) -> LockWatch {
+        self.watch(&handed(key, owner), live)
     }
 
     /// Wakes the waiters of `key`.
     pub(crate) fn notify(&self, key: &str) {
         let keys = self.keys();
         if let Some(tx) = keys.get(key) {
-            tx.send_modify(|count| *count = count.wrapping_add(1));
+            tx.send_modify(|_| ());
         }
     }
 
-    /// Wakes `owner`, waiting for its turn at the fair lock `key`.
-    pub(crate) fn notify_turn(&self, key: &str, owner: &str) {
-        self.notify(&turn(key, owner));
+    /// Tells `owner` that the fair lock `key` was handed to it with fencing token `fence`.
+    pub(crate) fn hand_over(&self, key: &str, owner: &str, fence: u64) {
+        let keys = self.keys();
+        if let Some(tx) = keys.get(&handed(key, owner)) {
+            tx.send_replace(fence);
+        }
     }
 
     /// Wakes every waiter: notifications may have been lost (the subscription dropped).
     pub(crate) fn notify_all(&self) {
         for tx in self.keys().values() {
-            tx.send_modify(|count| *count = count.wrapping_add(1));
+            tx.send_modify(|_| ());
         }
     }
 }
 
-/// The entry of `owner`'s turns at the fair lock `key`: a space is in neither a key nor an
-/// owner token, so it cannot be any key's own entry.
-fn turn(key: &str, owner: &str) -> String {
+/// The entry of `owner`'s hand-overs at the fair lock `key`: a space is in neither a key nor
+/// an owner token, so it cannot be any key's own entry.
+fn handed(key: &str, owner: &str) -> String {
     format!("{key} {owner}")
 }

@@ -6,6 +6,8 @@
 //!     each task enters `#[dist_lock(key = "mutex:{name}")]` <iterations> times and does a
 //!     non-atomic read-modify-write of `counter:<name>` inside; prints
 //!     `F <counter value read> <fence>` per section, then `OVERLAPS <n>` and `DONE <secs>`.
+//! lock_worker <redis-url> fair <name> <tasks> <iterations>
+//!     the same through a fair lock, `#[dist_lock(key = "fair:{name}", fair)]`.
 //! lock_worker <redis-url> hold <name> <lease-ms>
 //!     takes `hold:<name>` with that lease, prints `ACQUIRED <fence>`, then sleeps forever
 //!     (the watchdog keeps renewing) until killed.
@@ -26,10 +28,33 @@ fn backend(op: &'static str) -> impl Fn(redis::RedisError) -> redguard::Error {
     move |source| redguard::BackendError::Redis { op, source }.into()
 }
 
-/// The section under test: a read-modify-write that loses updates unless exclusive, plus an
-/// `inside` gauge that exceeds 1 whenever two holders overlap.
 #[redguard::dist_lock(key = "mutex:{name}", wait = "60s", lease = "5s", scope = "worker")]
 async fn section(
+    name: &str,
+    conn: &mut MultiplexedConnection,
+    overlaps: &AtomicU64,
+) -> Result<(u64, u64)> {
+    read_modify_write(name, conn, overlaps).await
+}
+
+#[redguard::dist_lock(
+    key = "fair:{name}",
+    fair,
+    wait = "60s",
+    lease = "5s",
+    scope = "worker"
+)]
+async fn fair_section(
+    name: &str,
+    conn: &mut MultiplexedConnection,
+    overlaps: &AtomicU64,
+) -> Result<(u64, u64)> {
+    read_modify_write(name, conn, overlaps).await
+}
+
+/// The section under test: a read-modify-write that loses updates unless exclusive, plus an
+/// `inside` gauge that exceeds 1 whenever two holders overlap.
+async fn read_modify_write(
     name: &str,
     conn: &mut MultiplexedConnection,
     overlaps: &AtomicU64,
@@ -86,7 +111,8 @@ async fn main() {
         .expect("connect");
     rg.clone().install().expect("install");
     match mode.as_str() {
-        "mutex" => {
+        "mutex" | "fair" => {
+            let fair = mode == "fair";
             let tasks: usize = rest[0].parse().expect("tasks");
             let iterations: usize = rest[1].parse().expect("iterations");
             let client = redis::Client::open(url.as_str()).expect("client");
@@ -104,8 +130,12 @@ async fn main() {
                             .expect("connect");
                         let mut seen = Vec::with_capacity(iterations);
                         for _ in 0..iterations {
-                            let (value, fence) =
-                                section(&name, &mut conn, &overlaps).await.expect("section");
+                            let entered = if fair {
+                                fair_section(&name, &mut conn, &overlaps).await
+                            } else {
+                                section(&name, &mut conn, &overlaps).await
+                            };
+                            let (value, fence) = entered.expect("section");
                             seen.push((value, fence));
                         }
                         seen

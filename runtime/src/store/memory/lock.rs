@@ -89,8 +89,13 @@ impl MemoryStore {
     }
 
     /// Leaves one level of the lock at `key`; true when that freed the key.
-    fn leave(&self, key: &Key, owner: &str, keep: Duration) -> (LockRelease, bool) {
-        let (mut locks, now) = self.lock(&self.tables.locks);
+    fn leave(
+        locks: &mut Table<LockState>,
+        now: Duration,
+        key: &Key,
+        owner: &str,
+        keep: Duration,
+    ) -> (LockRelease, bool) {
         let Some(state) = locks.get_mut(key) else {
             return (LockRelease::NotOwner, false);
         };
@@ -111,17 +116,51 @@ impl MemoryStore {
         (LockRelease::Released, false)
     }
 
-    /// Tells the live waiter at the head of the fair lock `key`'s queue that it is its turn.
-    fn notify_head(&self, key: &Key) {
-        let (queues, now) = self.lock(&self.tables.fair_queues);
-        let head = queues
-            .get(&key.companion("queue"))
-            .and_then(|queue| queue.iter().find(|(_, until)| *until > now))
-            .map(|(head, _)| head.clone());
-        drop(queues);
-        if let Some(head) = head {
-            self.tables.lock_waiters.notify_turn(key.as_str(), &head);
+    /// The fair lock's release (or, `leaving`, a waiter giving up its place), as
+    /// `fair_release.lua` does it: a free lock is handed to the first waiter still
+    /// registered, which alone is told.
+    fn fair_leave_or_release(
+        &self,
+        key: &Key,
+        owner: &str,
+        keep: Duration,
+        leaving: bool,
+    ) -> LockRelease {
+        let (mut locks, now) = self.lock(&self.tables.locks);
+        let queue_key = key.companion("queue");
+        let (mut queues, _) = self.lock(&self.tables.fair_queues);
+        let mut queue = queues.remove(&queue_key).unwrap_or_default();
+        if leaving {
+            queue.retain(|(waiter, _)| waiter != owner);
+            // A waiter giving up may have been handed the lock meanwhile: it passes it on.
+            if locks.get(key).is_some_and(|state| state.owner == owner) {
+                locks.remove(key);
+            }
         }
+        let released = if leaving {
+            LockRelease::Released
+        } else {
+            Self::leave(&mut locks, now, key, owner, keep).0
+        };
+        queue.retain(|(_, until)| *until > now);
+        let handed = if locks.get(key).is_none() && !queue.is_empty() {
+            let (head, _) = queue.remove(0);
+            match self.acquire_in(&mut locks, now, key, &head, FAIR_REGISTRATION, 1) {
+                LockAcquire::Acquired { fence, .. } => Some((head, fence)),
+                LockAcquire::Held { .. } | LockAcquire::TooDeep { .. } => None,
+            }
+        } else {
+            None
+        };
+        put_queue(&mut queues, &queue_key, queue);
+        drop(queues);
+        drop(locks);
+        if let Some((head, fence)) = handed {
+            self.tables
+                .lock_waiters
+                .hand_over(key.as_str(), &head, fence);
+        }
+        released
     }
 }
 
@@ -150,7 +189,9 @@ impl LockOps for MemoryStore {
     }
 
     async fn lock_release(&self, key: &Key, owner: &str, keep: Duration) -> Result<LockRelease> {
-        let (released, freed) = self.leave(key, owner, keep);
+        let (mut locks, now) = self.lock(&self.tables.locks);
+        let (released, freed) = Self::leave(&mut locks, now, key, owner, keep);
+        drop(locks);
         if freed {
             self.tables.lock_waiters.notify(key.as_str());
         }
@@ -309,6 +350,7 @@ impl LockOps for MemoryStore {
         lease: Duration,
         max_depth: u32,
         join: bool,
+        nested: bool,
     ) -> Result<LockAcquire> {
         // Same order as everywhere: locks, then queues, then fences.
         let (mut locks, now) = self.lock(&self.tables.locks);
@@ -319,6 +361,13 @@ impl LockOps for MemoryStore {
         queue.retain(|(_, until)| *until > now);
         let held_by = locks.get(key).map(|state| state.owner.clone());
         let outcome = match held_by {
+            Some(current) if !owner.is_empty() && current == owner && !nested => {
+                // Handed over while we waited (the notice may not have reached us).
+                put_queue(&mut queues, &queue_key, queue);
+                let fence = locks.get(key).map_or(0, |state| state.fence);
+                locks.set_expiry(key, now + lease);
+                return Ok(LockAcquire::Acquired { fence, depth: 1 });
+            }
             Some(current) if !owner.is_empty() && current == owner => {
                 put_queue(&mut queues, &queue_key, queue);
                 drop(queues);
@@ -350,26 +399,13 @@ impl LockOps for MemoryStore {
         Ok(outcome)
     }
 
-    async fn fair_leave(&self, key: &Key, owner: &str) -> Result<()> {
-        let queue_key = key.companion("queue");
-        let (mut queues, _) = self.lock(&self.tables.fair_queues);
-        if let Some(mut queue) = queues.remove(&queue_key) {
-            queue.retain(|(waiter, _)| waiter != owner);
-            put_queue(&mut queues, &queue_key, queue);
-        }
-        drop(queues);
-        if self.lock(&self.tables.locks).0.get(key).is_none() {
-            self.notify_head(key);
-        }
-        Ok(())
+    async fn fair_release(&self, key: &Key, owner: &str, keep: Duration) -> Result<LockRelease> {
+        Ok(self.fair_leave_or_release(key, owner, keep, false))
     }
 
-    async fn fair_release(&self, key: &Key, owner: &str, keep: Duration) -> Result<LockRelease> {
-        let (released, freed) = self.leave(key, owner, keep);
-        if freed {
-            self.notify_head(key);
-        }
-        Ok(released)
+    async fn fair_leave(&self, key: &Key, owner: &str) -> Result<()> {
+        self.fair_leave_or_release(key, owner, Duration::ZERO, true);
+        Ok(())
     }
 
     async fn lock_watch(&self, key: &Key) -> LockWatch {
@@ -379,6 +415,6 @@ impl LockOps for MemoryStore {
     async fn fair_watch(&self, key: &Key, owner: &str) -> LockWatch {
         self.tables
             .lock_waiters
-            .watch_turn(key.as_str(), owner, true)
+            .watch_handed(key.as_str(), owner, true)
     }
 }

@@ -28,7 +28,8 @@ static RW_RELEASE_READ: Lazy<Script> =
     Lazy::new(|| Script::new(include_str!("scripts/rw_release_read.lua")));
 static FAIR_ACQUIRE: Lazy<Script> =
     Lazy::new(|| Script::new(include_str!("scripts/fair_acquire.lua")));
-static FAIR_LEAVE: Lazy<Script> = Lazy::new(|| Script::new(include_str!("scripts/fair_leave.lua")));
+static FAIR_RELEASE: Lazy<Script> =
+    Lazy::new(|| Script::new(include_str!("scripts/fair_release.lua")));
 static SEM_RELEASE: Lazy<Script> =
     Lazy::new(|| Script::new(include_str!("scripts/sem_release.lua")));
 
@@ -48,7 +49,7 @@ pub(super) fn scripts() -> Vec<&'static Script> {
         &RW_ACQUIRE,
         &RW_RELEASE_READ,
         &FAIR_ACQUIRE,
-        &FAIR_LEAVE,
+        &FAIR_RELEASE,
     ]
 }
 
@@ -102,7 +103,11 @@ impl LockOps for RedisStore {
     }
 
     async fn lock_release(&self, key: &Key, owner: &str, keep: Duration) -> Result<LockRelease> {
-        self.release(key, &[key], owner, keep).await
+        let keep = u64::try_from(keep.as_millis()).unwrap_or(u64::MAX);
+        let code: i64 = self
+            .eval("lock_release", &RELEASE, &[key], &[&owner, &keep])
+            .await?;
+        release_reply(key, "lock_release", code)
     }
 
     async fn semaphore_acquire(
@@ -229,21 +234,23 @@ impl LockOps for RedisStore {
         lease: Duration,
         max_depth: u32,
         join: bool,
+        nested: bool,
     ) -> Result<LockAcquire> {
-        let keys = fair_keys(key);
-        let join = if join { "1" } else { "0" };
+        let [queue, registered, fence] = fair_keys(key);
+        let flag = |set: bool| if set { "1" } else { "0" };
         let reply: (i64, i64, i64) = self
             .eval(
                 "fair_acquire",
                 &FAIR_ACQUIRE,
-                &[key, &keys[0], &keys[1], &keys[2], &keys[3]],
+                &[key, &queue, &registered, &fence],
                 &[
                     &owner,
                     &millis(lease),
                     &max_depth,
                     &fence_ttl(lease),
                     &millis(FAIR_REGISTRATION),
-                    &join,
+                    &flag(join),
+                    &flag(nested),
                 ],
             )
             .await?;
@@ -251,21 +258,12 @@ impl LockOps for RedisStore {
     }
 
     async fn fair_release(&self, key: &Key, owner: &str, keep: Duration) -> Result<LockRelease> {
-        let keys = fair_keys(key);
-        self.release(key, &[key, &keys[0], &keys[1]], owner, keep)
-            .await
+        let code = self.fair_script(key, owner, keep, false).await?;
+        release_reply(key, "fair_release", code)
     }
 
     async fn fair_leave(&self, key: &Key, owner: &str) -> Result<()> {
-        let keys = fair_keys(key);
-        let _: i64 = self
-            .eval(
-                "fair_leave",
-                &FAIR_LEAVE,
-                &[key, &keys[0], &keys[1]],
-                &[&owner],
-            )
-            .await?;
+        self.fair_script(key, owner, Duration::ZERO, true).await?;
         Ok(())
     }
 
@@ -279,39 +277,54 @@ impl LockOps for RedisStore {
 }
 
 impl RedisStore {
-    /// Runs the release script on `keys` (the lock, and a fair lock's queue and
-    /// registrations).
-    async fn release(
+    /// Runs the fair lock's release script: leaving one level of the lock, or (`leaving`)
+    /// a waiter's place in the queue.
+    async fn fair_script(
         &self,
         key: &Key,
-        keys: &[&Key],
         owner: &str,
         keep: Duration,
-    ) -> Result<LockRelease> {
+        leaving: bool,
+    ) -> Result<i64> {
+        let [queue, registered, fence] = fair_keys(key);
         let keep = u64::try_from(keep.as_millis()).unwrap_or(u64::MAX);
-        let code: i64 = self
-            .eval("lock_release", &RELEASE, keys, &[&owner, &keep])
-            .await?;
-        match code {
-            -1 => Ok(LockRelease::NotOwner),
-            0 => Ok(LockRelease::Released),
-            depth => Ok(LockRelease::Nested {
-                depth: u32::try_from(depth).map_err(|_| Error::Corrupt {
-                    key: key.to_string(),
-                    detail: format!("lock_release returned {depth}"),
-                })?,
-            }),
-        }
+        let leaving = if leaving { "1" } else { "0" };
+        self.eval(
+            "fair_release",
+            &FAIR_RELEASE,
+            &[key, &queue, &registered, &fence],
+            &[
+                &owner,
+                &keep,
+                &leaving,
+                &fence_ttl(Duration::ZERO),
+                &millis(FAIR_REGISTRATION),
+            ],
+        )
+        .await
     }
 }
 
-/// The queue, registrations, fencing counter and ticket counter of the fair lock at `key`.
-fn fair_keys(key: &Key) -> [Key; 4] {
+/// Decodes the `-1 | 0 | depth` reply of the release scripts.
+fn release_reply(key: &Key, op: &str, code: i64) -> Result<LockRelease> {
+    match code {
+        -1 => Ok(LockRelease::NotOwner),
+        0 => Ok(LockRelease::Released),
+        depth => Ok(LockRelease::Nested {
+            depth: u32::try_from(depth).map_err(|_| Error::Corrupt {
+                key: key.to_string(),
+                detail: format!("{op} returned {depth}"),
+            })?,
+        }),
+    }
+}
+
+/// The queue, registrations and fencing counter of the fair lock at `key`.
+fn fair_keys(key: &Key) -> [Key; 3] {
     [
         key.companion("queue"),
         key.companion("registered"),
         key.companion("fence"),
-        key.companion("tickets"),
     ]
 }
 
@@ -373,7 +386,7 @@ impl ReleaseBus {
     /// (after that the watch polls).
     async fn watch(&self, key: &Key, owner: Option<&str>, timeout: Duration) -> LockWatch {
         let watch = |live| match owner {
-            Some(owner) => self.waiters.watch_turn(key.as_str(), owner, live),
+            Some(owner) => self.waiters.watch_handed(key.as_str(), owner, live),
             None => self.waiters.watch(key.as_str(), live),
         };
         if self.down.load(Ordering::SeqCst) {
@@ -443,13 +456,17 @@ async fn run_bus(
                 tracing::debug!("lock release subscription up");
                 let mut messages = pubsub.into_on_message();
                 while let Some(message) = messages.next().await {
-                    // '1' is news for every waiter; a fair lock names the one whose turn it is.
-                    match message.get_payload_bytes() {
-                        b"1" => waiters.notify(message.get_channel_name()),
-                        owner => waiters.notify_turn(
-                            message.get_channel_name(),
-                            &String::from_utf8_lossy(owner),
-                        ),
+                    // '1' is news for every waiter; a fair lock's hand-off names the new
+                    // holder and its fencing token, and is news for it alone.
+                    let channel = message.get_channel_name();
+                    let payload = message.get_payload_bytes();
+                    let handed = std::str::from_utf8(payload)
+                        .ok()
+                        .and_then(|text| text.split_once(' '))
+                        .and_then(|(owner, fence)| Some((owner, fence.parse().ok()?)));
+                    match handed {
+                        Some((owner, fence)) => waiters.hand_over(channel, owner, fence),
+                        None => waiters.notify(channel),
                     }
                 }
                 subscribed.send_replace(false);

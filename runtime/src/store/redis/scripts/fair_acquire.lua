@@ -1,20 +1,22 @@
--- Acquire (or re-enter) a fair lock: free locks go to the longest-waiting live waiter.
+-- Acquire (or re-enter) a fair lock: a free lock goes to the longest-waiting live waiter.
 -- KEYS[1] lock hash {owner, depth, fence} (same shape as an exclusive lock); KEYS[2] queue
 -- zset owner -> arrival ticket; KEYS[3] zset owner -> registration end (ms, Redis time);
--- KEYS[4] fencing counter; KEYS[5] ticket counter. All share one hash tag.
+-- KEYS[4] fencing counter. All share one hash tag.
 -- ARGV[1] owner; ARGV[2] lease ms; ARGV[3] max depth; ARGV[4] counter TTL ms;
--- ARGV[5] registration ms; ARGV[6] '1' to queue up when not acquired.
+-- ARGV[5] registration ms; ARGV[6] '1' to queue up when not acquired; ARGV[7] '1' when the
+-- caller already holds the lock (a nested entry).
 -- Returns {1, fence, depth} acquired, {0, ms worth waiting, 0} not yet, {2, 0, depth} too deep.
+-- A release hands the lock straight to the head of the queue (fair_release.lua): the lock is
+-- then already the head's, with a short TTL, and this script only extends it to the lease.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
--- Waiters that stopped retrying (gave up, crashed) lose their place.
-local stale = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now)
-for _, waiter in ipairs(stale) do
-  redis.call('ZREM', KEYS[2], waiter)
-end
-redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
 local owner = redis.call('HGET', KEYS[1], 'owner')
 if owner and owner ~= '' and owner == ARGV[1] then
+  if ARGV[7] ~= '1' then
+    -- Handed over while we waited (the notice may not have reached us): take it up.
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    return {1, tonumber(redis.call('HGET', KEYS[1], 'fence')), 1}
+  end
   local depth = tonumber(redis.call('HGET', KEYS[1], 'depth')) or 0
   if depth >= tonumber(ARGV[3]) then
     return {2, 0, depth}
@@ -26,10 +28,20 @@ if owner and owner ~= '' and owner == ARGV[1] then
   return {1, tonumber(redis.call('HGET', KEYS[1], 'fence')), depth}
 end
 if not owner then
-  local head = redis.call('ZRANGE', KEYS[2], 0, 0)
-  if #head == 0 or head[1] == ARGV[1] then
-    redis.call('ZREM', KEYS[2], ARGV[1])
-    redis.call('ZREM', KEYS[3], ARGV[1])
+  -- Free with nobody handed it (its holder's lease ran out, or it was never taken): the
+  -- first waiter still registered takes it. Waiters that stopped retrying lose their place
+  -- as they reach the head.
+  local head = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
+  while head and head ~= ARGV[1] and (tonumber(redis.call('ZSCORE', KEYS[3], head)) or 0) <= now do
+    redis.call('ZREM', KEYS[2], head)
+    redis.call('ZREM', KEYS[3], head)
+    head = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
+  end
+  if not head or head == ARGV[1] then
+    if head then
+      redis.call('ZREM', KEYS[2], head)
+      redis.call('ZREM', KEYS[3], head)
+    end
     local fence = redis.call('INCR', KEYS[4])
     if fence == 1 then
       fence = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -42,11 +54,9 @@ if not owner then
   end
 end
 if ARGV[6] == '1' then
-  if not redis.call('ZSCORE', KEYS[2], ARGV[1]) then
-    local ticket = redis.call('INCR', KEYS[5])
-    redis.call('PEXPIRE', KEYS[5], ARGV[4])
-    redis.call('ZADD', KEYS[2], ticket, ARGV[1])
-  end
+  -- Tickets follow the queue's tail; an empty queue starts again from 1.
+  local tail = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
+  redis.call('ZADD', KEYS[2], 'NX', (tonumber(tail[2]) or 0) + 1, ARGV[1])
   redis.call('ZADD', KEYS[3], now + tonumber(ARGV[5]), ARGV[1])
   redis.call('PEXPIRE', KEYS[2], 2 * tonumber(ARGV[5]))
   redis.call('PEXPIRE', KEYS[3], 2 * tonumber(ARGV[5]))
