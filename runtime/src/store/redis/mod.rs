@@ -106,8 +106,10 @@ impl RedisStore {
             let client = builder.build().map_err(invalid)?;
             Conn::Cluster(bounded("connect", connect_timeout, client.get_async_connection()).await?)
         } else {
+            // No response timeout of the client's own: every call is bounded by `bounded`
+            // already, and a second timer per call cost as much as building the command.
             let config = ConnectionManagerConfig::new()
-                .set_response_timeout(Some(timeout))
+                .set_response_timeout(None)
                 .set_connection_timeout(Some(connect_timeout))
                 .set_number_of_retries(3)
                 .set_max_delay(Duration::from_millis(500));
@@ -154,7 +156,7 @@ impl RedisStore {
         keys: &[&Key],
         args: &[&dyn ToRedisArgsDyn],
     ) -> Result<T> {
-        let mut cmd = evalsha(script, keys.len());
+        let mut cmd = evalsha(script, keys.len(), args.len());
         for key in keys {
             cmd.arg(key.as_str());
         }
@@ -193,12 +195,13 @@ impl RedisStore {
     }
 }
 
-/// `EVALSHA <script's sha1> <keys>`, ready for the keys, then the arguments. Built directly
-/// (not through `Script::prepare_invoke`, which copies every argument into its own buffer
-/// and then again into the command).
-pub(crate) fn evalsha(script: &Script, keys: usize) -> redis::Cmd {
-    let mut cmd = redis::cmd("EVALSHA");
-    cmd.arg(script.get_hash()).arg(keys);
+/// `EVALSHA <script's sha1> <keys>`, ready for `keys` keys, then `args` arguments. Built
+/// directly (not through `Script::prepare_invoke`, which copies every argument into its own
+/// buffer and then again into the command), in buffers sized up front: growing them argument
+/// by argument cost more than the rest of building the command.
+pub(crate) fn evalsha(script: &Script, keys: usize, args: usize) -> redis::Cmd {
+    let mut cmd = redis::Cmd::with_capacity(3 + keys + args, 64 + 96 * keys + 24 * args);
+    cmd.arg("EVALSHA").arg(script.get_hash()).arg(keys);
     cmd
 }
 
@@ -237,8 +240,9 @@ pub(crate) fn corrupt_or(err: Error, key: &Key) -> Error {
     }
 }
 
-/// Bounds a Redis call by `after`. The connection has its own response timeout; this one also
-/// covers waiting for a reconnect and the `NOSCRIPT` reload.
+/// Bounds a Redis call by `after`, including waiting for a reconnect and the `NOSCRIPT`
+/// reload. On a single node this is the only timeout; a Cluster connection also has its own,
+/// which paces its retries.
 pub(crate) async fn bounded<T>(
     op: &'static str,
     after: Duration,

@@ -119,8 +119,8 @@ impl RedisStore {
                 decisions: Vec::new(),
             });
         };
-        // Every key first, then the arguments: EVALSHA's order.
-        let mut cmd = evalsha(&CHECK, checks.len() * 2);
+        // Every key first, then the arguments: EVALSHA's order. Each limit passes six.
+        let mut cmd = evalsha(&CHECK, checks.len() * 2, 2 + checks.len() * 6);
         for check in checks {
             cmd.arg(check.key.as_str())
                 .arg(format!("{}{BLOCK_SUFFIX}", check.key));
