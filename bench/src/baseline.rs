@@ -1,7 +1,5 @@
 //! Redis's own figures for a script, from `redis-benchmark` in the same run.
 
-use std::process::Command;
-
 /// `redis-benchmark` running `EVALSHA <sha> <args>` with `clients` connections and
 /// `pipeline` commands in flight per connection; requests per second.
 pub(crate) fn redis_benchmark(
@@ -11,12 +9,7 @@ pub(crate) fn redis_benchmark(
     requests: usize,
     args: &[String],
 ) -> Option<f64> {
-    let mut command = Command::new("redis-benchmark");
-    if let Some(core) = crate::LOAD_CORE {
-        command = Command::new("taskset");
-        command.args(["-c", core, "redis-benchmark"]);
-    }
-    let output = command
+    let output = crate::on_load_core("redis-benchmark")
         .args(["-p", &port.to_string()])
         .args(["-c", &clients.to_string()])
         .args(["-P", &pipeline.to_string()])

@@ -56,6 +56,7 @@ pub(crate) async fn cases(bench: &mut Bench, rg: &Redguard, memory: &Redguard) {
         case: "idempotency replay",
         base: &base,
         ceiling,
+        peer: &[],
     };
     ways.run(
         bench,
@@ -72,6 +73,7 @@ pub(crate) async fn cases(bench: &mut Bench, rg: &Redguard, memory: &Redguard) {
             "redis",
             None,
             ceiling,
+            &[],
             first,
         )
         .await;

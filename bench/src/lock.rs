@@ -42,10 +42,18 @@ pub(crate) async fn cases(bench: &mut Bench, rg: &Redguard, memory: &Redguard) {
         )),
     );
     let rg2 = rg.clone();
+    let case = "lock acquire+release random keys";
+    // redlock: an acquire script and a release script per cycle, like ours.
+    let peer = bench.run_peer(
+        "peer redlock acquire+release random keys",
+        "redlock-cycle",
+        &Ways::names(case),
+    );
     let ways = Ways {
-        case: "lock acquire+release random keys",
+        case,
         base: &[],
         ceiling: None,
+        peer: &peer,
     };
     ways.run(
         bench,
@@ -61,24 +69,39 @@ pub(crate) async fn cases(bench: &mut Bench, rg: &Redguard, memory: &Redguard) {
     .await;
     let m = memory.clone();
     bench
-        .run_memory("lock acquire+release random keys", memory, move |i| {
-            section(m.clone(), i)
-        })
+        .run_memory(case, memory, move |i| section(m.clone(), i))
         .await;
-    for (store, handle) in [("redis", rg), ("memory", memory)] {
+    // redlock retries on a timer (its defaults: every 200 ± 100 ms), where ours are woken.
+    let ours = [false, true].map(|fair| contended_case(fair).to_owned());
+    let peer = bench.run_peer_contended(
+        "peer redlock one key (sections/s, wait)",
+        "redlock-contended",
+        &ours,
+    );
+    for (store, handle, peer) in [("redis", rg, &peer[..]), ("memory", memory, &[])] {
         for fair in [false, true] {
-            contended(bench, store, handle, fair).await;
+            contended(bench, store, handle, fair, peer).await;
         }
     }
 }
 
-/// Contenders on one key, each taking the lock and leaving at once.
-async fn contended(bench: &mut Bench, store: &'static str, rg: &Redguard, fair: bool) {
-    let case = if fair {
+fn contended_case(fair: bool) -> &'static str {
+    if fair {
         "lock one key, fair (sections/s, wait)"
     } else {
         "lock one key, default (sections/s, wait)"
-    };
+    }
+}
+
+/// Contenders on one key, each taking the lock and leaving at once.
+async fn contended(
+    bench: &mut Bench,
+    store: &'static str,
+    rg: &Redguard,
+    fair: bool,
+    peer: &[Option<f64>],
+) {
+    let case = contended_case(fair);
     let rg = rg.clone();
     let acquire = move || {
         let lock = rg
@@ -89,5 +112,7 @@ async fn contended(bench: &mut Bench, store: &'static str, rg: &Redguard, fair: 
         async move { lock.acquire().await.expect("acquire") }
     };
     let release = |guard: LockGuard| async move { guard.release().await.expect("release") };
-    bench.run_contended(case, store, acquire, release).await;
+    bench
+        .run_contended(case, store, peer, acquire, release)
+        .await;
 }

@@ -3,14 +3,16 @@
 //! Starts its own `redis-server` (pinned to core 0 when the machine has two or more cores;
 //! the load runs on core 1), or uses `REDGUARD_REDIS_URL`'s server when set. For each case
 //! it runs a closed loop of N operations in flight (N = 1, 16, 64), and measures Redis's own
-//! ceiling for the same script with `redis-benchmark` in the same run. Prints a table and
-//! writes `target/bench/results.{json,md}`. `--only TEXT` runs only the cases whose name
-//! contains TEXT (for profiling one path).
+//! ceiling for the same script with `redis-benchmark` in the same run, and peer libraries
+//! (`peers/`, when node is there) next to the matching cases. Prints a table and writes
+//! `target/bench/results.{json,md}`. `--only TEXT` runs only the cases whose name contains
+//! TEXT (for profiling one path).
 
 mod baseline;
 mod idem;
 mod lock;
 mod measure;
+mod peers;
 mod rate;
 mod raw;
 
@@ -24,8 +26,21 @@ use serde::Serialize;
 
 use crate::measure::{Latency, Sample, closed_loop, contended};
 
-/// Core for the load (this process, redis-benchmark); Redis gets core 0.
+/// Core for the load (this process, redis-benchmark, the peers); Redis gets core 0.
 pub(crate) const LOAD_CORE: Option<&str> = Some("1");
+
+/// Contenders in the one-key lock cases.
+const CONTENDERS: [usize; 2] = [16, 64];
+
+/// `program`, run on [`LOAD_CORE`].
+pub(crate) fn on_load_core(program: &str) -> std::process::Command {
+    let Some(core) = LOAD_CORE else {
+        return std::process::Command::new(program);
+    };
+    let mut command = std::process::Command::new("taskset");
+    command.args(["-c", core, program]);
+    command
+}
 
 #[derive(Debug, Serialize)]
 struct Row {
@@ -40,6 +55,8 @@ struct Row {
     baseline: Option<f64>,
     /// redis-benchmark `-c 16 -P 16`: the server's ceiling for the script.
     ceiling: Option<f64>,
+    /// ops/s of the matching peer row (store `peer`) at the same N.
+    peer: Option<f64>,
 }
 
 pub(crate) struct Bench {
@@ -51,6 +68,8 @@ pub(crate) struct Bench {
     requests: usize,
     /// `--only`: run only the cases whose name contains this.
     only: Option<String>,
+    /// Whether the peers can run; found out when the first one is selected.
+    peers: Option<bool>,
     /// The kind of connection the runtime uses, for the raw EVALSHA cases.
     pub(crate) conn: ConnectionManager,
 }
@@ -63,6 +82,7 @@ impl Bench {
         store: &'static str,
         baseline: Option<&[f64]>,
         ceiling: Option<f64>,
+        peer: &[Option<f64>],
         op: F,
     ) where
         F: Fn(u64) -> Fut + Send + Sync + Clone + 'static,
@@ -81,6 +101,7 @@ impl Bench {
                 handoff: None,
                 baseline: baseline.and_then(|b| b.get(i).copied()),
                 ceiling,
+                peer: peer.get(i).copied().flatten(),
             });
         }
     }
@@ -93,14 +114,15 @@ impl Bench {
     {
         let memory = memory.clone();
         let scoped = move |i| memory.clone().scope(op(i));
-        self.run(case, "memory", None, None, scoped).await;
+        self.run(case, "memory", None, None, &[], scoped).await;
     }
 
-    /// 16 and 64 contenders on one lock.
+    /// 16 and 64 contenders on one lock; `peer` at each of them.
     pub(crate) async fn run_contended<A, AF, G, R, RF>(
         &mut self,
         case: &str,
         store: &'static str,
+        peer: &[Option<f64>],
         acquire: A,
         release: R,
     ) where
@@ -113,7 +135,7 @@ impl Bench {
         if !self.selected(case) {
             return;
         }
-        for in_flight in [16, 64] {
+        for (i, in_flight) in CONTENDERS.into_iter().enumerate() {
             let (sample, handoff) = contended(
                 in_flight,
                 self.warmup,
@@ -130,8 +152,62 @@ impl Bench {
                 handoff: Some(handoff),
                 baseline: None,
                 ceiling: None,
+                peer: peer.get(i).copied().flatten(),
             });
         }
+    }
+
+    /// The peer `script_case` of `peers.mjs` at every level of closed loops, as rows named
+    /// `case`, when it or one of the cases it is the peer of (`ours`) is selected. Its ops/s
+    /// at each level, for our rows' "÷ peer".
+    pub(crate) fn run_peer(
+        &mut self,
+        case: &str,
+        script_case: &str,
+        ours: &[String],
+    ) -> Vec<Option<f64>> {
+        self.peer_at(case, script_case, ours, self.levels.clone())
+    }
+
+    /// [`Bench::run_peer`] for a contended case: at each number of contenders.
+    pub(crate) fn run_peer_contended(
+        &mut self,
+        case: &str,
+        script_case: &str,
+        ours: &[String],
+    ) -> Vec<Option<f64>> {
+        self.peer_at(case, script_case, ours, CONTENDERS.to_vec())
+    }
+
+    fn peer_at(
+        &mut self,
+        case: &str,
+        script_case: &str,
+        ours: &[String],
+        levels: Vec<usize>,
+    ) -> Vec<Option<f64>> {
+        let wanted = self.selected(case) || ours.iter().any(|c| self.selected(c));
+        if !wanted || !*self.peers.get_or_insert_with(peers::ready) {
+            return Vec::new();
+        }
+        let mut figures = Vec::new();
+        for in_flight in levels {
+            let sample = peers::run(self.port, script_case, in_flight, self.warmup, self.window);
+            figures.push(sample.as_ref().map(|s| s.ops_per_sec));
+            if let Some(sample) = sample {
+                self.push(Row {
+                    case: case.to_owned(),
+                    store: "peer",
+                    in_flight,
+                    sample,
+                    handoff: None,
+                    baseline: None,
+                    ceiling: None,
+                    peer: None,
+                });
+            }
+        }
+        figures
     }
 
     /// redis-benchmark running `args` at every level (`-c N`), and its ceiling
@@ -165,9 +241,18 @@ pub(crate) struct Ways<'a> {
     pub(crate) case: &'a str,
     pub(crate) base: &'a [f64],
     pub(crate) ceiling: Option<f64>,
+    /// The peer library's ops/s at each level (empty: no peer).
+    pub(crate) peer: &'a [Option<f64>],
 }
 
 impl Ways<'_> {
+    const WAYS: [&'static str; 3] = ["attribute", "runtime API", "raw EVALSHA"];
+
+    /// The three rows' case names for `case`.
+    pub(crate) fn names(case: &str) -> [String; 3] {
+        Self::WAYS.map(|way| format!("{case} ({way})"))
+    }
+
     pub(crate) async fn run<F1, Fut1, F2, Fut2, F3, Fut3>(
         &self,
         bench: &mut Bench,
@@ -183,22 +268,23 @@ impl Ways<'_> {
         Fut3: Future<Output = ()> + Send,
     {
         let base = Some(self.base).filter(|b| !b.is_empty());
-        let name = |way: &str| format!("{} ({way})", self.case);
+        let [attribute, runtime_api, raw_evalsha] = Self::names(self.case);
+        let (ceiling, peer) = (self.ceiling, self.peer);
         bench
-            .run(&name("attribute"), "redis", base, self.ceiling, annotated)
+            .run(&attribute, "redis", base, ceiling, peer, annotated)
             .await;
         bench
-            .run(&name("runtime API"), "redis", base, self.ceiling, api)
+            .run(&runtime_api, "redis", base, ceiling, peer, api)
             .await;
         bench
-            .run(&name("raw EVALSHA"), "redis", base, self.ceiling, raw)
+            .run(&raw_evalsha, "redis", base, ceiling, peer, raw)
             .await;
     }
 }
 
 fn print_header() {
     println!(
-        "{:<48} {:<6} {:>4} {:>11} {:>9} {:>9} {:>9} {:>8} {:>8} {:>10}",
+        "{:<48} {:<6} {:>4} {:>11} {:>9} {:>9} {:>9} {:>8} {:>8} {:>7} {:>10}",
         "case",
         "store",
         "N",
@@ -208,6 +294,7 @@ fn print_header() {
         "max µs",
         "÷rb -cN",
         "÷ceiling",
+        "÷ peer",
         "hand p99"
     );
 }
@@ -227,7 +314,7 @@ fn handoff(row: &Row, sep: &str) -> String {
 fn print_row(row: &Row) {
     let s = &row.sample;
     println!(
-        "{:<48} {:<6} {:>4} {:>11.0} {:>9.1} {:>9.1} {:>9.0} {:>8} {:>8} {:>10}",
+        "{:<48} {:<6} {:>4} {:>11.0} {:>9.1} {:>9.1} {:>9.0} {:>8} {:>8} {:>7} {:>10}",
         row.case,
         row.store,
         row.in_flight,
@@ -237,6 +324,7 @@ fn print_row(row: &Row) {
         s.max_us,
         ratio(s.ops_per_sec, row.baseline),
         ratio(s.ops_per_sec, row.ceiling),
+        ratio(s.ops_per_sec, row.peer),
         row.handoff
             .as_ref()
             .map_or("-".to_owned(), |h| format!("{:.0}", h.p99_us)),
@@ -281,6 +369,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         port,
         requests: if quick { 20_000 } else { 200_000 },
         only,
+        peers: None,
         conn: ConnectionManager::new(redis::Client::open(server.url())?).await?,
     };
     println!(
@@ -303,13 +392,13 @@ fn write_reports(rows: &[Row]) -> Result<(), Box<dyn std::error::Error>> {
         serde_json::to_string_pretty(rows)?,
     )?;
     let mut md = String::from(
-        "| case | store | N | ops/s | p50 µs | p99 µs | max µs | ÷ redis-benchmark -c N | ÷ ceiling (-c 16 -P 16) | hand-off p50 / p99 / max µs |\n|---|---|---|---|---|---|---|---|---|---|\n",
+        "| case | store | N | ops/s | p50 µs | p99 µs | max µs | ÷ redis-benchmark -c N | ÷ ceiling (-c 16 -P 16) | ÷ peer | hand-off p50 / p99 / max µs |\n|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for row in rows {
         let s = &row.sample;
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {:.0} | {:.1} | {:.1} | {:.0} | {} | {} | {} |",
+            "| {} | {} | {} | {:.0} | {:.1} | {:.1} | {:.0} | {} | {} | {} | {} |",
             row.case,
             row.store,
             row.in_flight,
@@ -319,6 +408,7 @@ fn write_reports(rows: &[Row]) -> Result<(), Box<dyn std::error::Error>> {
             s.max_us,
             ratio(s.ops_per_sec, row.baseline),
             ratio(s.ops_per_sec, row.ceiling),
+            ratio(s.ops_per_sec, row.peer),
             handoff(row, " / ")
         );
     }

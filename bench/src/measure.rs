@@ -7,10 +7,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-/// One row of results.
-#[derive(Debug, Clone, Serialize)]
+/// One row of results (also what `peers.mjs` prints).
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) struct Sample {
     pub(crate) ops: u64,
     pub(crate) ops_per_sec: f64,

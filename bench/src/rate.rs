@@ -73,10 +73,17 @@ pub(crate) async fn cases(bench: &mut Bench, rg: &Redguard, memory: &Redguard) {
         let api = move |i| check(limiter(algorithm, i).on(&rg2));
         if algorithm == Algorithm::Gcra {
             let (conn, sha) = (bench.conn.clone(), sha.clone());
+            // rate-limiter-flexible's consume: one script per call too, on random keys.
+            let peer = bench.run_peer(
+                "peer rate-limiter-flexible consume random keys",
+                "rlf-consume",
+                &Ways::names(&case),
+            );
             let ways = Ways {
                 case: &case,
                 base: &base,
                 ceiling,
+                peer: &peer,
             };
             ways.run(
                 bench,
@@ -92,7 +99,9 @@ pub(crate) async fn cases(bench: &mut Bench, rg: &Redguard, memory: &Redguard) {
             .await;
             hot_key(bench, rg, ceiling).await;
         } else {
-            bench.run(&case, "redis", Some(&base), ceiling, api).await;
+            bench
+                .run(&case, "redis", Some(&base), ceiling, &[], api)
+                .await;
         }
         bench
             .run_memory(&case, memory, move |i| check(limiter(algorithm, i)))
@@ -114,6 +123,6 @@ async fn hot_key(bench: &mut Bench, rg: &Redguard, ceiling: Option<f64>) {
             check(limiter)
         };
         let name = format!("rate gcra one hot key, {case}");
-        bench.run(&name, "redis", None, ceiling, hot).await;
+        bench.run(&name, "redis", None, ceiling, &[], hot).await;
     }
 }
