@@ -43,13 +43,11 @@ pub(crate) async fn cases(bench: &mut Bench, rg: &Redguard, memory: &Redguard) {
         .expect("seed the replay record");
 
     // Redis's own numbers for the replay script: idem_begin on a SUCCESS record.
-    let args = raw::evalsha(
-        &raw::sha(include_str!(
-            "../../runtime/src/store/redis/scripts/idem_begin.lua"
-        )),
-        &["redguard:idem:{bench:bench:0}"],
-        &["o", "", "600000"],
-    );
+    let sha = raw::sha(include_str!(
+        "../../runtime/src/store/redis/scripts/idem_begin.lua"
+    ));
+    let record = "redguard:idem:{bench:bench:0}";
+    let args = raw::evalsha(&sha, &[record], &["o", "", "600000"]);
     let (base, ceiling) = bench.baselines(&args);
     let conn = bench.conn.clone();
     let ways = Ways {
@@ -64,7 +62,12 @@ pub(crate) async fn cases(bench: &mut Bench, rg: &Redguard, memory: &Redguard) {
             annotated_replay(0).await.expect("replay");
         },
         replay,
-        move |_| raw::send(conn.clone(), vec![raw::command(&args)]),
+        // An owner token as long as the runtime's, fresh per call like the runtime's.
+        move |i| {
+            let owner = format!("{i:032x}");
+            let cmd = raw::command(&sha, &[record], &[&owner, "", "600000"]);
+            raw::send(conn.clone(), vec![cmd])
+        },
     )
     .await;
     bench

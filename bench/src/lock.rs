@@ -26,9 +26,10 @@ async fn section(rg: Redguard, i: u64) {
 /// lease and depth; the fencing counter's week-long TTL).
 fn raw_section(shas: &(String, String), key: &str, owner: &str) -> Vec<redis::Cmd> {
     let fence = format!("{key}:fence");
-    let acquire = raw::evalsha(&shas.0, &[key, &fence], &[owner, "30000", "5", "604800000"]);
-    let release = raw::evalsha(&shas.1, &[key], &[owner, "0"]);
-    vec![raw::command(&acquire), raw::command(&release)]
+    vec![
+        raw::command(&shas.0, &[key, &fence], &[owner, "30000", "5", "604800000"]),
+        raw::command(&shas.1, &[key], &[owner, "0"]),
+    ]
 }
 
 pub(crate) async fn cases(bench: &mut Bench, rg: &Redguard, memory: &Redguard) {

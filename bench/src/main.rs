@@ -1,12 +1,13 @@
 //! `cargo run --release -p redguard-bench [-- --quick]`
 //!
 //! Starts its own `redis-server` (pinned to core 0 when the machine has two or more cores;
-//! the load runs on core 1), or uses `REDGUARD_REDIS_URL`'s server when set. For each case
+//! the load runs on core 1). For each case
 //! it runs a closed loop of N operations in flight (N = 1, 16, 64), and measures Redis's own
 //! ceiling for the same script with `redis-benchmark` in the same run, and peer libraries
 //! (`peers/`, when node is there) next to the matching cases. Prints a table and writes
-//! `target/bench/results.{json,md}`. `--only TEXT` runs only the cases whose name contains
-//! TEXT (for profiling one path).
+//! `target/bench/results.{json,md}`. `--only TEXT` runs only the rows whose "<case> @<store>"
+//! contains TEXT (for profiling one path: `--only "gcra random keys (runtime API) @redis"`),
+//! without the redis-benchmark baselines.
 
 mod baseline;
 mod idem;
@@ -66,7 +67,7 @@ pub(crate) struct Bench {
     levels: Vec<usize>,
     port: u16,
     requests: usize,
-    /// `--only`: run only the cases whose name contains this.
+    /// `--only`: run only the rows whose "<case> @<store>" contains this.
     only: Option<String>,
     /// Whether the peers can run; found out when the first one is selected.
     peers: Option<bool>,
@@ -88,7 +89,7 @@ impl Bench {
         F: Fn(u64) -> Fut + Send + Sync + Clone + 'static,
         Fut: Future<Output = ()> + Send,
     {
-        if !self.selected(case) {
+        if !self.selected(case, store) {
             return;
         }
         for (i, &in_flight) in self.levels.clone().iter().enumerate() {
@@ -132,7 +133,7 @@ impl Bench {
         R: Fn(G) -> RF + Send + Sync + Clone + 'static,
         RF: Future<Output = ()> + Send,
     {
-        if !self.selected(case) {
+        if !self.selected(case, store) {
             return;
         }
         for (i, in_flight) in CONTENDERS.into_iter().enumerate() {
@@ -186,7 +187,7 @@ impl Bench {
         ours: &[String],
         levels: Vec<usize>,
     ) -> Vec<Option<f64>> {
-        let wanted = self.selected(case) || ours.iter().any(|c| self.selected(c));
+        let wanted = self.selected(case, "peer") || ours.iter().any(|c| self.selected(c, "redis"));
         if !wanted || !*self.peers.get_or_insert_with(peers::ready) {
             return Vec::new();
         }
@@ -223,10 +224,11 @@ impl Bench {
         (levels.collect(), rb(16, 16))
     }
 
-    fn selected(&self, case: &str) -> bool {
+    /// `--only TEXT`: the rows whose "<case> @<store>" contains TEXT.
+    fn selected(&self, case: &str, store: &str) -> bool {
         self.only
             .as_ref()
-            .is_none_or(|only| case.contains(only.as_str()))
+            .is_none_or(|only| format!("{case} @{store}").contains(only.as_str()))
     }
 
     fn push(&mut self, row: Row) {

@@ -92,8 +92,14 @@ pub(crate) async fn cases(bench: &mut Bench, rg: &Redguard, memory: &Redguard) {
                 },
                 api,
                 move |i| {
-                    let args = script_args(&sha, algorithm, &key(i));
-                    raw::send(conn.clone(), vec![raw::command(&args)])
+                    let key = key(i);
+                    let block = format!("{key}:block");
+                    let cmd = raw::command(
+                        &sha,
+                        &[&key, &block],
+                        &["0", "0", "gcra", "1000000", "1000000", "1000", "1", "0"],
+                    );
+                    raw::send(conn.clone(), vec![cmd])
                 },
             )
             .await;

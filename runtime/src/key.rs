@@ -246,6 +246,14 @@ impl KeyBuilder {
         self
     }
 
+    /// Continues a template rendered so far: only what is appended is checked.
+    pub(crate) fn continuing(body: KeyBody) -> Self {
+        KeyBuilder {
+            buf: body.0,
+            error: None,
+        }
+    }
+
     /// Appends the value of placeholder `name`, validated as a part.
     pub fn part<T: KeyPart + ?Sized>(mut self, name: &str, value: &T) -> Self {
         if self.error.is_some() {

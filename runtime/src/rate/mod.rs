@@ -53,7 +53,7 @@ const DEFAULT_SCOPE: &str = "limiter";
 pub fn limiter(text: &str) -> Limiter {
     let mut limiter = Limiter {
         handle: None,
-        rendered: String::new(),
+        rendered: None,
         key_error: None,
         scope: DEFAULT_SCOPE.to_owned(),
         rate: None,
@@ -66,7 +66,7 @@ pub fn limiter(text: &str) -> Limiter {
     };
     if !text.is_empty() {
         match KeyBuilder::new().text(text).finish() {
-            Ok(body) => limiter.rendered = body.as_str().to_owned(),
+            Ok(body) => limiter.rendered = Some(body),
             Err(err) => limiter.key_error = KeyError::from_error(err),
         }
     }
@@ -78,7 +78,7 @@ pub fn limiter(text: &str) -> Limiter {
 #[must_use = "a limiter does nothing until `.check().await`"]
 pub struct Limiter {
     handle: Option<Redguard>,
-    rendered: String,
+    rendered: Option<KeyBody>,
     key_error: Option<KeyError>,
     scope: String,
     rate: Option<std::result::Result<Rate, String>>,
@@ -165,14 +165,12 @@ impl Limiter {
     /// (`[A-Za-z0-9._@-]`, ≤ 64 bytes; `None` or empty is [`Error::MissingKey`]).
     pub fn part<T: KeyPart + ?Sized>(mut self, name: &str, value: &T) -> Self {
         if self.key_error.is_none() {
-            let builder = KeyBuilder::new();
-            let builder = if self.rendered.is_empty() {
-                builder
-            } else {
-                builder.text(&self.rendered)
+            let builder = match self.rendered.take() {
+                Some(body) => KeyBuilder::continuing(body),
+                None => KeyBuilder::new(),
             };
             match builder.part(name, value).finish() {
-                Ok(body) => self.rendered = body.as_str().to_owned(),
+                Ok(body) => self.rendered = Some(body),
                 Err(err) => self.key_error = KeyError::from_error(err),
             }
         }
@@ -240,17 +238,20 @@ impl Limiter {
     /// Checks and, when admitted, counts this call. A rejection is `Ok` with
     /// `allowed == false`; see [`Limiter::enforce`] for an `Err` instead.
     pub async fn check(&self) -> Result<Decision> {
-        single(RateLimits::new().with(self.clone()).check().await?)
+        let (handle, resolved) = self.resolve_alone()?;
+        single(decide(&handle, &[resolved], RateMode::Consume).await?)
     }
 
     /// Reports what [`check`](Limiter::check) would decide, without counting.
     pub async fn peek(&self) -> Result<Decision> {
-        single(RateLimits::new().with(self.clone()).peek().await?)
+        let (handle, resolved) = self.resolve_alone()?;
+        single(decide(&handle, &[resolved], RateMode::Peek).await?)
     }
 
     /// Like [`check`](Limiter::check), with a rejection as [`Error::RateLimited`].
     pub async fn enforce(&self) -> Result<Decision> {
-        single(RateLimits::new().with(self.clone()).enforce().await?)
+        let (handle, resolved) = self.resolve_alone()?;
+        single(enforce_resolved(&handle, &[resolved], &[self.wait]).await?)
     }
 
     /// This limit and `other`, decided together (see [`RateLimits`]).
@@ -258,7 +259,17 @@ impl Limiter {
         RateLimits::new().with(self).with(other)
     }
 
-    fn resolve(&self, handle: &Redguard) -> Result<(Key, Limit)> {
+    /// This limit on its own handle (or the current one), ready for the store.
+    fn resolve_alone(&self) -> Result<(Redguard, Resolved<'_>)> {
+        let handle = match &self.handle {
+            Some(handle) => handle.clone(),
+            None => Redguard::current()?,
+        };
+        let resolved = self.resolve(&handle)?;
+        Ok((handle, resolved))
+    }
+
+    fn resolve(&self, handle: &Redguard) -> Result<Resolved<'_>> {
         if let Some(err) = &self.key_error {
             return Err(err.to_error());
         }
@@ -272,9 +283,17 @@ impl Limiter {
             Some(Ok(rate)) => *rate,
         };
         let limit = Limit::new(self.algorithm, rate, self.burst, self.cost, self.block)?;
-        let body = KeyBuilder::new().text(&self.rendered).finish()?;
-        let key = handle.key(GuardKind::RateLimit, &self.scope, &body)?;
-        Ok((key, limit))
+        let body = match &self.rendered {
+            Some(body) => body,
+            None => &KeyBuilder::new().finish()?,
+        };
+        let key = handle.key(GuardKind::RateLimit, &self.scope, body)?;
+        Ok(Resolved {
+            key,
+            limit,
+            scope: &self.scope,
+            local: self.local,
+        })
     }
 }
 
@@ -345,13 +364,7 @@ impl RateLimits {
         };
         let mut resolved = Vec::with_capacity(self.limiters.len());
         for limiter in &self.limiters {
-            let (key, limit) = limiter.resolve(&handle)?;
-            resolved.push(Resolved {
-                key,
-                limit,
-                scope: limiter.scope.as_str(),
-                local: limiter.local,
-            });
+            resolved.push(limiter.resolve(&handle)?);
         }
         Ok((handle, resolved))
     }
