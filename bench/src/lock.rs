@@ -14,12 +14,15 @@ async fn annotated_section(i: u64) -> redguard::Result<u64> {
     Ok(i)
 }
 
+/// The same section through the runtime API: `run` is what the attribute expands into
+/// (acquire, the body with its fencing token in context, release).
 async fn section(rg: Redguard, i: u64) {
     let lock = rg
         .lock(KeyBuilder::new().text("l:").part("i", &i))
         .scope("bench");
-    let guard = lock.acquire().await.expect("acquire");
-    guard.release().await.expect("release");
+    lock.run(async { Ok::<_, redguard::Error>(i) })
+        .await
+        .expect("section");
 }
 
 /// `lock_acquire.lua` then `lock_release.lua` on `key`, as the runtime sends them (default

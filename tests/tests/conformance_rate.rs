@@ -13,6 +13,7 @@ redguard_tests::conformance!(
     stacked_rejection_by_user_does_not_charge_global,
     stacked_rejection_by_global_does_not_charge_user,
     block_rejects_without_counting_then_lifts,
+    removing_the_penalty_lifts_it,
     lowering_the_limit_never_admits_beyond_it,
     changing_the_algorithm_replaces_state,
     bad_runtime_values_are_errors_not_panics,
@@ -184,6 +185,29 @@ async fn block_rejects_without_counting_then_lifts(rg: Redguard) {
     let d = l.check().await.unwrap();
     assert!(d.allowed, "{d:?}");
     assert_eq!(d.remaining, 1);
+}
+
+/// A penalty belongs to the configuration that set it: a limit configured without one is
+/// not held by one left behind (and does not read it).
+async fn removing_the_penalty_lifts_it(rg: Redguard) {
+    let blocked = limiter(&rg, "unblock", Algorithm::Gcra, "10/s")
+        .burst(1)
+        .block(Duration::from_secs(60));
+    assert!(blocked.check().await.unwrap().allowed);
+    let d = blocked.check().await.unwrap();
+    assert!(
+        !d.allowed && d.retry_after >= Duration::from_secs(59),
+        "{d:?}"
+    );
+    // A unit refills after 100 ms; only the penalty still holds the key.
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    assert!(
+        !blocked.check().await.unwrap().allowed,
+        "the penalty did not hold"
+    );
+    let unblocked = limiter(&rg, "unblock", Algorithm::Gcra, "10/s").burst(1);
+    let d = unblocked.check().await.unwrap();
+    assert!(d.allowed, "{d:?}");
 }
 
 async fn lowering_the_limit_never_admits_beyond_it(rg: Redguard) {

@@ -1265,11 +1265,13 @@ async fn garbage_at_rate_keys() {
         ),
     ];
     for (what, blamed, commands, algorithm) in cases {
+        // With a penalty, so that the block key is read too (a limit without one never does).
         let limiter = redguard::limiter("api")
             .scope("faults")
             .on(&rg)
             .algorithm(*algorithm)
-            .rate("1000/s");
+            .rate("1000/s")
+            .block(Duration::from_secs(60));
         assert_corrupt(&server, what, blamed, commands, async || {
             limiter.check().await
         })
@@ -1283,6 +1285,27 @@ async fn garbage_at_rate_keys() {
         );
         let _: () = redis_cmd(&server, &["FLUSHALL"]);
     }
+    // A refusal writes nothing: a limit that rejects with a penalty, decided together with a
+    // limit whose key holds garbage, leaves no penalty behind.
+    let strict = redguard::limiter("strict")
+        .scope("faults")
+        .on(&rg)
+        .rate("1/h")
+        .block(Duration::from_secs(60));
+    assert!(strict.check().await.unwrap().allowed);
+    let garbage = "redguard:rate:{faults:api}";
+    let _: () = redis_cmd(&server, &["SET", garbage, "soon", "EX", "60"]);
+    let both = strict.clone().and(
+        redguard::limiter("api")
+            .scope("faults")
+            .on(&rg)
+            .rate("1000/s"),
+    );
+    let refused = both.check().await;
+    assert!(matches!(refused, Err(Error::Corrupt { .. })), "{refused:?}");
+    let penalty: bool = redis_cmd(&server, &["EXISTS", "redguard:rate:{faults:strict}:block"]);
+    assert!(!penalty, "a refused decision wrote a penalty");
+    let _: () = redis_cmd(&server, &["FLUSHALL"]);
     // Redguard's own states of every algorithm are still accepted, switching algorithms too.
     for algorithm in redguard::Algorithm::ALL {
         let limiter = redguard::limiter("api")

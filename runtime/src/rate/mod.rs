@@ -207,7 +207,8 @@ impl Limiter {
         self
     }
 
-    /// Penalty: once the key exceeds its limit, reject it for `block` without counting.
+    /// Penalty: once the key exceeds its limit, reject it for `block` without counting. A
+    /// limit configured without a penalty ignores one set under an earlier configuration.
     pub fn block(mut self, block: Duration) -> Self {
         self.block = block;
         self

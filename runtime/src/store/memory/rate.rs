@@ -63,7 +63,13 @@ impl RateOps for MemoryStore {
             let t = (period / count).ceil().max(1.0);
             let (mut allowed, mut remaining, mut reset, mut retry) = (false, 0.0, 0.0, 0.0);
             let mut commit = None;
-            let until = blocks.get(check.key).copied().unwrap_or(0.0);
+            // As in the script: a limit without a penalty ignores one a former
+            // configuration left.
+            let until = if block > 0.0 {
+                blocks.get(check.key).copied().unwrap_or(0.0)
+            } else {
+                0.0
+            };
             let state = states.get(check.key);
             if until > now {
                 retry = until - now;

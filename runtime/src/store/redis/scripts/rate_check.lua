@@ -21,64 +21,69 @@ local function ms(us) -- a PX/PEXPIRE value covering `us`, at least 1
   return int(v)
 end
 
--- The state of `key` if it has `ty` (and, for hashes, belongs to `algo`); nil when absent or
--- left by another algorithm (a configuration change: that state is replaced on commit).
-local function hash_state(key, algo)
-  local ty = redis.call('TYPE', key).ok
-  if ty == 'none' then return nil, false end
-  if ty ~= 'hash' then return nil, true end
-  local h = redis.call('HGETALL', key)
-  local s = {}
-  for j = 1, #h, 2 do s[h[j]] = h[j + 1] end
-  if s.a ~= algo then return nil, true end
-  return s, false
-end
-
 -- Data this script never writes at a limit's keys (another type, a hand-edited value) is
 -- refused with a CORRUPT error naming the key: treating it as empty would silently admit.
-local tags = { fw = { 'w', 'n' }, sc = { 'w', 'c', 'p' }, tb = { 'v', 'u' }, lb = { 'v', 'u' } }
+-- Each algorithm checks what it reads as it reads it, and nothing is written before every
+-- limit was read, so a refusal leaves every key as it was.
 local function corrupt(key, detail)
   return redis.error_reply('CORRUPT ' .. key .. ' ' .. detail)
 end
-local function unusable(key, bkey)
-  local ty = redis.call('TYPE', key).ok
-  if ty == 'string' then
-    -- gcra: "<T><rrr>" (all digits, kept as an integer), or "<tat>:<T>" written before 0.1.
-    local v = redis.call('GET', key)
-    if not (string.match(v, '^%d%d%d%d+$') or string.match(v, '^%d+:%d+$')) then
-      return corrupt(key, 'a string that is not a gcra state')
-    end
-  elseif ty == 'hash' then
-    local a = redis.call('HGET', key, 'a')
-    local fields = tags[a or '']
-    if not fields then
-      return corrupt(key, 'a hash without a known algorithm tag')
-    end
+
+-- Checks of what sits at a key when it is not the reading algorithm's own state, built the
+-- first time a limit needs them (hash algorithms, foreign data): a GCRA check never does.
+local checks
+local function validators()
+  if checks then return checks end
+  checks = {}
+  -- A hash algorithm's state at `key` as a table, or nil and why it is not one.
+  function checks.hash_fields(key)
+    local h = redis.call('HGETALL', key)
+    local s = {}
+    for j = 1, #h, 2 do s[h[j]] = h[j + 1] end
+    local fields = ({ fw = { 'w', 'n' }, sc = { 'w', 'c', 'p' }, tb = { 'v', 'u' },
+      lb = { 'v', 'u' } })[s.a or '']
+    if not fields then return nil, 'a hash without a known algorithm tag' end
     for _, f in ipairs(fields) do
-      if not tonumber(redis.call('HGET', key, f)) then
-        return corrupt(key, 'field ' .. f .. ' of a ' .. a .. ' state is not a number')
+      if not tonumber(s[f]) then
+        return nil, 'field ' .. f .. ' of a ' .. s.a .. ' state is not a number'
       end
     end
-  elseif ty ~= 'none' and ty ~= 'zset' then
-    return corrupt(key, 'a ' .. ty .. ' is stored there')
+    return s
   end
-  local bty = redis.call('TYPE', bkey).ok
-  if bty == 'string' then
-    if not tonumber(redis.call('GET', bkey)) then
-      return corrupt(bkey, 'the block deadline is not a number')
+  -- `key` holds a `ty` that is not the state of the algorithm reading it: nil when it is
+  -- another algorithm's state (a configuration change: replaced on commit), else the
+  -- refusal. gcra's state is "<T><rrr>" (all digits, an integer), or "<tat>:<T>" before 0.1.
+  function checks.foreign(key, ty)
+    if ty == 'string' then
+      local v = redis.call('GET', key)
+      if not (string.match(v, '^%d%d%d%d+$') or string.match(v, '^%d+:%d+$')) then
+        return corrupt(key, 'a string that is not a gcra state')
+      end
+    elseif ty == 'hash' then
+      local _, why = checks.hash_fields(key)
+      if why then return corrupt(key, why) end
+    elseif ty ~= 'zset' then
+      return corrupt(key, 'a ' .. ty .. ' is stored there')
     end
-  elseif bty ~= 'none' then
-    return corrupt(bkey, 'a ' .. bty .. ' is stored there')
+    return nil
   end
-  return nil
-end
-for i = 1, n do
-  local bad = unusable(KEYS[2 * i - 1], KEYS[2 * i])
-  if bad then return bad end
+  -- The state of hash algorithm `algo` at `key` (nil when absent or another's), whether
+  -- something else is there to replace, and the refusal when that is garbage.
+  function checks.hash_state(key, algo)
+    local ty = redis.call('TYPE', key).ok
+    if ty == 'none' then return nil, false end
+    if ty ~= 'hash' then return nil, true, checks.foreign(key, ty) end
+    local s, why = checks.hash_fields(key)
+    if why then return nil, true, corrupt(key, why) end
+    if s.a ~= algo then return nil, true end
+    return s, false
+  end
+  return checks
 end
 
 local out = { now }
 local commits = {}
+local penalties = {}
 local all = true
 
 for i = 1, n do
@@ -95,7 +100,18 @@ for i = 1, n do
 
   local allowed, remaining, reset, retry = 0, 0, 0, 0
   local commit = nil
-  local until_us = tonumber(redis.call('GET', bkey) or '0') or 0
+  -- Only a limit with a penalty reads its block key: a penalty left by a configuration that
+  -- had one goes with it.
+  local until_us = 0
+  if block > 0 then
+    local bv = redis.pcall('GET', bkey)
+    if type(bv) == 'table' then
+      return corrupt(bkey, 'a ' .. redis.call('TYPE', bkey).ok .. ' is stored there')
+    elseif bv then
+      until_us = tonumber(bv)
+      if not until_us then return corrupt(bkey, 'the block deadline is not a number') end
+    end
+  end
 
   if until_us > now then
     -- Blocked: rejected without counting.
@@ -107,10 +123,15 @@ for i = 1, n do
     -- * 1000 - rrr. A GET that fails is another algorithm's hash or set (a configuration
     -- change: replaced on commit, as SET overwrites any type). When the rate changed, the
     -- debt is rescaled in units (not in time), so a lowered rate never admits beyond the new
-    -- limit. "<tat>:<T>" is the format before 0.1's compaction, still read.
+    -- limit. "<tat>:<T>" is the format before 0.1's compaction, still read. Any other type
+    -- at the key is another algorithm's state (replaced on commit: SET overwrites any type)
+    -- or garbage.
     local v = redis.pcall('GET', key)
     local tat = now
-    if type(v) == 'string' then
+    if type(v) == 'table' then
+      local bad = validators().foreign(key, redis.call('TYPE', key).ok)
+      if bad then return bad end
+    elseif v then
       local a, old_t
       local t_digits, r = string.match(v, '^(%d+)(%d%d%d)$')
       if t_digits then
@@ -118,6 +139,7 @@ for i = 1, n do
         a = redis.call('PEXPIRETIME', key) * 1000 - tonumber(r)
       else
         a, old_t = string.match(v, '^(%d+):(%d+)$')
+        if not a then return corrupt(key, 'a string that is not a gcra state') end
         a, old_t = tonumber(a), tonumber(old_t)
       end
       if a and old_t and old_t > 0 and a > now then
@@ -145,7 +167,8 @@ for i = 1, n do
       retry = allow_at - now
     end
   elseif algo == 'fixed_window' then
-    local s, foreign = hash_state(key, 'fw')
+    local s, replace, bad = validators().hash_state(key, 'fw')
+    if bad then return bad end
     local win = math.floor(now / period)
     local used = 0
     if s and tonumber(s.w) == win then used = tonumber(s.n) or 0 end
@@ -155,7 +178,7 @@ for i = 1, n do
       remaining = burst - used - cost
       reset = win_end - now
       commit = function()
-        if foreign then redis.call('DEL', key) end
+        if replace then redis.call('DEL', key) end
         redis.call('HSET', key, 'a', 'fw', 'w', int(win), 'n', int(used + cost))
         redis.call('PEXPIRE', key, ms(win_end - now))
       end
@@ -166,7 +189,11 @@ for i = 1, n do
     end
   elseif algo == 'sliding_window' then
     local ty = redis.call('TYPE', key).ok
-    local foreign = ty ~= 'zset' and ty ~= 'none'
+    local replace = ty ~= 'zset' and ty ~= 'none'
+    if replace then
+      local bad = validators().foreign(key, ty)
+      if bad then return bad end
+    end
     local lo = '(' .. int(now - period)
     local used = 0
     if ty == 'zset' then used = redis.call('ZCOUNT', key, lo, '+inf') end
@@ -175,7 +202,7 @@ for i = 1, n do
       remaining = burst - used - cost
       reset = period
       commit = function()
-        if foreign then redis.call('DEL', key) end
+        if replace then redis.call('DEL', key) end
         redis.call('ZREMRANGEBYSCORE', key, '-inf', int(now - period))
         for j = 1, cost do
           redis.call('ZADD', key, int(now), nonce .. j)
@@ -192,7 +219,8 @@ for i = 1, n do
       reset = tonumber(last[2]) + period - now
     end
   elseif algo == 'sliding_counter' then
-    local s, foreign = hash_state(key, 'sc')
+    local s, replace, bad = validators().hash_state(key, 'sc')
+    if bad then return bad end
     local win = math.floor(now / period)
     local cur, prev = 0, 0
     if s then
@@ -215,7 +243,7 @@ for i = 1, n do
       remaining = math.floor(burst - est - cost)
       reset = (win + 2) * period - now
       commit = function()
-        if foreign then redis.call('DEL', key) end
+        if replace then redis.call('DEL', key) end
         redis.call('HSET', key, 'a', 'sc', 'w', int(win), 'c', int(cur + cost), 'p', int(prev))
         redis.call('PEXPIRE', key, ms((win + 2) * period - now))
       end
@@ -239,7 +267,8 @@ for i = 1, n do
     -- per T microseconds; a token bucket's tokens are burst - level. Units rather than
     -- tokens survive a change of burst without admitting beyond the new one.
     local tag = algo == 'token_bucket' and 'tb' or 'lb'
-    local s, foreign = hash_state(key, tag)
+    local s, replace, bad = validators().hash_state(key, tag)
+    if bad then return bad end
     local level = 0 -- units in use, as a leaky bucket's level
     if s then
       local last = tonumber(s.u) or now
@@ -252,7 +281,7 @@ for i = 1, n do
       remaining = math.floor(burst - after)
       reset = math.ceil(after * T)
       commit = function()
-        if foreign then redis.call('DEL', key) end
+        if replace then redis.call('DEL', key) end
         redis.call('HSET', key, 'a', tag, 'v', num(after), 'u', int(now))
         redis.call('PEXPIRE', key, ms(after * T))
       end
@@ -269,8 +298,9 @@ for i = 1, n do
   if allowed == 0 then
     all = false
     if block > 0 and not peek and until_us <= now then
-      -- The penalty: reject this key for `block` without counting.
-      redis.call('SET', bkey, int(now + block), 'PX', ms(block))
+      -- The penalty: reject this key for `block` without counting (written once every
+      -- limit was read).
+      penalties[#penalties + 1] = { bkey, int(now + block), ms(block) }
       retry = math.max(retry, block)
       reset = math.max(reset, block)
     end
@@ -282,6 +312,9 @@ for i = 1, n do
   out[#out + 1] = math.max(retry, 0)
 end
 
+for _, p in ipairs(penalties) do
+  redis.call('SET', p[1], p[2], 'PX', p[3])
+end
 if all and not peek then
   for i = 1, n do commits[i]() end
 end
