@@ -10,11 +10,18 @@ if not owner then
   if redis.call('EXISTS', KEYS[1]) == 1 then
     return {3, 0, 0}
   end
-  local counter = redis.call('GET', KEYS[2])
-  if counter and not string.match(counter, '^%d+$') then
+  -- INCR refuses anything but an integer at the counter (another type, or text); a
+  -- negative one yields no valid token either. Other refusals (out of memory) pass on.
+  local fence = redis.pcall('INCR', KEYS[2])
+  if type(fence) == 'table' then
+    if string.find(fence.err, 'WRONGTYPE', 1, true) or string.find(fence.err, 'not an integer', 1, true) then
+      return {4, 0, 0}
+    end
+    return fence
+  end
+  if fence < 1 then
     return {4, 0, 0}
   end
-  local fence = redis.call('INCR', KEYS[2])
   if fence == 1 then
     -- The counter expired (or never existed): restart from Redis's clock in microseconds, so
     -- tokens keep increasing across the gap. Below 2^53, exact in Lua's doubles.

@@ -1,13 +1,14 @@
 -- Leave one level of a lock, compare-and-delete style.
 -- KEYS[1] lock hash; ARGV[1] owner token; ARGV[2] keep ms (0: free the key now).
 -- Returns -1 not the owner (nothing changed), 0 released, n > 0 still held n levels deep.
-local owner = redis.call('HGET', KEYS[1], 'owner')
+local h = redis.call('HMGET', KEYS[1], 'owner', 'depth')
+local owner = h[1]
 if not owner or owner == '' or owner ~= ARGV[1] then
   return -1
 end
-local depth = redis.call('HINCRBY', KEYS[1], 'depth', -1)
-if depth > 0 then
-  return depth
+-- The outermost level (the common case) frees the key without counting down first.
+if (tonumber(h[2]) or 1) > 1 then
+  return redis.call('HINCRBY', KEYS[1], 'depth', -1)
 end
 local keep = tonumber(ARGV[2])
 if keep > 0 then
