@@ -130,14 +130,12 @@ impl MemoryStore {
         let queue_key = key.companion("queue");
         let (mut queues, _) = self.lock(&self.tables.fair_queues);
         let mut queue = queues.remove(&queue_key).unwrap_or_default();
-        if leaving {
+        let released = if leaving {
             queue.retain(|(waiter, _)| waiter != owner);
             // A waiter giving up may have been handed the lock meanwhile: it passes it on.
             if locks.get(key).is_some_and(|state| state.owner == owner) {
                 locks.remove(key);
             }
-        }
-        let released = if leaving {
             LockRelease::Released
         } else {
             Self::leave(&mut locks, now, key, owner, keep).0
