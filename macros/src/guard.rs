@@ -64,7 +64,8 @@ pub(crate) trait Expansion {
 
 /// What every expansion may refer to.
 pub(crate) struct Context {
-    /// An expression of type `&'static str`: the default scope, `module_path!()::fn_name`.
+    /// An expression of type `&'static str`: the default scope, the fn's path with its impl
+    /// type and trait (`shop::Orders::create`, `shop::PgOrders@shop::Store::create`).
     pub(crate) default_scope: TokenStream,
     /// The fn's return type.
     pub(crate) ret: Type,
@@ -191,13 +192,8 @@ fn emit(
         sig,
         block,
     } = item;
-    let name = &sig.ident;
     let cx = Context {
-        default_scope: quote!(::core::concat!(
-            ::core::module_path!(),
-            "::",
-            ::core::stringify!(#name)
-        )),
+        default_scope: quote!(__redguard_scope()),
         ret,
     };
     let bindings: Vec<Ident> = (0..expansions.len())
@@ -237,6 +233,17 @@ fn emit(
             // The stacked attributes were expanded here, not by their own macros: name their
             // paths so the user's `use redguard::idempotent` does not look unused.
             #(#[allow(unused_imports)] use #stacked as _;)*
+            // The default scope: an attribute cannot see the impl around its fn, but the
+            // compiler's name of an item declared here is the fn's full path.
+            #[allow(dead_code)]
+            fn __redguard_scope() -> &'static str {
+                static SCOPE: ::redguard::__private::OnceLock<::std::boxed::Box<str>> =
+                    ::redguard::__private::OnceLock::new();
+                ::redguard::__private::default_scope(
+                    &SCOPE,
+                    ::core::any::type_name_of_val(&__redguard_scope),
+                )
+            }
             #ret_check
             #(#preludes)*
             #[allow(clippy::let_and_return, clippy::needless_return, unreachable_code)]

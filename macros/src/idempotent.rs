@@ -15,6 +15,8 @@ use crate::guard::{Context, Expansion, Guard, arg};
 
 /// Longest `expire`; a record without a bound is a memory leak waiting for a bad client.
 const MAX_EXPIRE: Duration = Duration::from_secs(7 * 24 * 3600);
+/// Shortest `expire`, as the runtime's: a record must outlive a retry's round trip.
+const MIN_EXPIRE: Duration = Duration::from_secs(1);
 
 pub(crate) struct Idempotent;
 
@@ -47,7 +49,7 @@ impl Guard for Idempotent {
             );
         }
         if let Some(expire) = expire
-            && (expire.value.is_zero() || expire.value > MAX_EXPIRE)
+            && (expire.value < MIN_EXPIRE || expire.value > MAX_EXPIRE)
         {
             errors.push(
                 expire.span,

@@ -4,6 +4,15 @@
 pub use crate::handle::Redguard;
 pub use crate::key::{KeyBuilder, KeyPart};
 
+pub use std::sync::OnceLock;
+
+/// The default scope of the fn whose body declares the fn item whose type name is `path`:
+/// module path, impl type and trait, and name (see `scope.rs`). Computed once per fn.
+#[inline]
+pub fn default_scope(cell: &'static OnceLock<Box<str>>, path: &'static str) -> &'static str {
+    crate::scope::default_scope(cell, path)
+}
+
 /// Identity on a `KeyPart`: expansions call it at each placeholder's span, so a value of the
 /// wrong type is reported there.
 #[inline(always)]

@@ -398,7 +398,13 @@ impl Builder {
         }
         let store: Arc<dyn Store> = match self.backend {
             Backend::Redis(target) => Arc::new(
-                RedisStore::connect(target, settings.timeout, settings.connect_timeout).await?,
+                RedisStore::connect(
+                    target,
+                    &settings.prefix,
+                    settings.timeout,
+                    settings.connect_timeout,
+                )
+                .await?,
             ),
             Backend::Memory(clock) => Arc::new(MemoryStore::with_clock(clock)),
         };

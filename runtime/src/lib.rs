@@ -36,6 +36,7 @@ mod idempotency;
 mod key;
 pub mod lock;
 mod rate;
+mod scope;
 pub mod store;
 mod tokens;
 

@@ -129,6 +129,29 @@ impl RedisCluster {
         panic!("no master serves slot {slot}");
     }
 
+    /// The index of a running replica of master `index`.
+    pub fn replica_of(&self, index: usize) -> usize {
+        let port = i64::from(self.nodes[index].port());
+        self.nodes
+            .iter()
+            .position(|node| {
+                if node.pid().is_none() {
+                    return false;
+                }
+                let reply: redis::Value = redis::cmd("ROLE")
+                    .query(&mut node.connection())
+                    .expect("ROLE");
+                // A replica's ROLE: ["slave", master host, master port, state, offset].
+                matches!(
+                    reply,
+                    redis::Value::Array(fields)
+                        if matches!(fields.first(), Some(redis::Value::BulkString(role)) if role == b"slave")
+                            && matches!(fields.get(2), Some(redis::Value::Int(p)) if *p == port)
+                )
+            })
+            .expect("master has no running replica")
+    }
+
     /// Every key on every running master.
     pub fn keys(&self) -> Vec<String> {
         self.running()

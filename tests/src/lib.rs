@@ -11,6 +11,7 @@
 //! # let _ = url;
 //! ```
 
+pub mod metrics;
 pub mod rate;
 
 use std::io::{Read, Write};

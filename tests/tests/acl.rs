@@ -1,7 +1,7 @@
 //! redguard works under a Redis user restricted to the commands it uses and to keys and
 //! channels under its prefix — the ACL line the README documents.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use redguard::{Algorithm, Error, Idempotency, KeyBuilder, Redguard};
 use redguard_tests::RedisServer;
@@ -13,21 +13,104 @@ const ACL: &str = "on >secret ~redguard:* resetchannels &redguard:* -@all \
     +pexpiretime +pttl +publish +zadd +zcard +zcount +zrange +zrangebyscore +zrem +zremrangebyscore \
     +zrevrangebyscore +zscore";
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_guard_works_under_the_documented_acl() {
-    let server = RedisServer::start();
+/// A handle on `server` as the restricted user the README documents.
+async fn restricted(server: &RedisServer) -> Redguard {
+    restricted_to(server, ACL).await
+}
+
+async fn restricted_to(server: &RedisServer, acl: &str) -> Redguard {
     let mut admin = server.connection();
     let mut setuser = redis::cmd("ACL");
     setuser.arg("SETUSER").arg("redguard");
-    for rule in ACL.split_whitespace() {
+    for rule in acl.split_whitespace() {
         setuser.arg(rule);
     }
     let _: () = setuser.query(&mut admin).unwrap();
     let url = format!("redis://redguard:secret@127.0.0.1:{}/", server.port());
-    let rg = Redguard::redis(url)
+    Redguard::redis(url)
         .connect()
         .await
-        .expect("connect as the restricted user");
+        .expect("connect as the restricted user")
+}
+
+/// Waiters are woken by the release notification, not by polling: under the documented ACL
+/// too (a subscription outside the granted channels is refused, and waiters then poll
+/// every 100 ms at best).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_notifications_arrive_under_the_documented_acl() {
+    let server = RedisServer::start();
+    let rg = restricted(&server).await;
+    for fair in [false, true] {
+        let lock = move |rg: &Redguard| {
+            let builder = rg.lock("acl:notify").wait(Duration::from_secs(5));
+            if fair { builder.fair() } else { builder }
+        };
+        let mut handoffs = Vec::new();
+        for _ in 0..9 {
+            let held = lock(&rg).acquire().await.unwrap();
+            let waiter = {
+                let rg = rg.clone();
+                tokio::spawn(async move {
+                    let guard = lock(&rg).acquire().await.unwrap();
+                    let entered = Instant::now();
+                    guard.release().await.unwrap();
+                    entered
+                })
+            };
+            // The waiter has asked once and is asleep until woken.
+            tokio::time::sleep(Duration::from_millis(150)).await;
+            let released = Instant::now();
+            held.release().await.unwrap();
+            handoffs.push(waiter.await.unwrap() - released);
+        }
+        handoffs.sort();
+        let median = handoffs[handoffs.len() / 2];
+        println!("fair: {fair}, hand-offs {handoffs:?}");
+        assert!(
+            median < Duration::from_millis(25),
+            "fair: {fair}: median hand-off {median:?}: waiters were polling, not notified"
+        );
+    }
+}
+
+/// With a narrower channel grant (publishing allowed, the pattern not), the subscription is
+/// refused: counted (and logged once), and
+/// waiters still get the lock by polling.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_subscription_is_counted_and_waiters_poll() {
+    redguard_tests::metrics::install();
+    let refused =
+        || redguard_tests::metrics::counter("redguard_lock_subscription_refused_total", &[]);
+    let before = refused();
+    let server = RedisServer::start();
+    let rg = restricted_to(&server, &ACL.replace("&redguard:*", "&redguard:lock:*")).await;
+    let held = rg.lock("acl:refused").acquire().await.unwrap();
+    let waiter = {
+        let rg = rg.clone();
+        tokio::spawn(async move {
+            rg.lock("acl:refused")
+                .wait(Duration::from_secs(5))
+                .acquire()
+                .await
+                .map(drop)
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    held.release().await.unwrap();
+    waiter
+        .await
+        .unwrap()
+        .expect("a polling waiter gets the lock");
+    assert!(
+        refused() > before,
+        "the refused subscription was not counted"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_guard_works_under_the_documented_acl() {
+    let server = RedisServer::start();
+    let rg = restricted(&server).await;
 
     // Tokens.
     let token = rg

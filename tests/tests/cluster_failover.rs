@@ -66,3 +66,53 @@ async fn guards_recover_after_a_master_fails_over() {
     }
     cluster.assert_every_key_has_ttl();
 }
+
+/// The replica of a key's master misses the last acquisitions (stopped while they happen),
+/// then the master dies and the replica takes over: its fencing tokens must still be larger
+/// than every token the dead master handed out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fences_increase_across_a_failover_that_lost_writes() {
+    let mut cluster = RedisCluster::start();
+    let rg = Redguard::redis_cluster(cluster.urls())
+        .timeout(Duration::from_millis(250))
+        .connect()
+        .await
+        .unwrap();
+    let guard = rg.lock("fence:k").acquire().await.unwrap();
+    guard.release().await.unwrap();
+    let master = cluster.master_of("redguard:lock:{lock:fence:k}");
+    let replica = cluster.replica_of(master);
+    // Let the replica catch up with the first acquisition, then stop it.
+    let _: i64 = redis::cmd("WAIT")
+        .arg(1)
+        .arg(2000)
+        .query(&mut cluster.node(master).connection())
+        .unwrap();
+    cluster.node(replica).pause();
+    let mut last = 0;
+    for _ in 0..3 {
+        let guard = rg.lock("fence:k").acquire().await.unwrap();
+        last = guard.fence();
+        guard.release().await.unwrap();
+    }
+    cluster.node(master).kill();
+    cluster.node(replica).resume();
+    let killed = Instant::now();
+    let fence = loop {
+        match rg.lock("fence:k").acquire().await {
+            Ok(guard) => break guard.fence(),
+            Err(Error::Backend(_)) => {}
+            Err(other) => panic!("unexpected {other:?}"),
+        }
+        assert!(
+            killed.elapsed() < Duration::from_secs(30),
+            "the replica was not promoted within 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    println!("last token on the dead master {last}, first on the promoted replica {fence}");
+    assert!(
+        fence > last,
+        "the promoted replica handed out {fence} after the dead master's {last}"
+    );
+}

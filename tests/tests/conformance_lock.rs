@@ -9,7 +9,8 @@ redguard_tests::conformance!(
     fences_increase_across_owners,
     renew_only_by_owner,
     release_is_compare_and_delete,
-    reentrant_depth_is_bounded,
+    nested_levels_are_named,
+    fences_follow_the_store_clock,
     release_keeps_key_for_hold_at_least,
     lease_expiry_frees_the_key,
     watch_wakes_on_release,
@@ -31,12 +32,12 @@ const LEASE: Duration = Duration::from_secs(5);
 async fn acquire_is_exclusive_and_fenced(rg: Redguard) {
     let k = key(&rg, "a");
     let store = rg.store();
-    let first = store.lock_acquire(&k, "alice", LEASE, 5).await.unwrap();
+    let first = store.lock_acquire(&k, "alice", LEASE, 1).await.unwrap();
     let LockAcquire::Acquired { fence, depth: 1 } = first else {
         panic!("{first:?}")
     };
     assert!(fence > 0);
-    match store.lock_acquire(&k, "bob", LEASE, 5).await.unwrap() {
+    match store.lock_acquire(&k, "bob", LEASE, 1).await.unwrap() {
         LockAcquire::Held { ttl } => assert!(ttl <= LEASE && ttl > LEASE / 2, "{ttl:?}"),
         other => panic!("{other:?}"),
     }
@@ -49,14 +50,14 @@ async fn fences_increase_across_owners(rg: Redguard) {
     for i in 0..20 {
         let owner = format!("o{i}");
         let LockAcquire::Acquired { fence, .. } =
-            store.lock_acquire(&k, &owner, LEASE, 5).await.unwrap()
+            store.lock_acquire(&k, &owner, LEASE, 1).await.unwrap()
         else {
             panic!("not acquired")
         };
         assert!(fence > last, "{fence} after {last}");
         last = fence;
         let released = store
-            .lock_release(&k, &owner, Duration::ZERO)
+            .lock_release(&k, &owner, 1, Duration::ZERO)
             .await
             .unwrap();
         assert_eq!(released, LockRelease::Released);
@@ -67,7 +68,7 @@ async fn renew_only_by_owner(rg: Redguard) {
     let k = key(&rg, "r");
     let store = rg.store();
     assert!(!store.lock_renew(&k, "alice", LEASE).await.unwrap());
-    store.lock_acquire(&k, "alice", LEASE, 5).await.unwrap();
+    store.lock_acquire(&k, "alice", LEASE, 1).await.unwrap();
     assert!(store.lock_renew(&k, "alice", LEASE).await.unwrap());
     assert!(!store.lock_renew(&k, "bob", LEASE).await.unwrap());
 }
@@ -77,107 +78,171 @@ async fn release_is_compare_and_delete(rg: Redguard) {
     let store = rg.store();
     assert_eq!(
         store
-            .lock_release(&k, "alice", Duration::ZERO)
+            .lock_release(&k, "alice", 1, Duration::ZERO)
             .await
             .unwrap(),
         LockRelease::NotOwner
     );
-    store.lock_acquire(&k, "alice", LEASE, 5).await.unwrap();
+    store.lock_acquire(&k, "alice", LEASE, 1).await.unwrap();
     assert_eq!(
-        store.lock_release(&k, "bob", Duration::ZERO).await.unwrap(),
+        store
+            .lock_release(&k, "bob", 1, Duration::ZERO)
+            .await
+            .unwrap(),
         LockRelease::NotOwner
     );
     // Bob's attempt changed nothing: still Alice's.
     assert!(matches!(
-        store.lock_acquire(&k, "bob", LEASE, 5).await.unwrap(),
+        store.lock_acquire(&k, "bob", LEASE, 1).await.unwrap(),
         LockAcquire::Held { .. }
     ));
     assert_eq!(
         store
-            .lock_release(&k, "alice", Duration::ZERO)
+            .lock_release(&k, "alice", 1, Duration::ZERO)
             .await
             .unwrap(),
         LockRelease::Released
     );
     assert!(matches!(
-        store.lock_acquire(&k, "bob", LEASE, 5).await.unwrap(),
+        store.lock_acquire(&k, "bob", LEASE, 1).await.unwrap(),
         LockAcquire::Acquired { .. }
     ));
 }
 
-async fn reentrant_depth_is_bounded(rg: Redguard) {
+/// Nested levels are named: entering or leaving a level twice (a call sent again because its
+/// caller gave up on the reply) counts once, and leaving level 1 frees the lock whatever the
+/// depth, so no lost reply can leave the key taken or free it under an outer level.
+async fn nested_levels_are_named(rg: Redguard) {
     let k = key(&rg, "n");
     let store = rg.store();
-    let LockAcquire::Acquired { fence, .. } =
-        store.lock_acquire(&k, "alice", LEASE, 3).await.unwrap()
+    let LockAcquire::Acquired { fence, depth: 1 } =
+        store.lock_acquire(&k, "alice", LEASE, 1).await.unwrap()
     else {
         panic!()
     };
-    for depth in 2..=3 {
+    for level in [2, 3, 3] {
         assert_eq!(
-            store.lock_acquire(&k, "alice", LEASE, 3).await.unwrap(),
-            LockAcquire::Acquired { fence, depth }
+            store.lock_acquire(&k, "alice", LEASE, level).await.unwrap(),
+            LockAcquire::Acquired {
+                fence,
+                depth: level
+            }
         );
     }
+    // Someone else's nested entry, or one after the lock is gone: lost, nothing changed.
     assert_eq!(
-        store.lock_acquire(&k, "alice", LEASE, 3).await.unwrap(),
-        LockAcquire::TooDeep { depth: 3 }
+        store.lock_acquire(&k, "bob", LEASE, 2).await.unwrap(),
+        LockAcquire::Lost
     );
+    // Leaving level 3 twice leaves level 2 held.
+    for _ in 0..2 {
+        assert_eq!(
+            store
+                .lock_release(&k, "alice", 3, Duration::ZERO)
+                .await
+                .unwrap(),
+            LockRelease::Nested { depth: 2 }
+        );
+    }
     // A nested entry with a shorter lease does not cut the outer one short.
-    assert_eq!(
-        store
-            .lock_release(&k, "alice", Duration::ZERO)
-            .await
-            .unwrap(),
-        LockRelease::Nested { depth: 2 }
-    );
     store
         .lock_acquire(&k, "alice", Duration::from_millis(100), 3)
         .await
         .unwrap();
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(matches!(
-        store.lock_acquire(&k, "bob", LEASE, 3).await.unwrap(),
+        store.lock_acquire(&k, "bob", LEASE, 1).await.unwrap(),
         LockAcquire::Held { .. }
     ));
-    for depth in (1..=2).rev() {
-        assert_eq!(
-            store
-                .lock_release(&k, "alice", Duration::ZERO)
-                .await
-                .unwrap(),
-            LockRelease::Nested { depth }
-        );
-    }
+    // Leaving level 2 leaves level 3 with it.
     assert_eq!(
         store
-            .lock_release(&k, "alice", Duration::ZERO)
+            .lock_release(&k, "alice", 2, Duration::ZERO)
+            .await
+            .unwrap(),
+        LockRelease::Nested { depth: 1 }
+    );
+    // An entry at level 2 that arrives after the outer release is lost, not a new lock.
+    store.lock_acquire(&k, "alice", LEASE, 2).await.unwrap();
+    assert_eq!(
+        store
+            .lock_release(&k, "alice", 1, Duration::ZERO)
             .await
             .unwrap(),
         LockRelease::Released
     );
+    assert_eq!(
+        store.lock_acquire(&k, "alice", LEASE, 2).await.unwrap(),
+        LockAcquire::Lost
+    );
+    assert_eq!(
+        store
+            .lock_release(&k, "alice", 1, Duration::ZERO)
+            .await
+            .unwrap(),
+        LockRelease::NotOwner
+    );
+    assert!(matches!(
+        store.lock_acquire(&k, "bob", LEASE, 1).await.unwrap(),
+        LockAcquire::Acquired { .. }
+    ));
+}
+
+/// Tokens are never below the store's clock in microseconds, so they keep increasing when the
+/// counter is lost (a failover that dropped the last writes, or expiry).
+async fn fences_follow_the_store_clock(rg: Redguard) {
+    let store = rg.store();
+    for kind in 0..3 {
+        let k = key(&rg, &format!("clock{kind}"));
+        let mut last = 0;
+        for owner in ["alice", "bob"] {
+            // Time passes between the two: the counter alone would hand out `last + 1`.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            let before = u64::try_from(store.time().await.unwrap().as_micros()).unwrap();
+            let outcome = match kind {
+                0 => store.lock_acquire(&k, owner, LEASE, 1).await,
+                1 => store.semaphore_acquire(&k, owner, 1, LEASE).await,
+                _ => store.fair_acquire(&k, owner, LEASE, 1, false).await,
+            };
+            let LockAcquire::Acquired { fence, .. } = outcome.unwrap() else {
+                panic!("kind {kind}: {owner} not acquired")
+            };
+            assert!(
+                fence >= before,
+                "kind {kind}: token {fence} below the clock {before}"
+            );
+            assert!(fence > last);
+            last = fence;
+            let released = match kind {
+                0 => store.lock_release(&k, owner, 1, Duration::ZERO).await,
+                1 => store.semaphore_release(&k, owner).await,
+                _ => store.fair_release(&k, owner, 1, Duration::ZERO).await,
+            };
+            assert_eq!(released.unwrap(), LockRelease::Released);
+        }
+    }
 }
 
 async fn release_keeps_key_for_hold_at_least(rg: Redguard) {
     let k = key(&rg, "h");
     let store = rg.store();
-    store.lock_acquire(&k, "alice", LEASE, 5).await.unwrap();
+    store.lock_acquire(&k, "alice", LEASE, 1).await.unwrap();
     let keep = Duration::from_millis(400);
     assert_eq!(
-        store.lock_release(&k, "alice", keep).await.unwrap(),
+        store.lock_release(&k, "alice", 1, keep).await.unwrap(),
         LockRelease::Released
     );
     // Kept by nobody: not even the old owner can renew or re-enter it.
     assert!(!store.lock_renew(&k, "alice", LEASE).await.unwrap());
     for owner in ["alice", "bob"] {
         assert!(matches!(
-            store.lock_acquire(&k, owner, LEASE, 5).await.unwrap(),
+            store.lock_acquire(&k, owner, LEASE, 1).await.unwrap(),
             LockAcquire::Held { .. }
         ));
     }
     tokio::time::sleep(keep + Duration::from_millis(100)).await;
     assert!(matches!(
-        store.lock_acquire(&k, "bob", LEASE, 5).await.unwrap(),
+        store.lock_acquire(&k, "bob", LEASE, 1).await.unwrap(),
         LockAcquire::Acquired { .. }
     ));
 }
@@ -186,17 +251,17 @@ async fn lease_expiry_frees_the_key(rg: Redguard) {
     let k = key(&rg, "e");
     let store = rg.store();
     let short = Duration::from_millis(200);
-    store.lock_acquire(&k, "alice", short, 5).await.unwrap();
+    store.lock_acquire(&k, "alice", short, 1).await.unwrap();
     tokio::time::sleep(short + Duration::from_millis(100)).await;
     assert!(!store.lock_renew(&k, "alice", LEASE).await.unwrap());
     assert!(matches!(
-        store.lock_acquire(&k, "bob", LEASE, 5).await.unwrap(),
+        store.lock_acquire(&k, "bob", LEASE, 1).await.unwrap(),
         LockAcquire::Acquired { .. }
     ));
     // Alice's late release must not free Bob's lock.
     assert_eq!(
         store
-            .lock_release(&k, "alice", Duration::ZERO)
+            .lock_release(&k, "alice", 1, Duration::ZERO)
             .await
             .unwrap(),
         LockRelease::NotOwner
@@ -207,11 +272,11 @@ async fn lease_expiry_frees_the_key(rg: Redguard) {
 async fn watch_wakes_on_release(rg: Redguard) {
     let k = key(&rg, "w");
     let store = rg.store();
-    store.lock_acquire(&k, "alice", LEASE, 5).await.unwrap();
+    store.lock_acquire(&k, "alice", LEASE, 1).await.unwrap();
     let mut watch = store.lock_watch(&k).await;
     assert!(watch.is_live());
     store
-        .lock_release(&k, "alice", Duration::ZERO)
+        .lock_release(&k, "alice", 1, Duration::ZERO)
         .await
         .unwrap();
     // Taken before the release, so the release is seen even though we wait only now.
@@ -228,7 +293,7 @@ async fn fair_release_hands_over_to_the_head(rg: Redguard) {
     let store = rg.store();
     let quiet = Duration::from_millis(300);
     let fired = Duration::from_secs(2);
-    let fair = |owner: &'static str| store.fair_acquire(&k, owner, LEASE, 5, true, false);
+    let fair = |owner: &'static str| store.fair_acquire(&k, owner, LEASE, 1, true);
     let alice = fair("alice").await.unwrap();
     let LockAcquire::Acquired { fence: first, .. } = alice else {
         panic!("{alice:?}");
@@ -241,7 +306,7 @@ async fn fair_release_hands_over_to_the_head(rg: Redguard) {
         let queued = fair(waiter).await;
         assert!(matches!(queued, Ok(LockAcquire::Held { .. })), "{queued:?}");
     }
-    let released = store.fair_release(&k, "alice", Duration::ZERO).await;
+    let released = store.fair_release(&k, "alice", 1, Duration::ZERO).await;
     assert_eq!(released.unwrap(), LockRelease::Released);
     tokio::time::timeout(fired, bob.changed())
         .await
@@ -282,13 +347,13 @@ async fn fair_release_hands_over_to_the_head(rg: Redguard) {
     // Dave is handed it next and never shows up: it frees once his registration would have
     // lapsed, not after a lease.
     store
-        .fair_release(&k, "carol", Duration::ZERO)
+        .fair_release(&k, "carol", 1, Duration::ZERO)
         .await
         .unwrap();
     let started = std::time::Instant::now();
     let erin = loop {
         match store
-            .fair_acquire(&k, "erin", LEASE, 5, false, false)
+            .fair_acquire(&k, "erin", LEASE, 1, false)
             .await
             .unwrap()
         {
@@ -519,7 +584,10 @@ async fn read_write_modes_exclude(rg: Redguard) {
     ));
     assert!(store.lock_renew(&k, "w1", LEASE).await.unwrap());
     assert_eq!(
-        store.lock_release(&k, "w1", Duration::ZERO).await.unwrap(),
+        store
+            .lock_release(&k, "w1", 1, Duration::ZERO)
+            .await
+            .unwrap(),
         LockRelease::Released
     );
     assert!(acquired(

@@ -43,7 +43,10 @@ pub struct LockGuard {
 struct Held {
     handle: Redguard,
     owner: String,
-    depth: u32,
+    /// 1 for the lock itself, n for the n-th nested entry: the level this guard releases.
+    level: u32,
+    /// A release was sent and its reply not awaited (the caller gave up on `release`).
+    released: bool,
     acquired_at: Instant,
     spec: Spec,
     lost: watch::Receiver<bool>,
@@ -57,7 +60,7 @@ impl LockGuard {
         key: Key,
         owner: String,
         fence: u64,
-        depth: u32,
+        level: u32,
         acquired_at: Instant,
         spec: Spec,
     ) -> Self {
@@ -67,7 +70,7 @@ impl LockGuard {
             valid_until: acquired_at + spec.lease,
             renew_at: Instant::now() + spec.lease / 3,
         };
-        Self::held(handle, key, owner, fence, depth, tenure, spec)
+        Self::held(handle, key, owner, fence, level, tenure, spec)
     }
 
     /// A fair lock handed to this waiter by its previous holder, for
@@ -95,12 +98,12 @@ impl LockGuard {
         key: Key,
         owner: String,
         fence: u64,
-        depth: u32,
+        level: u32,
         tenure: Tenure,
         spec: Spec,
     ) -> Self {
         let acquired_at = tenure.acquired_at;
-        let (watchdog, lost) = if depth == 1 {
+        let (watchdog, lost) = if level == 1 {
             let (watchdog, lost) = Watchdog::spawn(
                 handle.clone(),
                 key.clone(),
@@ -120,7 +123,8 @@ impl LockGuard {
             held: Some(Held {
                 handle,
                 owner,
-                depth,
+                level,
+                released: false,
                 acquired_at,
                 spec,
                 lost,
@@ -174,22 +178,24 @@ impl LockGuard {
         }
     }
 
-    /// Releases the lock (one level of it, if re-entered). Err([`Error::LockLost`]) when it
-    /// was no longer ours (nothing was changed, someone else's lock was left alone); a store
-    /// error means the lease will free it. Dropping the future of this call is safe: the
-    /// release is then spawned as on drop.
+    /// Releases the lock (its level, if re-entered: the outer levels stay held).
+    /// Err([`Error::LockLost`]) when it was no longer ours (nothing was changed, someone else's
+    /// lock was left alone); a store error means the lease will free it. Dropping the future
+    /// of this call is safe: the release is sent again as on drop, and a level released twice
+    /// is released once.
     pub async fn release(mut self) -> Result<()> {
         let Some(held) = self.held.as_mut() else {
             return Ok(());
         };
         // The watchdog must not renew what we are giving back.
         held.watchdog.take();
+        held.released = true;
         let keep = held.keep();
         let store = held.handle.store().clone();
         let outcome = held
             .spec
             .kind
-            .release(store.as_ref(), &self.key, &held.owner, keep)
+            .release(store.as_ref(), &self.key, &held.owner, held.level, keep)
             .await;
         // Done: nothing left for Drop.
         let Some(held) = self.held.take() else {
@@ -220,7 +226,7 @@ impl LockGuard {
             // Failed open: run unprotected, as configured.
             return work.await;
         };
-        let work = with_context(&self.key, &held.owner, self.fence, work);
+        let work = with_context(&self.key, &held.owner, held.level, self.fence, work);
         let output = match on_lost {
             OnLost::Cancel => {
                 tokio::select! {
@@ -251,7 +257,7 @@ impl LockGuard {
 impl Held {
     /// How long the key must stay taken after release, for `hold_at_least`.
     fn keep(&self) -> Duration {
-        if self.depth > 1 || !matches!(self.spec.kind, Kind::Exclusive | Kind::Fair) {
+        if self.level > 1 || !matches!(self.spec.kind, Kind::Exclusive | Kind::Fair) {
             return Duration::ZERO;
         }
         self.spec
@@ -290,9 +296,11 @@ impl Drop for LockGuard {
             let released = held
                 .spec
                 .kind
-                .release(store.as_ref(), &key, &held.owner, keep)
+                .release(store.as_ref(), &key, &held.owner, held.level, keep)
                 .await;
             match released {
+                // The release the caller gave up on went through first: nothing to report.
+                Ok(LockRelease::NotOwner) if held.released => {}
                 Ok(LockRelease::NotOwner) => held.not_owner(&key),
                 Ok(_) => {}
                 Err(err) => {
@@ -301,23 +309,4 @@ impl Drop for LockGuard {
             }
         });
     }
-}
-
-/// Releases in the background, silently: for an acquisition whose outcome is unknown.
-pub(super) fn spawn_release(handle: Redguard, key: Key, owner: String, kind: Kind, keep: Duration) {
-    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-        tracing::debug!(%key, "lock dropped outside a Tokio runtime; its lease will free it");
-        return;
-    };
-    runtime.spawn(async move {
-        match kind
-            .release(handle.store().as_ref(), &key, &owner, keep)
-            .await
-        {
-            Ok(_) => {}
-            Err(err) => {
-                tracing::warn!(%key, error = %err, "lock release failed; the lease will free it")
-            }
-        }
-    });
 }

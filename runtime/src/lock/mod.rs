@@ -57,7 +57,16 @@ pub enum OnLost {
 #[derive(Debug, Clone)]
 pub(crate) struct LockContext {
     fence: u64,
-    held: std::sync::Arc<Vec<(String, String)>>,
+    held: std::sync::Arc<Vec<Level>>,
+}
+
+/// A level of a lock the current task holds.
+#[derive(Debug, Clone)]
+struct Level {
+    key: String,
+    owner: String,
+    /// 1 for the lock itself, n for the n-th nested entry.
+    level: u32,
 }
 
 tokio::task_local! {
@@ -462,52 +471,84 @@ impl Kind {
         }
     }
 
+    /// Leaves `level` of the lock (and every level above it: leaving a level twice changes
+    /// nothing). Semaphores and read/write locks have one level.
     pub(crate) async fn release(
         self,
         store: &dyn crate::store::Store,
         key: &Key,
         owner: &str,
+        level: u32,
         keep: Duration,
     ) -> Result<crate::store::LockRelease> {
         match self {
-            Kind::Exclusive | Kind::Write => store.lock_release(key, owner, keep).await,
-            Kind::Fair => store.fair_release(key, owner, keep).await,
+            Kind::Exclusive | Kind::Write => store.lock_release(key, owner, level, keep).await,
+            Kind::Fair => store.fair_release(key, owner, level, keep).await,
             Kind::Semaphore(_) => store.semaphore_release(key, owner).await,
             Kind::Read => store.rw_release_read(key, owner).await,
         }
     }
+
+    /// Undoes an acquisition whose outcome is unknown (its future was dropped in flight, or
+    /// the store call failed): it may have run, or may still run when a stalled store
+    /// resumes. Sent after it on the same connection, so the store applies it after the
+    /// acquisition; an acquisition that never happened makes it a no-op. A fair waiter also
+    /// gives up its place (passing on a lock it was handed meanwhile).
+    pub(crate) async fn undo(
+        self,
+        store: &dyn crate::store::Store,
+        key: &Key,
+        owner: &str,
+        level: u32,
+    ) -> Result<()> {
+        match self {
+            Kind::Fair if level == 1 => store.fair_leave(key, owner).await,
+            _ => self
+                .release(store, key, owner, level, Duration::ZERO)
+                .await
+                .map(drop),
+        }
+    }
 }
 
-/// The owner token to present for `key`: the one this task already holds it with (so a
-/// nested acquisition re-enters), else a fresh random one.
-fn owner_for(key: &Key) -> (String, bool) {
+/// The owner token to present for `key` and the level to take: the token this task already
+/// holds the lock with and the level above its innermost one (a nested acquisition), else a
+/// fresh random token at level 1.
+fn owner_for(key: &Key) -> (String, u32) {
     let held = CONTEXT
         .try_with(|cx| {
             cx.held
                 .iter()
-                .find(|(held, _)| held == key.as_str())
-                .map(|(_, owner)| owner.clone())
+                .rev()
+                .find(|held| held.key == key.as_str())
+                .map(|held| (held.owner.clone(), held.level + 1))
         })
         .ok()
         .flatten();
-    match held {
-        Some(owner) => (owner, true),
-        None => (uuid::Uuid::new_v4().simple().to_string(), false),
-    }
+    held.unwrap_or_else(|| (uuid::Uuid::new_v4().simple().to_string(), 1))
 }
 
-/// Releases an acquisition that was in flight when its future was dropped: the script may
-/// have run. Sent after the acquisition on the same connection, so it sees its effect; a
-/// release by a fresh owner that never got the lock changes nothing.
+/// Undoes an acquisition whose outcome is unknown, unless disarmed by a definite reply: when
+/// dropped armed (the caller's future was dropped in flight, or the store call failed), it
+/// spawns [`Kind::undo`].
 struct InFlight {
-    release: Option<(Redguard, Key, String, Kind)>,
+    undo: Option<(Redguard, Key, String, Kind, u32)>,
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        if let Some((handle, key, owner, kind)) = self.release.take() {
-            guard::spawn_release(handle, key, owner, kind, Duration::ZERO);
-        }
+        let Some((handle, key, owner, kind, level)) = self.undo.take() else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            tracing::debug!(%key, "acquisition abandoned outside a Tokio runtime; its lease will free it");
+            return;
+        };
+        runtime.spawn(async move {
+            if let Err(err) = kind.undo(handle.store().as_ref(), &key, &owner, level).await {
+                tracing::warn!(%key, error = %err, "could not undo an acquisition whose outcome is unknown; its lease will free it");
+            }
+        });
     }
 }
 
@@ -534,12 +575,20 @@ impl Drop for FairPlace {
 async fn acquire(handle: Redguard, key: Key, spec: Spec) -> Result<LockGuard> {
     let started = Instant::now();
     let deadline = started + spec.wait;
-    let (owner, nested) = match spec.kind {
+    let (owner, level) = match spec.kind {
         Kind::Exclusive | Kind::Fair => owner_for(&key),
         Kind::Semaphore(_) | Kind::Read | Kind::Write => {
-            (uuid::Uuid::new_v4().simple().to_string(), false)
+            (uuid::Uuid::new_v4().simple().to_string(), 1)
         }
     };
+    if level > spec.max_depth {
+        record(&spec.scope, "too_deep", started);
+        return Err(Error::LockTooDeep {
+            key: key.to_string(),
+            depth: level - 1,
+        });
+    }
+    let nested = level > 1;
     let store = handle.store().clone();
     // Subscribed before the first attempt, so a release between a failed attempt and the wait
     // wakes us.
@@ -590,16 +639,12 @@ async fn acquire(handle: Redguard, key: Key, spec: Spec) -> Result<LockGuard> {
             ));
         }
         attempt_at = Instant::now();
+        // A nested level is undone by name, so its undo never leaves the outer level.
         let mut in_flight = InFlight {
-            // A nested entry is not undone blindly: a release would leave the outer level.
-            release: (!nested).then(|| (handle.clone(), key.clone(), owner.clone(), spec.kind)),
+            undo: Some((handle.clone(), key.clone(), owner.clone(), spec.kind, level)),
         };
         let outcome = match spec.kind {
-            Kind::Exclusive => {
-                store
-                    .lock_acquire(&key, &owner, spec.lease, spec.max_depth)
-                    .await
-            }
+            Kind::Exclusive => store.lock_acquire(&key, &owner, spec.lease, level).await,
             Kind::Semaphore(permits) => {
                 store
                     .semaphore_acquire(&key, &owner, permits, spec.lease)
@@ -608,7 +653,7 @@ async fn acquire(handle: Redguard, key: Key, spec: Spec) -> Result<LockGuard> {
             Kind::Fair => {
                 let join = watch.is_some();
                 store
-                    .fair_acquire(&key, &owner, spec.lease, spec.max_depth, join, nested)
+                    .fair_acquire(&key, &owner, spec.lease, level, join)
                     .await
             }
             Kind::Read | Kind::Write => {
@@ -619,8 +664,12 @@ async fn acquire(handle: Redguard, key: Key, spec: Spec) -> Result<LockGuard> {
                     .await
             }
         };
+        // Only a reply says what happened; after an error (a timeout above all) the script
+        // may have run, or may still run when the store resumes: `in_flight` undoes it.
+        if outcome.is_ok() {
+            in_flight.undo = None;
+        }
         let outcome = outcome.or_degrade(&handle, GuardKind::Lock, "lock_acquire", &key);
-        in_flight.release = None;
         let ttl = match outcome? {
             None => return Ok(LockGuard::degraded(key)),
             Some(LockAcquire::Acquired { fence, depth }) => {
@@ -628,14 +677,13 @@ async fn acquire(handle: Redguard, key: Key, spec: Spec) -> Result<LockGuard> {
                 record(&spec.scope, "acquired", started);
                 tracing::debug!(%key, fence, depth, "lock acquired");
                 return Ok(LockGuard::acquired(
-                    handle, key, owner, fence, depth, attempt_at, spec,
+                    handle, key, owner, fence, level, attempt_at, spec,
                 ));
             }
-            Some(LockAcquire::TooDeep { depth }) => {
-                record(&spec.scope, "too_deep", started);
-                return Err(Error::LockTooDeep {
+            Some(LockAcquire::Lost) => {
+                record(&spec.scope, "lost", started);
+                return Err(Error::LockLost {
                     key: key.to_string(),
-                    depth,
                 });
             }
             Some(LockAcquire::Held { ttl }) => ttl,
@@ -716,13 +764,18 @@ fn record(scope: &str, outcome: &'static str, started: Instant) {
 pub(crate) async fn with_context<F: Future>(
     key: &Key,
     owner: &str,
+    level: u32,
     fence: u64,
     work: F,
 ) -> F::Output {
-    let mut held: Vec<(String, String)> = CONTEXT
+    let mut held: Vec<Level> = CONTEXT
         .try_with(|cx| cx.held.as_ref().clone())
         .unwrap_or_default();
-    held.push((key.as_str().to_owned(), owner.to_owned()));
+    held.push(Level {
+        key: key.as_str().to_owned(),
+        owner: owner.to_owned(),
+        level,
+    });
     let cx = LockContext {
         fence,
         held: std::sync::Arc::new(held),

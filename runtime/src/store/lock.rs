@@ -16,9 +16,9 @@ use crate::key::Key;
 
 /// How long the fencing counter of a key outlives its last acquisition.
 ///
-/// When a key stays unused longer than this, the counter expires; the next acquisition seeds
-/// it again from the store's clock in microseconds, so tokens keep increasing as long as the
-/// store's clock does not step back by more than the gap (see [`LockOps::lock_acquire`]).
+/// Tokens never fall below the store's clock in microseconds (see [`LockOps::lock_acquire`]),
+/// so when the counter expires after this long unused, tokens still keep increasing as long
+/// as the store's clock does not step back by more than the gap.
 pub const FENCE_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
 
 /// How long a writer blocked by readers keeps new readers out after its last attempt. A
@@ -36,32 +36,43 @@ pub fn rw_readers(key: &Key) -> Key {
 /// Lock operations of a [`Store`](super::Store).
 #[async_trait]
 pub trait LockOps {
-    /// Takes the lock at `key` for `owner` if it is free, or enters it once more if `owner`
-    /// already holds it (up to `max_depth` nested entries). The lease (the key's TTL) becomes
-    /// `lease`; a nested entry only ever extends it.
+    /// At `level` 1, takes the lock at `key` for `owner` if it is free. At `level` n > 1,
+    /// enters the n-th nested level of a lock `owner` already holds: the depth becomes at
+    /// least n, so an entry sent twice is still one level, and [`LockAcquire::Lost`] when
+    /// `owner` no longer holds it. The lease (the key's TTL) becomes `lease`; a nested entry
+    /// only ever extends it.
     ///
-    /// A fresh acquisition returns a fencing token greater than every token handed out for
-    /// this key before: the counter is incremented, and when it had expired (unused for
-    /// [`FENCE_TTL`]) it restarts from the store's clock in microseconds. A nested entry
-    /// returns the token of the acquisition it nests in.
+    /// An acquisition returns a fencing token greater than every token handed out for this
+    /// key before and never below the store's clock in microseconds: the larger of the
+    /// counter plus one and the clock. The clock keeps tokens increasing when the counter is
+    /// gone (expired after [`FENCE_TTL`] unused, or lost with the last writes in a failover),
+    /// as long as the new clock is not behind the old one. A nested entry returns the token of
+    /// the acquisition it nests in.
     async fn lock_acquire(
         &self,
         key: &Key,
         owner: &str,
         lease: Duration,
-        max_depth: u32,
+        level: u32,
     ) -> Result<LockAcquire>;
 
     /// Extends the lease of `key` to `lease` from now if `owner` still holds it; false when
     /// the lock is gone or held by someone else (nothing is changed then).
     async fn lock_renew(&self, key: &Key, owner: &str, lease: Duration) -> Result<bool>;
 
-    /// Leaves one level of the lock if `owner` holds it. Leaving the last level frees the key
-    /// and notifies waiters, unless `keep` is non-zero: then the key stays taken (by nobody:
-    /// no owner can renew or re-enter it) for `keep` more, which is how `hold_at_least` stops
-    /// another instance from running a job again right away. Someone else's lock is never
-    /// touched.
-    async fn lock_release(&self, key: &Key, owner: &str, keep: Duration) -> Result<LockRelease>;
+    /// Leaves `level` of the lock if `owner` holds it, with every level above it: the depth
+    /// becomes at most `level - 1`, so a release sent twice never leaves an outer level.
+    /// Leaving level 1 frees the key, whatever the depth, and notifies waiters, unless `keep`
+    /// is non-zero: then the key stays taken (by nobody: no owner can renew or re-enter it)
+    /// for `keep` more, which is how `hold_at_least` stops another instance from running a job
+    /// again right away. Someone else's lock is never touched.
+    async fn lock_release(
+        &self,
+        key: &Key,
+        owner: &str,
+        level: u32,
+        keep: Duration,
+    ) -> Result<LockRelease>;
 
     /// Takes one of `permits` slots of the semaphore at `key` for `owner`, leased for
     /// `lease` (each holder has its own lease; expired holders are dropped first). Returns a
@@ -104,27 +115,31 @@ pub trait LockOps {
     /// Like [`lock_acquire`](LockOps::lock_acquire), but a free lock goes to the waiter that
     /// queued first: with `join`, a caller that does not get the lock takes a place in the
     /// queue at `key` (kept for [`FAIR_REGISTRATION`] after each attempt, so a waiter that
-    /// vanishes loses its place). `nested` says the caller holds the lock already and enters
-    /// it again; otherwise finding itself the owner means the lock was handed to it (see
-    /// [`fair_release`](LockOps::fair_release)), and it takes it up. Renewed as an exclusive
-    /// lock.
+    /// vanishes loses its place). At `level` 1, finding itself the owner means the lock was
+    /// handed to the caller (see [`fair_release`](LockOps::fair_release)), and it takes it up;
+    /// levels above 1 are nested entries, as in `lock_acquire`. Renewed as an exclusive lock.
     async fn fair_acquire(
         &self,
         key: &Key,
         owner: &str,
         lease: Duration,
-        max_depth: u32,
+        level: u32,
         join: bool,
-        nested: bool,
     ) -> Result<LockAcquire>;
 
-    /// Leaves one level of the fair lock at `key`, as
-    /// [`lock_release`](LockOps::lock_release) does. Freeing it hands it over at once to the
-    /// first waiter still registered, with a new fencing token and a TTL of
-    /// [`FAIR_REGISTRATION`] (the new holder extends it to its lease), and notifies that
-    /// waiter alone, with its token (see [`fair_watch`](LockOps::fair_watch)). A late
-    /// release that finds the lock already free hands it over too.
-    async fn fair_release(&self, key: &Key, owner: &str, keep: Duration) -> Result<LockRelease>;
+    /// Leaves `level` of the fair lock at `key`, as [`lock_release`](LockOps::lock_release)
+    /// does. Freeing it hands it over at once to the first waiter still registered, with a
+    /// new fencing token and a TTL of [`FAIR_REGISTRATION`] (the new holder extends it to its
+    /// lease), and notifies that waiter alone, with its token (see
+    /// [`fair_watch`](LockOps::fair_watch)). A late release that finds the lock already free
+    /// hands it over too.
+    async fn fair_release(
+        &self,
+        key: &Key,
+        owner: &str,
+        level: u32,
+        keep: Duration,
+    ) -> Result<LockRelease>;
 
     /// Gives up `owner`'s place in the fair queue at `key`. If the lock was handed to `owner`
     /// meanwhile, or is free, it is handed to the next waiter.
@@ -146,7 +161,7 @@ pub trait LockOps {
 /// What [`LockOps::lock_acquire`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LockAcquire {
-    /// The caller holds the lock now, `depth` levels deep (1 for a fresh acquisition).
+    /// The caller holds the lock now, `depth` levels deep (1 for an acquisition).
     Acquired {
         /// The fencing token of this acquisition.
         fence: u64,
@@ -158,11 +173,9 @@ pub enum LockAcquire {
         /// Time left on the holder's lease.
         ttl: Duration,
     },
-    /// The caller holds it already, `max_depth` levels deep; nothing was changed.
-    TooDeep {
-        /// The depth reached.
-        depth: u32,
-    },
+    /// A nested entry (level above 1) whose owner no longer holds the lock: its lease ran
+    /// out, or it was freed and perhaps taken by another owner. Nothing was changed.
+    Lost,
 }
 
 /// What [`LockOps::lock_release`] did.

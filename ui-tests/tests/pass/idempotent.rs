@@ -1,5 +1,6 @@
-//! `#[idempotent]` on the shapes users write: field access, methods, token mode, payloads,
-//! a renamed import, and attributes kept on the fn.
+//! `#[idempotent]` on the shapes users write: field access, methods (inherent, generic, of a
+//! trait impl, with a raw identifier name), token mode, payloads, an explicit scope, a
+//! renamed import, and attributes kept on the fn.
 #![deny(dead_code, unused)]
 
 use redguard::idempotent as once;
@@ -23,6 +24,26 @@ impl Service {
     }
 }
 
+struct Repo<T>(T);
+
+impl<T: Send + Sync> Repo<T> {
+    #[redguard::idempotent(key = "{id}", expire = 60)]
+    async fn r#match(&self, id: u64) -> redguard::Result<u64> {
+        Ok(id)
+    }
+}
+
+trait Confirm {
+    async fn confirm(&self, order: u64) -> redguard::Result<u64>;
+}
+
+impl Confirm for Repo<u8> {
+    #[redguard::idempotent(key = "{order}", expire = 60, scope = "repo.confirm")]
+    async fn confirm(&self, order: u64) -> redguard::Result<u64> {
+        Ok(order + u64::from(self.0))
+    }
+}
+
 #[redguard::idempotent(key = "{user_id}:{req.request_id}", expire = 600, payload = req, timeout = "5s")]
 async fn submit(user_id: u64, req: SubmitOrder) -> Result<String, redguard::Error> {
     Ok(format!("{user_id}/{}", req.sku))
@@ -43,6 +64,8 @@ async fn main() {
     };
     assert_eq!(submit(7, req).await.unwrap(), "7/SK-1");
     assert_eq!(Service { tenant: 1 }.confirm(2).await.unwrap(), 3);
+    assert_eq!(Repo(()).r#match(4).await.unwrap(), 4);
+    assert_eq!(Repo(1u8).confirm(4).await.unwrap(), 5);
     let token = redguard::tokens()
         .issue("checkout", std::time::Duration::from_secs(60))
         .await

@@ -50,19 +50,20 @@ impl MemoryStore {
         key: &Key,
         owner: &str,
         lease: Duration,
-        max_depth: u32,
+        level: u32,
     ) -> LockAcquire {
         if let Some(state) = locks.get_mut(key) {
             if state.owner != owner || owner.is_empty() {
+                if level > 1 {
+                    return LockAcquire::Lost;
+                }
                 let ttl = locks
                     .expires_at(key)
                     .map_or(Duration::ZERO, |at| at.saturating_sub(now));
                 return LockAcquire::Held { ttl };
             }
-            if state.depth >= max_depth {
-                return LockAcquire::TooDeep { depth: state.depth };
-            }
-            state.depth += 1;
+            // Naming the level makes the entry idempotent, as in the script.
+            state.depth = state.depth.max(level);
             let (fence, depth) = (state.fence, state.depth);
             // A nested entry may extend the lease, never shorten the outer level's.
             if locks.expires_at(key).is_some_and(|at| at < now + lease) {
@@ -70,15 +71,10 @@ impl MemoryStore {
             }
             return LockAcquire::Acquired { fence, depth };
         }
-        // Same rule as the Redis script: increment, or restart from the clock in microseconds
-        // when the counter has expired, so tokens keep increasing across long idle gaps.
-        let fence_key = key.companion("fence");
-        let (mut fences, _) = self.lock(&self.tables.fences);
-        let fence = match fences.get(&fence_key) {
-            Some(last) => last.saturating_add(1),
-            None => u64::try_from(now.as_micros()).unwrap_or(u64::MAX),
-        };
-        fences.put(&fence_key, fence, now + FENCE_TTL.max(lease));
+        if level > 1 {
+            return LockAcquire::Lost;
+        }
+        let fence = self.next_fence(key, now, lease);
         let state = LockState {
             owner: owner.to_owned(),
             depth: 1,
@@ -88,12 +84,28 @@ impl MemoryStore {
         LockAcquire::Acquired { fence, depth: 1 }
     }
 
-    /// Leaves one level of the lock at `key`; true when that freed the key.
+    /// The next fencing token of `key`, as the scripts' `next_fence`: above the counter and
+    /// never below the clock in microseconds.
+    fn next_fence(&self, key: &Key, now: Duration, lease: Duration) -> u64 {
+        let fence_key = key.companion("fence");
+        let (mut fences, _) = self.lock(&self.tables.fences);
+        let clock = u64::try_from(now.as_micros()).unwrap_or(u64::MAX);
+        let fence = fences
+            .get(&fence_key)
+            .map_or(0, |last| last.saturating_add(1))
+            .max(clock);
+        fences.put(&fence_key, fence, now + FENCE_TTL.max(lease));
+        fence
+    }
+
+    /// Leaves `level` of the lock at `key` (and every level above it); true when that freed
+    /// the key.
     fn leave(
         locks: &mut Table<LockState>,
         now: Duration,
         key: &Key,
         owner: &str,
+        level: u32,
         keep: Duration,
     ) -> (LockRelease, bool) {
         let Some(state) = locks.get_mut(key) else {
@@ -102,8 +114,8 @@ impl MemoryStore {
         if owner.is_empty() || state.owner != owner {
             return (LockRelease::NotOwner, false);
         }
-        if state.depth > 1 {
-            state.depth -= 1;
+        if level > 1 {
+            state.depth = state.depth.min(level - 1);
             return (LockRelease::Nested { depth: state.depth }, false);
         }
         if keep.is_zero() {
@@ -123,6 +135,7 @@ impl MemoryStore {
         &self,
         key: &Key,
         owner: &str,
+        level: u32,
         keep: Duration,
         leaving: bool,
     ) -> LockRelease {
@@ -138,14 +151,14 @@ impl MemoryStore {
             }
             LockRelease::Released
         } else {
-            Self::leave(&mut locks, now, key, owner, keep).0
+            Self::leave(&mut locks, now, key, owner, level, keep).0
         };
         queue.retain(|(_, until)| *until > now);
         let handed = if locks.get(key).is_none() && !queue.is_empty() {
             let (head, _) = queue.remove(0);
             match self.acquire_in(&mut locks, now, key, &head, FAIR_REGISTRATION, 1) {
                 LockAcquire::Acquired { fence, .. } => Some((head, fence)),
-                LockAcquire::Held { .. } | LockAcquire::TooDeep { .. } => None,
+                LockAcquire::Held { .. } | LockAcquire::Lost => None,
             }
         } else {
             None
@@ -169,10 +182,10 @@ impl LockOps for MemoryStore {
         key: &Key,
         owner: &str,
         lease: Duration,
-        max_depth: u32,
+        level: u32,
     ) -> Result<LockAcquire> {
         let (mut locks, now) = self.lock(&self.tables.locks);
-        Ok(self.acquire_in(&mut locks, now, key, owner, lease, max_depth))
+        Ok(self.acquire_in(&mut locks, now, key, owner, lease, level))
     }
 
     async fn lock_renew(&self, key: &Key, owner: &str, lease: Duration) -> Result<bool> {
@@ -186,9 +199,15 @@ impl LockOps for MemoryStore {
         Ok(owned)
     }
 
-    async fn lock_release(&self, key: &Key, owner: &str, keep: Duration) -> Result<LockRelease> {
+    async fn lock_release(
+        &self,
+        key: &Key,
+        owner: &str,
+        level: u32,
+        keep: Duration,
+    ) -> Result<LockRelease> {
         let (mut locks, now) = self.lock(&self.tables.locks);
-        let (released, freed) = Self::leave(&mut locks, now, key, owner, keep);
+        let (released, freed) = Self::leave(&mut locks, now, key, owner, level, keep);
         drop(locks);
         if freed {
             self.tables.lock_waiters.notify(key.as_str());
@@ -213,13 +232,7 @@ impl LockOps for MemoryStore {
             put_holders(&mut sems, key, holders);
             return Ok(LockAcquire::Held { ttl });
         }
-        let fence_key = key.companion("fence");
-        let (mut fences, _) = self.lock(&self.tables.fences);
-        let fence = match fences.get(&fence_key) {
-            Some(last) => last.saturating_add(1),
-            None => u64::try_from(now.as_micros()).unwrap_or(u64::MAX),
-        };
-        fences.put(&fence_key, fence, now + FENCE_TTL.max(lease));
+        let fence = self.next_fence(key, now, lease);
         holders.insert(owner.to_owned(), now + lease);
         put_holders(&mut sems, key, holders);
         Ok(LockAcquire::Acquired { fence, depth: 1 })
@@ -304,13 +317,7 @@ impl LockOps for MemoryStore {
             put_holders(&mut sems, &readers_key, readers);
             return Ok(LockAcquire::Held { ttl: intent_ttl });
         }
-        let fence_key = key.companion("fence");
-        let (mut fences, _) = self.lock(&self.tables.fences);
-        let fence = match fences.get(&fence_key) {
-            Some(last) => last.saturating_add(1),
-            None => u64::try_from(now.as_micros()).unwrap_or(u64::MAX),
-        };
-        fences.put(&fence_key, fence, now + FENCE_TTL.max(lease));
+        let fence = self.next_fence(key, now, lease);
         if write {
             let state = LockState {
                 owner: owner.to_owned(),
@@ -346,9 +353,8 @@ impl LockOps for MemoryStore {
         key: &Key,
         owner: &str,
         lease: Duration,
-        max_depth: u32,
+        level: u32,
         join: bool,
-        nested: bool,
     ) -> Result<LockAcquire> {
         // Same order as everywhere: locks, then queues, then fences.
         let (mut locks, now) = self.lock(&self.tables.locks);
@@ -359,23 +365,23 @@ impl LockOps for MemoryStore {
         queue.retain(|(_, until)| *until > now);
         let held_by = locks.get(key).map(|state| state.owner.clone());
         let outcome = match held_by {
-            Some(current) if !owner.is_empty() && current == owner && !nested => {
+            Some(current) if !owner.is_empty() && current == owner && level == 1 => {
                 // Handed over while we waited (the notice may not have reached us).
                 put_queue(&mut queues, &queue_key, queue);
                 let fence = locks.get(key).map_or(0, |state| state.fence);
                 locks.set_expiry(key, now + lease);
                 return Ok(LockAcquire::Acquired { fence, depth: 1 });
             }
-            Some(current) if !owner.is_empty() && current == owner => {
+            _ if level > 1 => {
                 put_queue(&mut queues, &queue_key, queue);
                 drop(queues);
-                return Ok(self.acquire_in(&mut locks, now, key, owner, lease, max_depth));
+                return Ok(self.acquire_in(&mut locks, now, key, owner, lease, level));
             }
             None if queue.first().is_none_or(|(head, _)| head == owner) => {
                 queue.retain(|(waiter, _)| waiter != owner);
                 put_queue(&mut queues, &queue_key, queue);
                 drop(queues);
-                return Ok(self.acquire_in(&mut locks, now, key, owner, lease, max_depth));
+                return Ok(self.acquire_in(&mut locks, now, key, owner, lease, 1));
             }
             Some(_) => LockAcquire::Held {
                 ttl: locks
@@ -397,12 +403,18 @@ impl LockOps for MemoryStore {
         Ok(outcome)
     }
 
-    async fn fair_release(&self, key: &Key, owner: &str, keep: Duration) -> Result<LockRelease> {
-        Ok(self.fair_leave_or_release(key, owner, keep, false))
+    async fn fair_release(
+        &self,
+        key: &Key,
+        owner: &str,
+        level: u32,
+        keep: Duration,
+    ) -> Result<LockRelease> {
+        Ok(self.fair_leave_or_release(key, owner, level, keep, false))
     }
 
     async fn fair_leave(&self, key: &Key, owner: &str) -> Result<()> {
-        self.fair_leave_or_release(key, owner, Duration::ZERO, true);
+        self.fair_leave_or_release(key, owner, 1, Duration::ZERO, true);
         Ok(())
     }
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures_util::StreamExt as _;
 use once_cell::sync::Lazy;
-use redis::Script;
+use redis::{Script, ServerErrorKind};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -33,10 +33,15 @@ static FAIR_RELEASE: Lazy<Script> =
 static SEM_RELEASE: Lazy<Script> =
     Lazy::new(|| Script::new(include_str!("scripts/sem_release.lua")));
 
-/// Lock keys are `<prefix>:lock:{<scope>:<body>}` (semaphores add a suffix) and the release
-/// scripts publish on the key's own name; one pattern subscription covers every lock of every
-/// prefix.
-const RELEASE_PATTERN: &str = "*:lock:{*";
+/// The pattern that covers the release channels of every lock under `prefix`: the release
+/// scripts publish on the lock key's own name, `<prefix>:lock:{<scope>:<body>}` (semaphores
+/// and the other kinds add a suffix). It is `<prefix>:*` exactly, because Redis's ACL matches
+/// a `PSUBSCRIBE` pattern literally against the user's channel grants: `&redguard:*` allows
+/// this pattern and no other (a prefix holds no glob characters). Other messages under the
+/// prefix wake nobody.
+fn release_pattern(prefix: &str) -> String {
+    format!("{prefix}:*")
+}
 
 pub(super) fn scripts() -> Vec<&'static Script> {
     vec![
@@ -69,7 +74,7 @@ impl LockOps for RedisStore {
         key: &Key,
         owner: &str,
         lease: Duration,
-        max_depth: u32,
+        level: u32,
     ) -> Result<LockAcquire> {
         let fence_key = key.companion("fence");
         let fence_ttl = fence_ttl(lease);
@@ -78,17 +83,13 @@ impl LockOps for RedisStore {
                 "lock_acquire",
                 &ACQUIRE,
                 &[key, &fence_key],
-                &[&owner, &millis(lease), &max_depth, &fence_ttl],
+                &[&owner, &millis(lease), &level, &fence_ttl],
             )
             .await?;
         match reply {
             (3, _, _) => Err(Error::Corrupt {
                 key: key.to_string(),
                 detail: "not a lock hash with an owner and numeric depth and fence".to_owned(),
-            }),
-            (4, _, _) => Err(Error::Corrupt {
-                key: fence_key.to_string(),
-                detail: "the fencing counter is not a non-negative integer".to_owned(),
             }),
             // PTTL is -1 when someone wrote the key without a TTL: not ours to fix, reported.
             _ => acquire_reply(key, "lock_acquire", reply),
@@ -102,10 +103,16 @@ impl LockOps for RedisStore {
         Ok(renewed == 1)
     }
 
-    async fn lock_release(&self, key: &Key, owner: &str, keep: Duration) -> Result<LockRelease> {
+    async fn lock_release(
+        &self,
+        key: &Key,
+        owner: &str,
+        level: u32,
+        keep: Duration,
+    ) -> Result<LockRelease> {
         let keep = u64::try_from(keep.as_millis()).unwrap_or(u64::MAX);
         let code: i64 = self
-            .eval("lock_release", &RELEASE, &[key], &[&owner, &keep])
+            .eval("lock_release", &RELEASE, &[key], &[&owner, &level, &keep])
             .await?;
         release_reply(key, "lock_release", code)
     }
@@ -127,19 +134,7 @@ impl LockOps for RedisStore {
                 &[&owner, &permits, &millis(lease), &fence_ttl],
             )
             .await?;
-        match reply {
-            (1, fence, _) if fence > 0 => Ok(LockAcquire::Acquired {
-                fence: fence.unsigned_abs(),
-                depth: 1,
-            }),
-            (0, wait, _) => Ok(LockAcquire::Held {
-                ttl: Duration::from_millis(wait.unsigned_abs()),
-            }),
-            _ => Err(Error::Corrupt {
-                key: key.to_string(),
-                detail: format!("semaphore_acquire returned {reply:?}"),
-            }),
-        }
+        acquire_reply(key, "semaphore_acquire", reply)
     }
 
     async fn semaphore_renew(&self, key: &Key, owner: &str, lease: Duration) -> Result<bool> {
@@ -195,19 +190,7 @@ impl LockOps for RedisStore {
                 ],
             )
             .await?;
-        match reply {
-            (1, fence, _) if fence > 0 => Ok(LockAcquire::Acquired {
-                fence: fence.unsigned_abs(),
-                depth: 1,
-            }),
-            (0, wait, _) => Ok(LockAcquire::Held {
-                ttl: Duration::from_millis(wait.unsigned_abs()),
-            }),
-            _ => Err(Error::Corrupt {
-                key: key.to_string(),
-                detail: format!("rw_acquire returned {reply:?}"),
-            }),
-        }
+        acquire_reply(key, "rw_acquire", reply)
     }
 
     async fn rw_release_read(&self, key: &Key, owner: &str) -> Result<LockRelease> {
@@ -232,12 +215,10 @@ impl LockOps for RedisStore {
         key: &Key,
         owner: &str,
         lease: Duration,
-        max_depth: u32,
+        level: u32,
         join: bool,
-        nested: bool,
     ) -> Result<LockAcquire> {
         let [queue, registered, fence] = fair_keys(key);
-        let flag = |set: bool| if set { "1" } else { "0" };
         let reply: (i64, i64, i64) = self
             .eval(
                 "fair_acquire",
@@ -246,24 +227,30 @@ impl LockOps for RedisStore {
                 &[
                     &owner,
                     &millis(lease),
-                    &max_depth,
+                    &level,
                     &fence_ttl(lease),
                     &millis(FAIR_REGISTRATION),
-                    &flag(join),
-                    &flag(nested),
+                    &if join { "1" } else { "0" },
                 ],
             )
             .await?;
         acquire_reply(key, "fair_acquire", reply)
     }
 
-    async fn fair_release(&self, key: &Key, owner: &str, keep: Duration) -> Result<LockRelease> {
-        let code = self.fair_script(key, owner, keep, false).await?;
+    async fn fair_release(
+        &self,
+        key: &Key,
+        owner: &str,
+        level: u32,
+        keep: Duration,
+    ) -> Result<LockRelease> {
+        let code = self.fair_script(key, owner, level, keep, false).await?;
         release_reply(key, "fair_release", code)
     }
 
     async fn fair_leave(&self, key: &Key, owner: &str) -> Result<()> {
-        self.fair_script(key, owner, Duration::ZERO, true).await?;
+        self.fair_script(key, owner, 1, Duration::ZERO, true)
+            .await?;
         Ok(())
     }
 
@@ -277,12 +264,13 @@ impl LockOps for RedisStore {
 }
 
 impl RedisStore {
-    /// Runs the fair lock's release script: leaving one level of the lock, or (`leaving`)
-    /// a waiter's place in the queue.
+    /// Runs the fair lock's release script: leaving `level` of the lock, or (`leaving`) a
+    /// waiter's place in the queue.
     async fn fair_script(
         &self,
         key: &Key,
         owner: &str,
+        level: u32,
         keep: Duration,
         leaving: bool,
     ) -> Result<i64> {
@@ -295,6 +283,7 @@ impl RedisStore {
             &[key, &queue, &registered, &fence],
             &[
                 &owner,
+                &level,
                 &keep,
                 &leaving,
                 &fence_ttl(Duration::ZERO),
@@ -342,8 +331,10 @@ fn acquire_reply(key: &Key, op: &str, reply: (i64, i64, i64)) -> Result<LockAcqu
         (0, wait, _) if wait >= 0 => Ok(LockAcquire::Held {
             ttl: Duration::from_millis(wait.unsigned_abs()),
         }),
-        (2, _, depth) => Ok(LockAcquire::TooDeep {
-            depth: u32::try_from(depth).map_err(|_| corrupt())?,
+        (2, _, _) => Ok(LockAcquire::Lost),
+        (4, _, _) => Err(Error::Corrupt {
+            key: key.companion("fence").to_string(),
+            detail: "the fencing counter is not a non-negative integer below 2^53".to_owned(),
         }),
         _ => Err(corrupt()),
     }
@@ -354,6 +345,7 @@ fn acquire_reply(key: &Key, op: &str, reply: (i64, i64, i64)) -> Result<LockAcqu
 /// waiters. It reconnects by itself; while it is down, waiters poll.
 pub(crate) struct ReleaseBus {
     client: redis::Client,
+    pattern: String,
     waiters: Arc<Waiters>,
     subscribed: watch::Sender<bool>,
     /// The last attempt to subscribe failed, or the subscription was lost, and it is not back
@@ -371,9 +363,10 @@ impl std::fmt::Debug for ReleaseBus {
 }
 
 impl ReleaseBus {
-    pub(crate) fn new(client: redis::Client) -> Self {
+    pub(crate) fn new(client: redis::Client, prefix: &str) -> Self {
         ReleaseBus {
             client,
+            pattern: release_pattern(prefix),
             waiters: Arc::default(),
             subscribed: watch::channel(false).0,
             down: Arc::default(),
@@ -415,11 +408,14 @@ impl ReleaseBus {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let client = self.client.clone();
-        let waiters = Arc::clone(&self.waiters);
-        let subscribed = self.subscribed.clone();
-        let down = Arc::clone(&self.down);
-        *task = Some(runtime.spawn(run_bus(client, waiters, subscribed, down)));
+        let bus = Bus {
+            client: self.client.clone(),
+            pattern: self.pattern.clone(),
+            waiters: Arc::clone(&self.waiters),
+            subscribed: self.subscribed.clone(),
+            down: Arc::clone(&self.down),
+        };
+        *task = Some(runtime.spawn(bus.run()));
     }
 }
 
@@ -432,59 +428,86 @@ impl Drop for ReleaseBus {
     }
 }
 
-/// Keeps the subscription up: connect, subscribe, deliver; on any failure mark it down, wake
-/// every waiter (a release may have been missed) and retry with a capped backoff.
-async fn run_bus(
+/// What the subscription task owns.
+struct Bus {
     client: redis::Client,
+    pattern: String,
     waiters: Arc<Waiters>,
     subscribed: watch::Sender<bool>,
     down: Arc<AtomicBool>,
-) {
-    let mut backoff = Duration::from_millis(50);
-    loop {
-        let connected = tokio::time::timeout(Duration::from_secs(3), async {
-            let mut pubsub = client.get_async_pubsub().await?;
-            pubsub.psubscribe(RELEASE_PATTERN).await?;
-            Ok::<_, redis::RedisError>(pubsub)
-        })
-        .await;
-        match connected {
-            Ok(Ok(pubsub)) => {
-                backoff = Duration::from_millis(50);
-                down.store(false, Ordering::SeqCst);
-                subscribed.send_replace(true);
-                tracing::debug!("lock release subscription up");
-                let mut messages = pubsub.into_on_message();
-                while let Some(message) = messages.next().await {
-                    // '1' is news for every waiter; a fair lock's hand-off names the new
-                    // holder and its fencing token, and is news for it alone.
-                    let channel = message.get_channel_name();
-                    let payload = message.get_payload_bytes();
-                    let handed = std::str::from_utf8(payload)
-                        .ok()
-                        .and_then(|text| text.split_once(' '))
-                        .and_then(|(owner, fence)| Some((owner, fence.parse().ok()?)));
-                    match handed {
-                        Some((owner, fence)) => waiters.hand_over(channel, owner, fence),
-                        None => waiters.notify(channel),
+}
+
+impl Bus {
+    /// Keeps the subscription up: connect, subscribe, deliver; on any failure mark it down,
+    /// wake every waiter (a release may have been missed) and retry with a capped backoff.
+    async fn run(self) {
+        let mut backoff = Duration::from_millis(50);
+        let mut refused = false;
+        loop {
+            let connected = tokio::time::timeout(Duration::from_secs(3), async {
+                let mut pubsub = self.client.get_async_pubsub().await?;
+                pubsub.psubscribe(&self.pattern).await?;
+                Ok::<_, redis::RedisError>(pubsub)
+            })
+            .await;
+            match connected {
+                Ok(Ok(pubsub)) => {
+                    backoff = Duration::from_millis(50);
+                    refused = false;
+                    self.down.store(false, Ordering::SeqCst);
+                    self.subscribed.send_replace(true);
+                    tracing::debug!(pattern = %self.pattern, "lock release subscription up");
+                    self.deliver(pubsub).await;
+                    self.subscribed.send_replace(false);
+                    self.down.store(true, Ordering::SeqCst);
+                    self.waiters.notify_all();
+                    tracing::warn!("lock release subscription lost; waiters poll until it is back");
+                }
+                Ok(Err(err)) if err.kind() == redis::ErrorKind::Server(ServerErrorKind::NoPerm) => {
+                    self.down.store(true, Ordering::SeqCst);
+                    metrics::counter!("redguard_lock_subscription_refused_total").increment(1);
+                    // Once per refusal streak: the ACL will not change by itself every 500 ms.
+                    if !refused {
+                        refused = true;
+                        tracing::warn!(
+                            pattern = %self.pattern,
+                            error = %err,
+                            "the Redis user may not subscribe to lock release notifications; \
+                             waiters poll instead (grant the channels with `&<prefix>:*`)"
+                        );
                     }
                 }
-                subscribed.send_replace(false);
-                down.store(true, Ordering::SeqCst);
-                waiters.notify_all();
-                tracing::warn!("lock release subscription lost; waiters poll until it is back");
+                Ok(Err(err)) => {
+                    self.down.store(true, Ordering::SeqCst);
+                    tracing::debug!(error = %err, "lock release subscription failed");
+                }
+                Err(_) => {
+                    self.down.store(true, Ordering::SeqCst);
+                    tracing::debug!("lock release subscription timed out");
+                }
             }
-            Ok(Err(err)) => {
-                down.store(true, Ordering::SeqCst);
-                tracing::debug!(error = %err, "lock release subscription failed");
-            }
-            Err(_) => {
-                down.store(true, Ordering::SeqCst);
-                tracing::debug!("lock release subscription timed out");
+            tokio::time::sleep(backoff).await;
+            // Capped low: after Redis comes back, waiters poll until the subscription is up.
+            backoff = (backoff * 2).min(Duration::from_millis(500));
+        }
+    }
+
+    /// Fans messages out until the connection ends.
+    async fn deliver(&self, pubsub: redis::aio::PubSub) {
+        let mut messages = pubsub.into_on_message();
+        while let Some(message) = messages.next().await {
+            // '1' is news for every waiter; a fair lock's hand-off names the new holder and
+            // its fencing token, and is news for it alone.
+            let channel = message.get_channel_name();
+            let payload = message.get_payload_bytes();
+            let handed = std::str::from_utf8(payload)
+                .ok()
+                .and_then(|text| text.split_once(' '))
+                .and_then(|(owner, fence)| Some((owner, fence.parse().ok()?)));
+            match handed {
+                Some((owner, fence)) => self.waiters.hand_over(channel, owner, fence),
+                None => self.waiters.notify(channel),
             }
         }
-        tokio::time::sleep(backoff).await;
-        // Capped low: after Redis comes back, waiters poll until the subscription is up.
-        backoff = (backoff * 2).min(Duration::from_millis(500));
     }
 }

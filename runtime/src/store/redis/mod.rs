@@ -58,9 +58,11 @@ impl fmt::Debug for RedisStore {
 
 impl RedisStore {
     /// Connects to `url` (`redis://` or `rediss://`, with optional `user:password@`), bounding
-    /// every later call by `timeout`.
+    /// every later call by `timeout`. Lock release notifications are subscribed to for the
+    /// keys under `prefix`.
     pub(crate) async fn connect(
         target: RedisTarget,
+        prefix: &str,
         timeout: Duration,
         connect_timeout: Duration,
     ) -> Result<Self> {
@@ -88,7 +90,7 @@ impl RedisStore {
         };
         let node = node.map_err(invalid)?;
         // Pub/sub goes through one node: on a Cluster, classic `PUBLISH` reaches every node.
-        let bus = Arc::new(lock::ReleaseBus::new(node.clone()));
+        let bus = Arc::new(lock::ReleaseBus::new(node.clone(), prefix));
         let conn = if target.cluster {
             let mut builder = ClusterClientBuilder::new(target.urls.iter().map(String::as_str))
                 .connection_timeout(connect_timeout)

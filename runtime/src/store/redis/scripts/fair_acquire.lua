@@ -2,30 +2,61 @@
 -- KEYS[1] lock hash {owner, depth, fence} (same shape as an exclusive lock); KEYS[2] queue
 -- zset owner -> arrival ticket; KEYS[3] zset owner -> registration end (ms, Redis time);
 -- KEYS[4] fencing counter. All share one hash tag.
--- ARGV[1] owner; ARGV[2] lease ms; ARGV[3] max depth; ARGV[4] counter TTL ms;
--- ARGV[5] registration ms; ARGV[6] '1' to queue up when not acquired; ARGV[7] '1' when the
--- caller already holds the lock (a nested entry).
--- Returns {1, fence, depth} acquired, {0, ms worth waiting, 0} not yet, {2, 0, depth} too deep.
+-- ARGV[1] owner; ARGV[2] lease ms; ARGV[3] level: 1 for an acquisition, n > 1 for the n-th
+-- nested level of the owner that holds the lock; ARGV[4] counter TTL ms; ARGV[5] registration
+-- ms; ARGV[6] '1' to queue up when not acquired.
+-- Returns {1, fence, depth} acquired, {0, ms worth waiting, 0} not yet, {2, 0, 0} a nested
+-- level whose owner no longer holds the lock, {4, 0, 0} something else is stored at the
+-- counter.
 -- A release hands the lock straight to the head of the queue (fair_release.lua): the lock is
 -- then already the head's, with a short TTL, and this script only extends it to the lease.
+
+-- The next fencing token of the counter at `counter`, at time `t` (a TIME reply; read when not
+-- given), or nil when something else is stored there. Above every token the counter handed
+-- out, and never below Redis's clock in microseconds, so a master promoted after losing the
+-- last increments still hands out larger tokens than the old one did. Tokens stay below 2^53,
+-- where Lua's doubles are exact.
+local function next_fence(counter, ttl, t)
+  local last = redis.pcall('GET', counter)
+  if type(last) == 'table' then
+    return nil
+  end
+  local n = 0
+  if last then
+    n = string.match(last, '^%d+$') and tonumber(last)
+    if not n or n >= 9007199254740991 then
+      return nil
+    end
+  end
+  t = t or redis.call('TIME')
+  local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  local fence = string.format('%.0f', math.max(n + 1, now))
+  redis.call('SET', counter, fence, 'PX', ttl)
+  return fence
+end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local level = tonumber(ARGV[3])
 local owner = redis.call('HGET', KEYS[1], 'owner')
 if owner and owner ~= '' and owner == ARGV[1] then
-  if ARGV[7] ~= '1' then
+  if level == 1 then
     -- Handed over while we waited (the notice may not have reached us): take it up.
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
     return {1, tonumber(redis.call('HGET', KEYS[1], 'fence')), 1}
   end
+  -- Naming the level makes the entry idempotent: sent twice, it is still one level.
   local depth = tonumber(redis.call('HGET', KEYS[1], 'depth')) or 0
-  if depth >= tonumber(ARGV[3]) then
-    return {2, 0, depth}
+  if depth < level then
+    depth = level
+    redis.call('HSET', KEYS[1], 'depth', depth)
   end
-  depth = redis.call('HINCRBY', KEYS[1], 'depth', 1)
   if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[2]) then
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
   end
   return {1, tonumber(redis.call('HGET', KEYS[1], 'fence')), depth}
+end
+if level > 1 then
+  return {2, 0, 0}
 end
 if not owner then
   -- Free with nobody handed it (its holder's lease ran out, or it was never taken): the
@@ -42,15 +73,13 @@ if not owner then
       redis.call('ZREM', KEYS[2], head)
       redis.call('ZREM', KEYS[3], head)
     end
-    local fence = redis.call('INCR', KEYS[4])
-    if fence == 1 then
-      fence = tonumber(t[1]) * 1000000 + tonumber(t[2])
-      redis.call('SET', KEYS[4], string.format('%.0f', fence))
+    local fence = next_fence(KEYS[4], ARGV[4], t)
+    if not fence then
+      return {4, 0, 0}
     end
-    redis.call('PEXPIRE', KEYS[4], ARGV[4])
-    redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'depth', 1, 'fence', string.format('%.0f', fence))
+    redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'depth', 1, 'fence', fence)
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
-    return {1, fence, 1}
+    return {1, tonumber(fence), 1}
   end
 end
 if ARGV[6] == '1' then

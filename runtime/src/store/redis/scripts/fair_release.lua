@@ -1,12 +1,38 @@
 -- Leave a fair lock, or give up a place in its queue; a free lock is handed to the head.
 -- KEYS[1] lock hash; KEYS[2] queue; KEYS[3] registrations; KEYS[4] fencing counter
--- (see fair_acquire.lua). ARGV[1] owner; ARGV[2] keep ms (0: free the key now); ARGV[3] '1'
--- when a waiter gives up its place; ARGV[4] counter TTL ms; ARGV[5] registration ms.
+-- (see fair_acquire.lua). ARGV[1] owner; ARGV[2] the level left (1: the lock itself; as in
+-- lock_release.lua, leaving a level twice changes nothing); ARGV[3] keep ms (0: free the key
+-- now); ARGV[4] '1' when a waiter gives up its place; ARGV[5] counter TTL ms; ARGV[6]
+-- registration ms.
 -- Returns -1 not the owner (nothing of the lock changed), 0 released, n > 0 still held n
 -- levels deep.
+
+-- The next fencing token of the counter at `counter`, at time `t` (a TIME reply; read when not
+-- given), or nil when something else is stored there. Above every token the counter handed
+-- out, and never below Redis's clock in microseconds, so a master promoted after losing the
+-- last increments still hands out larger tokens than the old one did. Tokens stay below 2^53,
+-- where Lua's doubles are exact.
+local function next_fence(counter, ttl, t)
+  local last = redis.pcall('GET', counter)
+  if type(last) == 'table' then
+    return nil
+  end
+  local n = 0
+  if last then
+    n = string.match(last, '^%d+$') and tonumber(last)
+    if not n or n >= 9007199254740991 then
+      return nil
+    end
+  end
+  t = t or redis.call('TIME')
+  local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  local fence = string.format('%.0f', math.max(n + 1, now))
+  redis.call('SET', counter, fence, 'PX', ttl)
+  return fence
+end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local leaving = ARGV[3] == '1'
+local leaving = ARGV[4] == '1'
 if leaving then
   redis.call('ZREM', KEYS[2], ARGV[1])
   redis.call('ZREM', KEYS[3], ARGV[1])
@@ -14,16 +40,21 @@ end
 local code = -1
 local owner = redis.call('HGET', KEYS[1], 'owner')
 if owner and owner ~= '' and owner == ARGV[1] then
-  -- A waiter giving up may have been handed the lock meanwhile: it passes it on whole.
-  local depth = leaving and 0 or redis.call('HINCRBY', KEYS[1], 'depth', -1)
-  if depth > 0 then
+  local level = tonumber(ARGV[2])
+  if level > 1 and not leaving then
+    local depth = tonumber(redis.call('HGET', KEYS[1], 'depth')) or 1
+    if depth >= level then
+      depth = level - 1
+      redis.call('HSET', KEYS[1], 'depth', depth)
+    end
     return depth
   end
+  -- A waiter giving up may have been handed the lock meanwhile: it passes it on whole.
   code = 0
-  if tonumber(ARGV[2]) > 0 then
+  if tonumber(ARGV[3]) > 0 and not leaving then
     -- hold_at_least: the key stays taken, by nobody, until the minimum hold time has passed.
     redis.call('HSET', KEYS[1], 'owner', '', 'depth', 0)
-    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    redis.call('PEXPIRE', KEYS[1], ARGV[3])
     return code
   end
   redis.call('DEL', KEYS[1])
@@ -42,15 +73,12 @@ while true do
   redis.call('ZREM', KEYS[2], head)
   redis.call('ZREM', KEYS[3], head)
   if registered > now then
-    local fence = redis.call('INCR', KEYS[4])
-    if fence == 1 then
-      fence = tonumber(t[1]) * 1000000 + tonumber(t[2])
-      redis.call('SET', KEYS[4], string.format('%.0f', fence))
+    local fence = next_fence(KEYS[4], ARGV[5], t)
+    if not fence then
+      return redis.error_reply('CORRUPT ' .. KEYS[4] .. ' the fencing counter is not a number')
     end
-    redis.call('PEXPIRE', KEYS[4], ARGV[4])
-    fence = string.format('%.0f', fence)
     redis.call('HSET', KEYS[1], 'owner', head, 'depth', 1, 'fence', fence)
-    redis.call('PEXPIRE', KEYS[1], ARGV[5])
+    redis.call('PEXPIRE', KEYS[1], ARGV[6])
     redis.call('PUBLISH', KEYS[1], head .. ' ' .. fence)
     break
   end

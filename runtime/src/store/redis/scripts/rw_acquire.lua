@@ -3,19 +3,35 @@
 -- KEYS[2] readers zset owner -> lease end (ms, Redis time); KEYS[3] writer intent;
 -- KEYS[4] fencing counter. All share one hash tag.
 -- ARGV[1] owner; ARGV[2] 'W' (write, announcing a wait), 'w' (write, no wait) or 'r'; ARGV[3] lease ms; ARGV[4] counter TTL ms; ARGV[5] intent ms.
--- Returns {1, fence, 1} acquired, {0, ms worth waiting, 0} held.
+-- Returns {1, fence, 1} acquired, {0, ms worth waiting, 0} held, {4, 0, 0} something else is
+-- stored at the counter.
+
+-- The next fencing token of the counter at `counter`, at time `t` (a TIME reply; read when not
+-- given), or nil when something else is stored there. Above every token the counter handed
+-- out, and never below Redis's clock in microseconds, so a master promoted after losing the
+-- last increments still hands out larger tokens than the old one did. Tokens stay below 2^53,
+-- where Lua's doubles are exact.
+local function next_fence(counter, ttl, t)
+  local last = redis.pcall('GET', counter)
+  if type(last) == 'table' then
+    return nil
+  end
+  local n = 0
+  if last then
+    n = string.match(last, '^%d+$') and tonumber(last)
+    if not n or n >= 9007199254740991 then
+      return nil
+    end
+  end
+  t = t or redis.call('TIME')
+  local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  local fence = string.format('%.0f', math.max(n + 1, now))
+  redis.call('SET', counter, fence, 'PX', ttl)
+  return fence
+end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
-local function next_fence()
-  local fence = redis.call('INCR', KEYS[4])
-  if fence == 1 then
-    fence = tonumber(t[1]) * 1000000 + tonumber(t[2])
-    redis.call('SET', KEYS[4], string.format('%.0f', fence))
-  end
-  redis.call('PEXPIRE', KEYS[4], ARGV[4])
-  return fence
-end
 if redis.call('EXISTS', KEYS[1]) == 1 then
   return {0, math.max(redis.call('PTTL', KEYS[1]), 0), 0}
 end
@@ -33,16 +49,22 @@ if ARGV[2] ~= 'r' then
     return {0, math.max(redis.call('PTTL', KEYS[3]), 0), 0}
   end
   redis.call('DEL', KEYS[3])
-  local fence = next_fence()
-  redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'depth', 1, 'fence', string.format('%.0f', fence))
+  local fence = next_fence(KEYS[4], ARGV[4], t)
+  if not fence then
+    return {4, 0, 0}
+  end
+  redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'depth', 1, 'fence', fence)
   redis.call('PEXPIRE', KEYS[1], ARGV[3])
-  return {1, fence, 1}
+  return {1, tonumber(fence), 1}
 end
 if intent then
   return {0, math.max(redis.call('PTTL', KEYS[3]), 0), 0}
 end
-local fence = next_fence()
+local fence = next_fence(KEYS[4], ARGV[4], t)
+if not fence then
+  return {4, 0, 0}
+end
 redis.call('ZADD', KEYS[2], now + tonumber(ARGV[3]), ARGV[1])
 local last = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
 redis.call('PEXPIRE', KEYS[2], math.max(tonumber(last[2]) - now, 1))
-return {1, fence, 1}
+return {1, tonumber(fence), 1}

@@ -1,7 +1,32 @@
 -- Take one slot of a semaphore.
 -- KEYS[1] zset owner -> lease end (ms, Redis time); KEYS[2] fencing counter (same hash tag).
 -- ARGV[1] owner; ARGV[2] permits; ARGV[3] lease ms; ARGV[4] counter TTL ms.
--- Returns {1, fence, 1} acquired, {0, ms until the earliest lease ends, 0} full.
+-- Returns {1, fence, 1} acquired, {0, ms until the earliest lease ends, 0} full, {4, 0, 0}
+-- something else is stored at the counter.
+
+-- The next fencing token of the counter at `counter`, at time `t` (a TIME reply; read when not
+-- given), or nil when something else is stored there. Above every token the counter handed
+-- out, and never below Redis's clock in microseconds, so a master promoted after losing the
+-- last increments still hands out larger tokens than the old one did. Tokens stay below 2^53,
+-- where Lua's doubles are exact.
+local function next_fence(counter, ttl, t)
+  local last = redis.pcall('GET', counter)
+  if type(last) == 'table' then
+    return nil
+  end
+  local n = 0
+  if last then
+    n = string.match(last, '^%d+$') and tonumber(last)
+    if not n or n >= 9007199254740991 then
+      return nil
+    end
+  end
+  t = t or redis.call('TIME')
+  local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  local fence = string.format('%.0f', math.max(n + 1, now))
+  redis.call('SET', counter, fence, 'PX', ttl)
+  return fence
+end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
@@ -9,14 +34,12 @@ if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[2]) then
   local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
   return {0, math.max(tonumber(first[2]) - now, 0), 0}
 end
-local fence = redis.call('INCR', KEYS[2])
-if fence == 1 then
-  fence = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  redis.call('SET', KEYS[2], string.format('%.0f', fence))
+local fence = next_fence(KEYS[2], ARGV[4], t)
+if not fence then
+  return {4, 0, 0}
 end
-redis.call('PEXPIRE', KEYS[2], ARGV[4])
 redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[1])
 -- The set lives as long as its longest lease.
 local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
 redis.call('PEXPIRE', KEYS[1], math.max(tonumber(last[2]) - now, 1))
-return {1, fence, 1}
+return {1, tonumber(fence), 1}
