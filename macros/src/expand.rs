@@ -46,7 +46,7 @@ pub(crate) fn key(template: &TemplateArg) -> TokenStream {
     quote!(::redguard::__private::KeyBuilder::new() #(#steps)* .finish())
 }
 
-/// The `scope = "..."` the user wrote, or the fn's module path and name.
+/// The `scope = "..."` the user wrote, or the fn's path (impl type and trait included).
 pub(crate) fn scope(written: Option<&LitStr>, cx: &Context) -> TokenStream {
     match written {
         Some(lit) => quote!(#lit),

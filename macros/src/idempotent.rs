@@ -30,6 +30,7 @@ impl Guard for Idempotent {
         arg("timeout", Kind::Duration),
         arg("token", Kind::Template),
         arg("scene", Kind::Str),
+        arg("detach", Kind::Flag),
     ];
 
     /// Token mode (`token = ..`) may stand alone: the token is then the whole guard.
@@ -95,6 +96,7 @@ impl Guard for Idempotent {
             timeout: args.duration("timeout").map(|t| t.value),
             token: token.map(|(token, scene)| (expand::key(token), scene)),
             scope: args.str("scope").cloned(),
+            detach: args.flag("detach").is_some(),
         }))
     }
 }
@@ -106,6 +108,7 @@ struct IdempotentExpansion {
     timeout: Option<Duration>,
     token: Option<(TokenStream, LitStr)>,
     scope: Option<LitStr>,
+    detach: bool,
 }
 
 fn millis(duration: Duration) -> TokenStream {
@@ -149,8 +152,12 @@ impl Expansion for IdempotentExpansion {
         quote!({ #checks #guard })
     }
 
-    /// Output: `binding.run(inner)`.
+    /// Output: `binding.run(inner)`, or `binding.detach().run(inner)` with `detach`.
     fn wrap(&self, _cx: &Context, binding: &Ident, inner: TokenStream) -> TokenStream {
-        quote!(#binding.run(#inner))
+        if self.detach {
+            quote!(#binding.detach().run(#inner))
+        } else {
+            quote!(#binding.run(#inner))
+        }
     }
 }

@@ -7,6 +7,7 @@
 
 mod args;
 mod check;
+mod classify;
 mod dist_lock;
 mod errors;
 mod expand;
@@ -21,8 +22,60 @@ use proc_macro::TokenStream;
 /// Runs the same business intent once; retries get the first result back.
 ///
 /// ```text
-/// #[redguard::idempotent(key = "{user_id}:{req.request_id}", expire = 600)]
+/// #[redguard::idempotent(key = "{user_id}:{req.request_id}", expire = "10m", payload = req)]
 /// async fn submit_order(user_id: u64, req: SubmitOrder) -> Result<Receipt, OrderError> { .. }
+/// ```
+///
+/// The first call records PROCESSING and runs the body; a concurrent call gets
+/// `redguard::Error::InProgress`; once the body returned `Ok`, every retry gets the stored
+/// value back without running it (`redguard::track_replay` tells the caller); after a business
+/// error a retry runs again; after an error whose outcome is unknown (an indeterminate error,
+/// a `timeout`, a panic, the caller's future dropped) the record stays PROCESSING until it
+/// expires, so a retry cannot run blindly. While the body runs, its record is renewed every
+/// `expire`/3, so a slow body is never run twice.
+///
+/// # Requirements
+/// - an `async fn` returning `Result<T, E>`, with `T: Serialize + DeserializeOwned` (the value
+///   replayed to retries), `E: From<redguard::Error>` (a refusal is returned through it) and
+///   `E: redguard::Classify` (which errors are safe to retry: `#[derive(redguard::Classify)]`).
+///
+/// # Arguments
+/// - `key = "{user_id}:{req.request_id}"`: the intent's key template; placeholders name
+///   parameters (and their fields), checked at compile time. Required unless `token` is given.
+/// - `expire = 600` or `"10m"` (required with `key`): how long the record lives after each
+///   transition, `1s` to `7d`; also how long an execution with an unknown outcome blocks
+///   retries at most.
+/// - `payload = req`: fingerprint the request (SHA-256 of its JSON); the same key with another
+///   payload is `redguard::Error::KeyReuse`.
+/// - `timeout = "5s"`: bound the body; elapsing is an unknown outcome
+///   (`redguard::Error::Timeout`).
+/// - `token = "{token}", scene = "order-submit"`: consume a token from
+///   `redguard::tokens().issue(scene, ttl)` when the body is about to run (given back if the
+///   body fails with a business error); alone, or with `key` (then a retry of a successful
+///   submission replays its result).
+/// - `detach`: run the body in its own task, so it completes and is recorded even when the
+///   caller's future is dropped (a client that disconnected). The body must then be
+///   `Send + 'static`: owned parameters only.
+/// - `scope = "..."`: the key's namespace (default: the fn's path, impl type and trait
+///   included, so two fns never share records).
+///
+/// When Redis cannot answer, the call fails closed (`redguard::Error::Backend`) unless the
+/// handle sets `FailMode::Open` for idempotency.
+///
+/// # Equivalent code without `#[idempotent]`
+/// ```text
+/// async fn submit_order(user_id: u64, req: SubmitOrder) -> Result<Receipt, OrderError> {
+///     let key = redguard::KeyBuilder::new()
+///         .part("user_id", &user_id)
+///         .text(":")
+///         .part("req.request_id", &req.request_id)
+///         .finish()?;
+///     redguard::Idempotency::new("shop::submit_order", key)
+///         .expire(Duration::from_secs(600))
+///         .payload(&req)
+///         .run(async move { .. })
+///         .await
+/// }
 /// ```
 #[proc_macro_attribute]
 pub fn idempotent(attr: TokenStream, item: TokenStream) -> TokenStream {
@@ -42,7 +95,7 @@ pub fn idempotent(attr: TokenStream, item: TokenStream) -> TokenStream {
 ///   then the fn returns `redguard::Error::LockTimeout` without running.
 /// - `lease = "30s"` (default): the key's TTL, `1s` to `1h`, renewed every lease/3 while the
 ///   body runs; how long a crashed holder blocks others.
-/// - `scope = "..."`: the key's scope (default: the fn's module path and name).
+/// - `scope = "..."`: the key's scope (default: the fn's path, impl type and trait included).
 /// - `skip_if_held`: return `redguard::Error::LockHeld` at once when held (scheduled jobs).
 /// - `hold_at_least = "10s"`: keep the key taken at least this long after acquisition.
 /// - `on_lost = "cancel"` (default) or `"continue"`: when the lock is lost mid-body, cancel
@@ -57,7 +110,7 @@ pub fn idempotent(attr: TokenStream, item: TokenStream) -> TokenStream {
 /// ```text
 /// async fn reserve_stock(sku: &str, qty: u32) -> Result<(), OrderError> {
 ///     redguard::lock(redguard::KeyBuilder::new().text("stock:").part("sku", sku))
-///         .scope(concat!(module_path!(), "::reserve_stock"))
+///         .scope("shop::reserve_stock")
 ///         .wait(Duration::from_millis(300))
 ///         .run(async move { .. })
 ///         .await
@@ -99,7 +152,7 @@ pub fn dist_lock(attr: TokenStream, item: TokenStream) -> TokenStream {
 ///   jitter) and try once more instead of failing at once (at most 1 minute).
 /// - `local = true`: an in-process first tier that repeats the store's rejections of a key
 ///   until its `retry_after` without a round trip (never admits more than the store).
-/// - `scope = "..."`: key namespace (default: the fn's module path and name).
+/// - `scope = "..."`: key namespace (default: the fn's path, impl type and trait included).
 ///
 /// Several `#[rate_limit]`s written next to each other are decided together in one store
 /// call: the call runs only if every limit admits, and a rejection by one charges none of
@@ -110,7 +163,7 @@ pub fn dist_lock(attr: TokenStream, item: TokenStream) -> TokenStream {
 /// async fn submit_order(user_id: u64, req: SubmitOrder) -> Result<Receipt, OrderError> {
 ///     redguard::limiter("order:submit:user:")
 ///         .part("user_id", &user_id)
-///         .scope(concat!(module_path!(), "::submit_order"))
+///         .scope("shop::submit_order")
 ///         .rate("5/s")
 ///         .burst(10)
 ///         .enforce()
@@ -121,4 +174,29 @@ pub fn dist_lock(attr: TokenStream, item: TokenStream) -> TokenStream {
 #[proc_macro_attribute]
 pub fn rate_limit(attr: TokenStream, item: TokenStream) -> TokenStream {
     guard::expand::<rate_limit::RateLimit>(attr.into(), item.into()).into()
+}
+
+/// Derives `redguard::Classify`: which errors of the type leave an `#[idempotent]` execution's
+/// outcome unknown (the record stays PROCESSING, retries are refused) and which are business
+/// errors (the record becomes FAIL, a retry runs again).
+///
+/// ```text
+/// #[derive(Debug, redguard::Classify)]
+/// enum OrderError {
+///     OutOfStock,                                // business (the default)
+///     #[classify(indeterminate)] GatewayTimeout, // the charge may have gone through
+///     Guard(redguard::Error),                    // classifies itself: a lost lock is unknown,
+///                                                // a lock timeout is business
+///     #[classify(delegate)] Db(DbError),         // DbError's own `Classify`
+/// }
+/// ```
+///
+/// - A variant (or newtype struct) with one field of type `redguard::Error` delegates to it.
+/// - `#[classify(business)]`, `#[classify(indeterminate)]` or `#[classify(delegate)]` (one
+///   field implementing `Classify`) on a variant sets its rule.
+/// - `#[classify(indeterminate)]` on the enum makes that the default for unmarked variants:
+///   the cautious choice when most errors come from calls whose effect is unknown.
+#[proc_macro_derive(Classify, attributes(classify))]
+pub fn derive_classify(item: TokenStream) -> TokenStream {
+    classify::derive(item.into()).into()
 }

@@ -72,8 +72,9 @@ pub fn assert_replayable<R: Replayable>() {}
     message = "`#[idempotent]` must know which errors are safe to retry: `{Self}`'s error \
                type does not implement `redguard::Classify`",
     label = "the error type of this `Result` must implement `redguard::Classify`",
-    note = "add `impl redguard::Classify for YourError {{}}` (every error is a business error \
-            and a retry runs again), or override `class()` for errors whose outcome is unknown"
+    note = "add `#[derive(redguard::Classify)]` to the error type: a wrapped `redguard::Error` \
+            classifies itself, and `#[classify(indeterminate)]` marks variants whose outcome is \
+            unknown (the rest are business errors: a retry runs again)"
 )]
 pub trait ClassifiedReturn {}
 

@@ -88,6 +88,14 @@ pub enum Error {
         /// The bound that elapsed.
         after: Duration,
     },
+
+    /// A detached guarded body (see [`Idempotency::detach`](crate::Idempotency::detach)) was
+    /// dropped before it finished, because the runtime shut down; its outcome is unknown.
+    #[error(
+        "the guarded operation was stopped before it finished (the runtime shut down); its outcome is unknown"
+    )]
+    Cancelled,
+
     /// A rate limit rejected the call. The [`Decision`](crate::Decision) says when to retry
     /// and renders the `429` headers ([`Decision::headers`](crate::Decision::headers)).
     #[error(

@@ -23,10 +23,10 @@ pub const DEFAULT_PREFIX: &str = "redguard";
 
 /// What a guard does when the store cannot answer.
 ///
-/// Defaults follow what each guard protects: idempotency and rate limits fail **open** (the
-/// database's unique index is the last line, and an outage of the limiter should not become an
-/// outage of the service); locks fail **closed** (running a critical section unprotected is the
-/// oversell the lock exists to prevent).
+/// Defaults follow what each guard protects: rate limits fail **open** (an outage of the
+/// limiter should not become an outage of the service); idempotency, tokens and locks fail
+/// **closed** (a duplicate order, a reused token or an unprotected critical section is what
+/// they exist to prevent: a `503` the client retries is the cheaper outcome).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FailMode {
     /// Let the call through, log a warning and count it.
@@ -51,7 +51,7 @@ impl Default for Settings {
             prefix: DEFAULT_PREFIX.to_owned(),
             timeout: DEFAULT_TIMEOUT,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
-            idempotency: FailMode::Open,
+            idempotency: FailMode::Closed,
             lock: FailMode::Closed,
             rate_limit: FailMode::Open,
         }

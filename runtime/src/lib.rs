@@ -49,7 +49,7 @@ pub use crate::handle::{
     Builder, DEFAULT_CONNECT_TIMEOUT, DEFAULT_PREFIX, DEFAULT_TIMEOUT, FailMode, Redguard,
 };
 pub use crate::idempotency::{
-    Classify, ErrorClass, Idempotency, MAX_EXPIRE, idempotency, track_replay,
+    Classify, Detached, ErrorClass, Idempotency, MAX_EXPIRE, MIN_EXPIRE, idempotency, track_replay,
 };
 pub use crate::key::{
     GuardKind, Key, KeyBody, KeyBuilder, KeyPart, KeyRule, MAX_KEY_LEN, MAX_PART_LEN, MAX_SCOPE_LEN,
@@ -70,4 +70,4 @@ pub use crate::store::{
 pub use crate::tokens::{MAX_TOKEN_TTL, Tokens, tokens};
 
 #[doc(inline)]
-pub use redguard_macros::{dist_lock, idempotent, rate_limit};
+pub use redguard_macros::{Classify, dist_lock, idempotent, rate_limit};

@@ -1,15 +1,16 @@
 //! Idempotency tokens: the "fetch a token, then submit with it" flow.
 //!
 //! A page asks `GET /token` before showing a form; the submit carries the token, and the guard
-//! consumes it atomically before the body runs. Consumed, already used, unknown and issued for
-//! another scene are four distinct outcomes.
+//! consumes it atomically when the body is about to run (not for a replay, a request in
+//! progress or a refusal), giving it back when the body fails cleanly. Consumed, already used,
+//! unknown and issued for another scene are four distinct outcomes.
 
 use std::time::Duration;
 
 use crate::degrade::Degrade;
 use crate::error::{Error, Result};
 use crate::handle::Redguard;
-use crate::key::{GuardKind, Key, KeyBuilder, check_name};
+use crate::key::{GuardKind, Key, KeyBody, KeyBuilder, check_name};
 use crate::store::TokenOutcome;
 
 /// Longest a token may live.
@@ -72,23 +73,85 @@ impl Tokens {
 
     /// Consumes `token` for `scene`. `Ok` means this caller is the one that used it;
     /// [`Error::TokenUsed`], [`Error::TokenUnknown`] and [`Error::TokenMismatch`] tell the
-    /// other outcomes apart. A malformed token is unknown.
+    /// other outcomes apart. A malformed token is unknown. When the store cannot answer, the
+    /// idempotency [`FailMode`](crate::FailMode) applies (closed by default:
+    /// [`Error::Backend`]).
     pub async fn consume(&self, scene: &str, token: &str) -> Result<()> {
-        check_name("scene", scene, 64)?;
         let handle = self.handle()?;
-        let key = match token_key(&handle, token) {
-            Ok(key) => key,
+        let body = match KeyBuilder::new().part("token", token).finish() {
+            Ok(body) => body,
             Err(Error::InvalidKey { .. } | Error::MissingKey { .. }) => {
                 return Err(Error::TokenUnknown);
             }
             Err(other) => return Err(other),
         };
-        let outcome = handle.store().token_consume(&key, scene).await;
-        match outcome.or_degrade(&handle, GuardKind::Token, "token_consume", &key)? {
+        let owner = uuid::Uuid::new_v4().simple().to_string();
+        let token = Token::new(&handle, scene.to_owned(), &body)?;
+        // A consume that fails or is dropped may still have run: give the token back after
+        // it, as the caller was told it did not get it.
+        let mut undo = Unconsume {
+            armed: Some((handle.clone(), token.clone(), owner.clone())),
+        };
+        let consumed = token.consume(&handle, &owner).await;
+        if !matches!(consumed, Err(Error::Backend(_))) {
+            undo.armed = None;
+        }
+        consumed
+    }
+}
+
+/// Gives a token back when dropped armed; see [`Tokens::consume`].
+struct Unconsume {
+    armed: Option<(Redguard, Token, String)>,
+}
+
+impl Drop for Unconsume {
+    fn drop(&mut self) {
+        if let Some((handle, token, owner)) = self.armed.take()
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            runtime.spawn(async move { token.restore(&handle, &owner).await });
+        }
+    }
+}
+
+/// One token of one scene, as an idempotent execution consumes it and gives it back.
+#[derive(Debug, Clone)]
+pub(crate) struct Token {
+    key: Key,
+    scene: String,
+}
+
+impl Token {
+    pub(crate) fn new(handle: &Redguard, scene: String, token: &KeyBody) -> Result<Token> {
+        check_name("scene", &scene, 64)?;
+        let key = handle.key(GuardKind::Token, TOKEN_SCOPE, token)?;
+        Ok(Token { key, scene })
+    }
+
+    /// Consumes the token for the execution `owner`.
+    pub(crate) async fn consume(&self, handle: &Redguard, owner: &str) -> Result<()> {
+        let outcome = handle
+            .store()
+            .token_consume(&self.key, &self.scene, owner)
+            .await;
+        match outcome.or_degrade(handle, GuardKind::Token, "token_consume", &self.key)? {
             None | Some(TokenOutcome::Consumed) => Ok(()),
             Some(TokenOutcome::AlreadyUsed) => Err(Error::TokenUsed),
             Some(TokenOutcome::Unknown) => Err(Error::TokenUnknown),
             Some(TokenOutcome::Mismatch) => Err(Error::TokenMismatch),
+        }
+    }
+
+    /// Gives the token back if `owner` consumed it; a failure only means the token stays
+    /// used (logged).
+    pub(crate) async fn restore(&self, handle: &Redguard, owner: &str) {
+        let restored = handle
+            .store()
+            .token_restore(&self.key, &self.scene, owner)
+            .await;
+        if let Err(err) = restored {
+            tracing::warn!(guard = "token", key = %self.key, error = %err, "could not give the token back; it stays used");
         }
     }
 }

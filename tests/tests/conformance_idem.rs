@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use redguard::store::{IdemBegin, IdemFinish, IdemFinished};
 use redguard::{Classify, Error, ErrorClass, Redguard, idempotent, track_replay};
 use serde::{Deserialize, Serialize};
 
@@ -15,8 +16,14 @@ redguard_tests::conformance!(
     unknown_outcomes_block_retries_until_expiry,
     payload_mismatch_is_key_reuse_and_replay_is_equal,
     token_mode_consumes_once,
-    slow_owner_does_not_overwrite_a_taken_over_record,
+    a_lost_record_is_not_overwritten_by_its_old_owner,
     invalid_key_parts_are_rejected_before_the_store,
+    a_long_body_is_not_run_twice,
+    an_unreplayable_result_is_not_recorded,
+    a_failed_body_gives_its_token_back,
+    a_retried_token_submission_replays,
+    derived_classify_sees_through_guard_errors,
+    a_detached_body_finishes_after_its_caller_is_dropped,
 );
 
 #[derive(Debug)]
@@ -357,21 +364,245 @@ async fn token_mode_consumes_once(rg: Redguard) {
     assert_eq!(runs.load(Ordering::SeqCst), 2);
 }
 
-async fn slow_owner_does_not_overwrite_a_taken_over_record(rg: Redguard) {
-    let runs = counter();
-    // The first execution outlives its record (expire = 1 s).
-    let slow = tokio::spawn(rg.scope(place("t-1", runs.clone(), Body::Slow(1_600))));
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    let waited = retry_after_expiry(&rg, "t-1", &runs).await;
-    assert!(waited < Duration::from_millis(1_500));
-    // The slow owner finishes later; its finish must not replace the newer record.
-    let slow = slow.await.unwrap().unwrap();
-    assert_eq!(slow.run, 1);
-    let replay = rg
-        .scope(place("t-1", runs.clone(), Body::Ok))
+/// An execution whose record was lost (expired while its renewals could not reach the store)
+/// and begun again by another cannot overwrite the newer record when it finishes.
+async fn a_lost_record_is_not_overwritten_by_its_old_owner(rg: Redguard) {
+    let body = redguard::KeyBuilder::new().text("lost").finish().unwrap();
+    let key = rg
+        .key(redguard::GuardKind::Idempotency, "conf", &body)
+        .unwrap();
+    let store = rg.store();
+    let short = Duration::from_millis(200);
+    assert_eq!(
+        store.idem_begin(&key, "old", "", short).await.unwrap(),
+        IdemBegin::Started
+    );
+    tokio::time::sleep(short + Duration::from_millis(100)).await;
+    assert!(!store.idem_renew(&key, "old", short).await.unwrap());
+    assert_eq!(
+        store.idem_begin(&key, "new", "", LONG).await.unwrap(),
+        IdemBegin::Started
+    );
+    let late = store
+        .idem_finish(&key, "old", IdemFinish::Success(b"1"), LONG)
         .await
         .unwrap();
-    assert_eq!(replay.run, 2, "the stale owner overwrote the record");
+    assert_eq!(late, IdemFinished::NotOwner);
+    let done = store
+        .idem_finish(&key, "new", IdemFinish::Success(b"2"), LONG)
+        .await
+        .unwrap();
+    assert_eq!(done, IdemFinished::Recorded);
+    assert_eq!(
+        store.idem_begin(&key, "later", "", LONG).await.unwrap(),
+        IdemBegin::Done(b"2".to_vec())
+    );
+}
+
+const LONG: Duration = Duration::from_secs(60);
+
+/// A body that runs longer than `expire` keeps its record: a retry meanwhile is told the
+/// intent is in progress, never runs it a second time.
+async fn a_long_body_is_not_run_twice(rg: Redguard) {
+    let runs = counter();
+    let first = tokio::spawn(rg.scope(place("long-1", runs.clone(), Body::Slow(2_500))));
+    for _ in 0..4 {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let retry = rg.scope(place("long-1", runs.clone(), Body::Ok)).await;
+        assert!(is_in_progress(&retry), "{retry:?}");
+    }
+    assert_eq!(first.await.unwrap().unwrap().run, 1);
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the intent ran twice");
+    let replay = rg.scope(place("long-1", runs.clone(), Body::Ok)).await;
+    assert_eq!(replay.unwrap().run, 1);
+}
+
+#[idempotent(key = "{id}", expire = 600)]
+async fn measure(id: u64, runs: Arc<AtomicUsize>) -> Result<f64, OrderError> {
+    runs.fetch_add(1, Ordering::SeqCst);
+    Ok(if id == 0 { f64::NAN } else { 1.5 })
+}
+
+/// A value that serializes but does not read back (NaN is written as `null`) is not
+/// recorded as a success that every replay would then fail on: the caller gets it, and the
+/// record stays PROCESSING (the outcome cannot be replayed, so retries must not re-run it).
+async fn an_unreplayable_result_is_not_recorded(rg: Redguard) {
+    let runs = counter();
+    let first = rg.scope(measure(0, runs.clone())).await.unwrap();
+    assert!(first.is_nan());
+    let retry = rg.scope(measure(0, runs.clone())).await;
+    assert!(is_in_progress(&retry), "{retry:?}");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    assert_eq!(rg.scope(measure(1, runs.clone())).await.unwrap(), 1.5);
+    assert_eq!(rg.scope(measure(1, runs.clone())).await.unwrap(), 1.5);
+}
+
+#[idempotent(token = "{token}", scene = "order-submit")]
+async fn submit_or_fail(token: &str, fail: bool) -> Result<u32, OrderError> {
+    if fail {
+        return Err(OrderError::Guard(Error::LockTimeout {
+            key: "stock".into(),
+            waited: Duration::from_millis(300),
+        }));
+    }
+    Ok(7)
+}
+
+/// A refused or failed body (a lock timeout, out of stock) gives its token back, so the retry
+/// its error invites can use the same token.
+async fn a_failed_body_gives_its_token_back(rg: Redguard) {
+    let token = rg
+        .tokens()
+        .issue("order-submit", Duration::from_secs(60))
+        .await
+        .unwrap();
+    let busy = rg.scope(submit_or_fail(&token, true)).await;
+    assert!(
+        matches!(busy, Err(OrderError::Guard(Error::LockTimeout { .. }))),
+        "{busy:?}"
+    );
+    assert_eq!(rg.scope(submit_or_fail(&token, false)).await.unwrap(), 7);
+    let again = rg.scope(submit_or_fail(&token, false)).await;
+    assert!(
+        matches!(again, Err(OrderError::Guard(Error::TokenUsed))),
+        "{again:?}"
+    );
+}
+
+#[idempotent(
+    key = "{request}",
+    expire = 600,
+    token = "{token}",
+    scene = "order-submit"
+)]
+async fn submit_keyed(
+    request: &str,
+    token: &str,
+    runs: Arc<AtomicUsize>,
+) -> Result<usize, OrderError> {
+    Ok(runs.fetch_add(1, Ordering::SeqCst) + 1)
+}
+
+/// With a key and a token, the retry of a successful submission (its response was lost)
+/// replays the first result instead of reporting the token used; another request with the
+/// used token is refused.
+async fn a_retried_token_submission_replays(rg: Redguard) {
+    let runs = counter();
+    let token = rg
+        .tokens()
+        .issue("order-submit", Duration::from_secs(60))
+        .await
+        .unwrap();
+    let first = rg.scope(submit_keyed("req-1", &token, runs.clone())).await;
+    assert_eq!(first.unwrap(), 1);
+    let (retry, replayed) = rg
+        .scope(track_replay(submit_keyed("req-1", &token, runs.clone())))
+        .await;
+    assert_eq!((retry.unwrap(), replayed), (1, true));
+    let other = rg.scope(submit_keyed("req-2", &token, runs.clone())).await;
+    assert!(
+        matches!(other, Err(OrderError::Guard(Error::TokenUsed))),
+        "{other:?}"
+    );
+    // A refused token leaves no record behind: the key is free for a valid token.
+    let fresh = rg
+        .tokens()
+        .issue("order-submit", Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!(
+        rg.scope(submit_keyed("req-2", &fresh, runs.clone()))
+            .await
+            .unwrap(),
+        2
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+}
+
+#[derive(Debug, redguard::Classify)]
+enum PayError {
+    Declined,
+    #[classify(indeterminate)]
+    GatewayTimeout,
+    Guard(redguard::Error),
+}
+
+impl From<Error> for PayError {
+    fn from(err: Error) -> Self {
+        PayError::Guard(err)
+    }
+}
+
+#[idempotent(key = "{id}", expire = 600)]
+async fn charge(id: u64, then: u8, runs: Arc<AtomicUsize>) -> Result<(), PayError> {
+    runs.fetch_add(1, Ordering::SeqCst);
+    match then {
+        0 => Err(PayError::Declined),
+        1 => Err(PayError::GatewayTimeout),
+        _ => Err(PayError::Guard(Error::LockLost { key: "k".into() })),
+    }
+}
+
+/// `#[derive(Classify)]`: a wrapped guard error classifies itself (a lock lost mid-body is an
+/// unknown outcome), a marked variant is indeterminate, the rest are business errors.
+async fn derived_classify_sees_through_guard_errors(rg: Redguard) {
+    assert_eq!(PayError::Declined.class(), ErrorClass::Business);
+    assert_eq!(PayError::GatewayTimeout.class(), ErrorClass::Indeterminate);
+    assert_eq!(
+        PayError::Guard(Error::LockLost { key: "k".into() }).class(),
+        ErrorClass::Indeterminate
+    );
+    assert_eq!(
+        PayError::Guard(Error::InProgress).class(),
+        ErrorClass::Business
+    );
+    let runs = counter();
+    for (id, then, retry_runs) in [(1, 0, true), (2, 1, false), (3, 2, false)] {
+        let _ = rg.scope(charge(id, then, runs.clone())).await;
+        let before = runs.load(Ordering::SeqCst);
+        let retry = rg.scope(charge(id, then, runs.clone())).await;
+        assert_eq!(
+            runs.load(Ordering::SeqCst) > before,
+            retry_runs,
+            "case {id}: {retry:?}"
+        );
+    }
+}
+
+/// Opt-in: the body runs in its own task, so a caller that goes away (a client that
+/// disconnected) does not strand its intent: the body completes, its outcome is recorded,
+/// and the retry gets it.
+async fn a_detached_body_finishes_after_its_caller_is_dropped(rg: Redguard) {
+    let runs = counter();
+    let call = |runs: Arc<AtomicUsize>| {
+        let key = redguard::KeyBuilder::new()
+            .text("detached")
+            .finish()
+            .unwrap();
+        redguard::Idempotency::new("conf", key)
+            .expire(Duration::from_secs(600))
+            .detach()
+            .run(async move {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                Ok::<_, Error>(runs.fetch_add(1, Ordering::SeqCst) + 1)
+            })
+    };
+    let dropped =
+        tokio::time::timeout(Duration::from_millis(50), rg.scope(call(runs.clone()))).await;
+    assert!(dropped.is_err(), "the caller was not dropped mid-body");
+    let started = std::time::Instant::now();
+    let outcome = loop {
+        match rg.scope(track_replay(call(runs.clone()))).await {
+            (Err(Error::InProgress), _) => tokio::time::sleep(Duration::from_millis(50)).await,
+            (outcome, replayed) => break (outcome.unwrap(), replayed),
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "the detached body never finished"
+        );
+    };
+    assert_eq!(outcome, (1, true));
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
 
 async fn invalid_key_parts_are_rejected_before_the_store(rg: Redguard) {

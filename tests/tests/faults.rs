@@ -431,14 +431,13 @@ async fn killed_and_restarted_empty() {
     let down = run_phase(&handles, &shared, Duration::from_millis(600)).await;
     down.assert_bounded("killed");
     println!("killed: {}", down.summary());
-    // Idempotency and rate limits fail open: every call ran / was admitted.
-    assert_eq!(
-        down.idem_backend + down.idem_in_progress,
-        0,
-        "{}",
-        down.summary()
-    );
-    assert_eq!(down.idem_ok, 2 * down.intents.len() as u64);
+    // Idempotency fails closed: refused, the body never ran. Rate limits fail open: every
+    // call was admitted.
+    assert_eq!(down.idem_ok, 0, "{}", down.summary());
+    assert_eq!(down.idem_backend, 2 * down.intents.len() as u64);
+    for intent in &down.intents {
+        assert_eq!(shared.executions(*intent), 0);
+    }
     assert_eq!(down.rate_allowed, down.intents.len() as u64);
     // Locks fail closed: no section ran. (A waiter queued behind another task of its process
     // may run out of `wait` before its own attempt fails: LockTimeout, also a refusal.)
@@ -489,7 +488,7 @@ async fn killed_and_restarted_empty() {
 async fn killed_with_the_policies_reversed() {
     let mut server = RedisServer::start();
     let modes = [
-        (GuardKind::Idempotency, FailMode::Closed),
+        (GuardKind::Idempotency, FailMode::Open),
         (GuardKind::RateLimit, FailMode::Closed),
         (GuardKind::Lock, FailMode::Open),
     ];
@@ -502,12 +501,14 @@ async fn killed_with_the_policies_reversed() {
     server.kill();
     let down = run_phase(&handles, &shared, Duration::from_millis(500)).await;
     down.assert_bounded("killed, reversed");
-    // Idempotency fails closed: refused, the body never ran; so do rate limits.
-    assert_eq!(down.idem_ok, 0, "{}", down.summary());
-    assert_eq!(down.idem_backend, 2 * down.intents.len() as u64);
-    for intent in &down.intents {
-        assert_eq!(shared.executions(*intent), 0);
-    }
+    // Idempotency fails open: every call ran, unrecorded. Rate limits fail closed.
+    assert_eq!(
+        down.idem_backend + down.idem_in_progress,
+        0,
+        "{}",
+        down.summary()
+    );
+    assert_eq!(down.idem_ok, 2 * down.intents.len() as u64);
     assert_eq!(
         down.rate_backend,
         down.intents.len() as u64,
@@ -662,12 +663,12 @@ fn killed_and_restarted_under_two_processes() {
     server.kill();
     let (ran, tally) = run_workers(&mut workers, 1000, 8);
     println!("two processes, killed: {tally:?}");
-    // Fail-open idempotency: each process ran each intent (no record to share); rate limits
-    // admitted; locks refused every section.
+    // Idempotency fails closed: no intent ran; rate limits admitted; locks refused every
+    // section.
     for intent in 1000..1008 {
-        assert_eq!(ran.get(&intent).copied(), Some(2), "intent {intent}");
+        assert_eq!(ran.get(&intent).copied(), None, "intent {intent}");
     }
-    assert_eq!(tally["idem_backend"], 0, "{tally:?}");
+    assert_eq!(tally["idem_backend"], 16, "{tally:?}");
     assert_eq!(tally["rate_allowed"], 16, "{tally:?}");
     assert_eq!(tally["lock_ok"], 0, "{tally:?}");
     assert_eq!(
@@ -745,16 +746,18 @@ async fn paused_for_twice_the_timeout() {
     let during = workload.await.expect("workload panicked");
     println!("paused: {}", during.summary());
     during.assert_bounded("paused");
-    // The pause was seen, and handled by policy: idempotency and rate limits let calls
-    // through; no section ran without the lock.
+    // The pause was seen, and handled by policy: rate limits let calls through, idempotency
+    // refused them; no section ran without the lock.
     assert_eq!(during.rate_backend, 0, "rate limits fail open: {during:?}");
-    assert_eq!(during.idem_backend, 0, "idempotency fails open: {during:?}");
+    assert!(
+        during.idem_backend > 0,
+        "idempotency fails closed: {during:?}"
+    );
     assert_eq!(during.lock_unprotected, 0);
-    // Executions while Redis answered: a timed-out begin may still have written its record
-    // when Redis woke up, so an intent can run once unprotected (fail-open) and then be
-    // InProgress; never more than once per call.
+    // A timed-out begin may still write its record when Redis wakes up; it is undone, and no
+    // intent ever runs twice.
     for intent in &during.intents {
-        assert!(shared.executions(*intent) <= 2, "intent {intent}");
+        assert!(shared.executions(*intent) <= 1, "intent {intent}");
     }
     assert_no_lost_update(&shared, "paused");
 
@@ -822,14 +825,13 @@ async fn client_kill_reconnects() {
     );
     assert!(killed >= 2, "the handles' connections were not killed");
     during.assert_bounded("client kill");
-    // A call cut off is a backend error under its guard's policy: idempotency and rate limits
-    // let it through, locks refuse; nothing else.
-    assert_eq!(during.idem_backend, 0, "{}", during.summary());
+    // A call cut off is a backend error under its guard's policy: rate limits let it
+    // through, idempotency and locks refuse; nothing else, and no intent runs twice.
     assert_eq!(during.rate_backend, 0, "{}", during.summary());
     assert_eq!(during.lock_unprotected, 0, "{}", during.summary());
     assert_no_lost_update(&shared, "client kill");
     for intent in &during.intents {
-        assert!(shared.executions(*intent) <= 2, "intent {intent}");
+        assert!(shared.executions(*intent) <= 1, "intent {intent}");
     }
 
     recover(&handles, &shared, "client kill").await;
@@ -844,15 +846,8 @@ async fn client_kill_reconnects() {
 async fn out_of_memory_is_a_clear_error() {
     let server = RedisServer::start();
     let handles = instances(&server, &[]).await;
-    // The other way round too: a fail-closed idempotency guard and rate limit show the error.
-    let closed = handle(
-        &server,
-        &[
-            (GuardKind::Idempotency, FailMode::Closed),
-            (GuardKind::RateLimit, FailMode::Closed),
-        ],
-    )
-    .await;
+    // A fail-closed rate limit shows the error too.
+    let closed = handle(&server, &[(GuardKind::RateLimit, FailMode::Closed)]).await;
     let shared = Arc::new(Shared::default());
     let before = run_phase(&handles, &shared, Duration::from_millis(200)).await;
     before.assert_up(&shared, "before");
@@ -889,7 +884,8 @@ async fn out_of_memory_is_a_clear_error() {
     let down = run_phase(&handles, &shared, Duration::from_millis(300)).await;
     println!("out of memory after {filled} junk keys: {}", down.summary());
     down.assert_bounded("out of memory");
-    assert_eq!(down.idem_backend, 0, "{}", down.summary());
+    assert_eq!(down.idem_ok, 0, "{}", down.summary());
+    assert_eq!(down.idem_backend, 2 * down.intents.len() as u64);
     assert_eq!(down.rate_backend, 0, "{}", down.summary());
     assert_eq!(
         down.lock_ok + down.lock_unprotected,

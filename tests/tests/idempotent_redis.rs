@@ -1,4 +1,4 @@
-//! `#[idempotent]` against Redis specifics: records' shape and TTL, and the fail-open policy
+//! `#[idempotent]` against Redis specifics: records' shape and TTL, and the fail-closed policy
 //! while Redis is down.
 
 use std::sync::Arc;
@@ -89,22 +89,26 @@ async fn garbage_record_is_an_error_not_a_success() {
 }
 
 #[tokio::test]
-async fn redis_down_fails_open_by_default_and_closed_when_configured() {
+async fn redis_down_fails_closed_by_default_and_open_when_configured() {
     let mut server = RedisServer::start();
-    let open = redguard_tests::connect(&server).await;
     let closed = Redguard::redis(server.url())
         .timeout(Duration::from_millis(200))
-        .fail_mode(GuardKind::Idempotency, FailMode::Closed)
+        .connect()
+        .await
+        .unwrap();
+    let open = Redguard::redis(server.url())
+        .fail_mode(GuardKind::Idempotency, FailMode::Open)
         .connect()
         .await
         .unwrap();
     let runs = Arc::new(AtomicUsize::new(0));
     server.kill();
-    // Fail-open: the body runs without a record (the database is the last line).
-    assert_eq!(open.scope(job(8, runs.clone())).await.unwrap(), 8);
-    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    // Fail-closed (the default): refused, the body does not run.
     let refused = closed.scope(job(8, runs.clone())).await;
     assert!(matches!(refused, Err(E(Error::Backend(_)))), "{refused:?}");
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+    // Fail-open, when configured: the body runs without a record.
+    assert_eq!(open.scope(job(8, runs.clone())).await.unwrap(), 8);
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 
     server.restart();

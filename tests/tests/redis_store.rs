@@ -185,8 +185,9 @@ async fn paused_server_times_out_instead_of_hanging() {
     }
     server.resume();
     // The same connection serves again once Redis answers. The timed-out calls were already
-    // written to the socket, so Redis ran them on resume: a timeout is an unknown outcome,
-    // which is why the idempotency guard keeps a record whose finish timed out.
+    // written to the socket, so Redis ran them on resume (a timeout is an unknown outcome);
+    // each was followed by a restore on the same connection, so the token, refused to the
+    // caller, is not burnt.
     let deadline = Instant::now() + Duration::from_secs(5);
     let fresh = loop {
         match rg.tokens().issue("a", Duration::from_secs(60)).await {
@@ -197,8 +198,7 @@ async fn paused_server_times_out_instead_of_hanging() {
             Err(other) => panic!("did not recover: {other:?}"),
         }
     };
-    let late = rg.tokens().consume("a", &token).await;
-    assert!(matches!(late, Err(Error::TokenUsed)), "{late:?}");
+    rg.tokens().consume("a", &token).await.unwrap();
     rg.tokens().consume("a", &fresh).await.unwrap();
 }
 

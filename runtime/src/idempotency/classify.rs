@@ -15,9 +15,31 @@ pub enum ErrorClass {
 
 /// Classifies a guarded fn's error type for `#[idempotent]`.
 ///
-/// Explicit on purpose: whether an error is safe to retry is a business decision. The default
-/// method says [`ErrorClass::Business`]; override it for errors whose outcome is unknown, and
-/// delegate to [`redguard::Error`](crate::Error)'s own classification where you wrap it.
+/// Explicit on purpose: whether an error is safe to retry is a business decision. Derive it:
+/// a variant wrapping [`redguard::Error`](crate::Error) classifies itself (a lock lost
+/// mid-body leaves the outcome unknown; a lock timeout before the body is a business error),
+/// `#[classify(indeterminate)]` marks errors whose outcome is unknown, and the rest are
+/// business errors:
+///
+/// ```
+/// use redguard::{Classify, ErrorClass};
+///
+/// #[derive(Debug, Classify)]
+/// enum OrderError {
+///     OutOfStock,
+///     #[classify(indeterminate)]
+///     PaymentGatewayTimeout,
+///     Guard(redguard::Error),
+/// }
+///
+/// assert_eq!(OrderError::OutOfStock.class(), ErrorClass::Business);
+/// assert_eq!(OrderError::PaymentGatewayTimeout.class(), ErrorClass::Indeterminate);
+/// let lost = OrderError::Guard(redguard::Error::LockLost { key: "stock".into() });
+/// assert_eq!(lost.class(), ErrorClass::Indeterminate);
+/// ```
+///
+/// By hand, the default method says [`ErrorClass::Business`]; override it, and delegate to
+/// the wrapped [`redguard::Error`](crate::Error)'s own classification:
 ///
 /// ```
 /// use redguard::{Classify, ErrorClass};
@@ -49,8 +71,9 @@ pub enum ErrorClass {
 #[diagnostic::on_unimplemented(
     message = "`{Self}` does not say which of its errors are safe to retry",
     label = "`#[idempotent]` needs `{Self}: redguard::Classify`",
-    note = "add `impl redguard::Classify for {Self} {{}}` (every error is a business error, a \
-            retry runs again), or override `class()` for errors whose outcome is unknown"
+    note = "add `#[derive(redguard::Classify)]` to `{Self}`: a wrapped `redguard::Error` \
+            classifies itself, and `#[classify(indeterminate)]` marks variants whose outcome is \
+            unknown (the rest are business errors: a retry runs again)"
 )]
 pub trait Classify {
     /// How this error ends the execution. Default: [`ErrorClass::Business`].
@@ -65,9 +88,10 @@ pub trait Classify {
 impl Classify for Error {
     fn class(&self) -> ErrorClass {
         match self {
-            Error::Backend(_) | Error::Timeout { .. } | Error::LockLost { .. } => {
-                ErrorClass::Indeterminate
-            }
+            Error::Backend(_)
+            | Error::Timeout { .. }
+            | Error::Cancelled
+            | Error::LockLost { .. } => ErrorClass::Indeterminate,
             _ => ErrorClass::Business,
         }
     }

@@ -11,7 +11,7 @@ mod classify;
 mod replay;
 
 use std::future::Future;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -20,14 +20,17 @@ use sha2::{Digest, Sha256};
 use crate::degrade::Degrade;
 use crate::error::{Error, Result};
 use crate::handle::Redguard;
-use crate::key::{GuardKind, KeyBody, KeyBuilder};
+use crate::key::{GuardKind, Key, KeyBody, KeyBuilder};
 use crate::store::{IdemBegin, IdemFinish, IdemFinished};
+use crate::tokens;
 
 pub use self::classify::{Classify, ErrorClass};
 pub use self::replay::track_replay;
 
 /// Longest an idempotency record may live.
 pub const MAX_EXPIRE: Duration = Duration::from_secs(7 * 24 * 3600);
+/// Shortest an idempotency record may live.
+pub const MIN_EXPIRE: Duration = Duration::from_secs(1);
 
 /// One guarded execution, built per call. The attribute `#[idempotent]` builds the same thing;
 /// use this directly where the guarded unit is not a fn (a message consumer loop, say).
@@ -127,6 +130,35 @@ impl Idempotency {
         self
     }
 
+    /// Runs the body in its own task, so it completes and its outcome is recorded even when
+    /// the caller's future is dropped (an HTTP client that disconnected mid-request: its retry
+    /// then gets the result instead of [`Error::InProgress`] until the record expires).
+    ///
+    /// Opt-in, because the body must then be `Send + 'static` (own its data: no borrowed
+    /// parameters, `Arc<Self>` rather than `&self`), and because it keeps running after its
+    /// caller is gone. Put it outside any lock: a lock the caller holds is released when the
+    /// caller is dropped, while the detached body goes on. The body sees the handle the caller
+    /// used, but no other task-local state of the caller.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> redguard::Result<()> {
+    /// use std::time::Duration;
+    /// use redguard::{Idempotency, KeyBuilder, Redguard};
+    ///
+    /// let rg = Redguard::memory();
+    /// let key = KeyBuilder::new().text("order:").part("id", &7u64).finish()?;
+    /// let placed = rg
+    ///     .scope(Idempotency::new("orders", key).expire(Duration::from_secs(600)).detach().run(async {
+    ///         Ok::<_, redguard::Error>(7)
+    ///     }))
+    ///     .await?;
+    /// assert_eq!(placed, 7);
+    /// # Ok(()) }
+    /// ```
+    pub fn detach(self) -> Detached {
+        Detached { guard: self }
+    }
+
     /// Runs `body` at most once per intent on the current handle (see
     /// [`Redguard::current`]). A replayed result is marked for [`track_replay`].
     pub async fn run<T, E, F>(self, body: F) -> Result<T, E>
@@ -136,16 +168,22 @@ impl Idempotency {
         E: From<Error> + Classify,
     {
         let handle = Redguard::current()?;
-        self.run_on(&handle, body).await
+        match self.begin(&handle).await? {
+            Begun::Replayed(value) => Ok(value),
+            Begun::Run(execution) => execution.run(body).await,
+        }
     }
 
-    async fn run_on<T, E, F>(self, handle: &Redguard, body: F) -> Result<T, E>
+    /// Checks the settings, renders the keys, and begins: records PROCESSING (or finds the
+    /// intent in progress, done, or reused), then consumes the token. Whatever is left half
+    /// done when this returns early or is dropped — a begin or a token whose outcome is
+    /// unknown, a record begun for a token that was refused — is undone.
+    async fn begin<T, E>(self, handle: &Redguard) -> Result<Begun<T>, E>
     where
-        F: Future<Output = Result<T, E>>,
-        T: Serialize + DeserializeOwned,
-        E: From<Error> + Classify,
+        T: DeserializeOwned,
+        E: From<Error>,
     {
-        if self.expire < Duration::from_secs(1) || self.expire > MAX_EXPIRE {
+        if self.expire < MIN_EXPIRE || self.expire > MAX_EXPIRE {
             return Err(Error::Config(format!(
                 "idempotency records must expire within 1 s to 7 days, got {:?}",
                 self.expire
@@ -157,98 +195,355 @@ impl Idempotency {
             Some(body) => Some(handle.key(GuardKind::Idempotency, &self.scope, &body?)?),
             None => None,
         };
-        if let Some((scene, token)) = self.token {
-            let token = match token {
-                Ok(token) => token,
-                Err(Error::InvalidKey { .. } | Error::MissingKey { .. }) => {
-                    return Err(Error::TokenUnknown.into());
-                }
-                Err(other) => return Err(other.into()),
-            };
-            handle.tokens().consume(&scene, token.as_str()).await?;
-        }
-        let Some(key) = key else {
-            // Token mode alone: the token was the guard.
-            return finished(run_bounded(body, self.timeout).await);
+        let token = match self.token {
+            Some((scene, Ok(token))) => Some(tokens::Token::new(handle, scene, &token)?),
+            // A token that is not even well-formed was never issued.
+            Some((_, Err(Error::InvalidKey { .. } | Error::MissingKey { .. }))) => {
+                return Err(Error::TokenUnknown.into());
+            }
+            Some((_, Err(other))) => return Err(other.into()),
+            None => None,
         };
-
         let owner = uuid::Uuid::new_v4().simple().to_string();
         let store = handle.store();
-        let begin = store
-            .idem_begin(&key, &owner, &fingerprint, self.expire)
-            .await
-            .or_degrade(handle, GuardKind::Idempotency, "idem_begin", &key)?;
-        let outcome = match begin {
-            None => "fail_open",
-            Some(IdemBegin::Started) => "started",
-            Some(IdemBegin::Retrying) => "retried",
-            Some(IdemBegin::InProgress) => "in_progress",
-            Some(IdemBegin::Done(_)) => "replayed",
-            Some(IdemBegin::KeyReuse) => "key_reuse",
+        let mut undo = Undo {
+            handle: handle.clone(),
+            owner: owner.clone(),
+            record: None,
+            token: None,
         };
-        metrics::counter!("redguard_idempotency_total", "scope" => self.scope.clone(), "outcome" => outcome)
-            .increment(1);
-        tracing::debug!(guard = "idem", %key, outcome);
-        match begin {
-            // The store is down and the policy is fail-open: run without a record.
-            None => return finished(run_bounded(body, self.timeout).await),
-            Some(IdemBegin::Started | IdemBegin::Retrying) => {}
-            Some(IdemBegin::InProgress) => return Err(Error::InProgress.into()),
-            Some(IdemBegin::KeyReuse) => return Err(Error::KeyReuse.into()),
-            Some(IdemBegin::Done(result)) => {
-                replay::mark();
-                return serde_json::from_slice(&result).map_err(|err| {
-                    Error::Corrupt {
-                        key: key.to_string(),
-                        detail: format!(
-                            "the stored result does not deserialize as {}: {err}",
-                            std::any::type_name::<T>()
-                        ),
-                    }
-                    .into()
-                });
+        let mut record = None;
+        if let Some(key) = key {
+            // Armed before the call: a begin that fails or is dropped may still have run.
+            undo.record = Some(key.clone());
+            let begin = store
+                .idem_begin(&key, &owner, &fingerprint, self.expire)
+                .await
+                .or_degrade(handle, GuardKind::Idempotency, "idem_begin", &key);
+            let outcome = match &begin {
+                Ok(None) => "fail_open",
+                Ok(Some(IdemBegin::Started)) => "started",
+                Ok(Some(IdemBegin::Retrying)) => "retried",
+                Ok(Some(IdemBegin::InProgress)) => "in_progress",
+                Ok(Some(IdemBegin::Done(_))) => "replayed",
+                Ok(Some(IdemBegin::KeyReuse)) => "key_reuse",
+                Err(_) => "fail_closed",
+            };
+            record_outcome(&self.scope, outcome);
+            tracing::debug!(guard = "idem", %key, outcome);
+            match begin? {
+                // The store is down and the policy is fail-open: run without a record (the
+                // begin, which may still run, is undone).
+                None => {}
+                Some(IdemBegin::Started | IdemBegin::Retrying) => record = Some(key),
+                Some(IdemBegin::InProgress) => {
+                    undo.record = None;
+                    return Err(Error::InProgress.into());
+                }
+                Some(IdemBegin::KeyReuse) => {
+                    undo.record = None;
+                    return Err(Error::KeyReuse.into());
+                }
+                Some(IdemBegin::Done(result)) => {
+                    undo.record = None;
+                    replay::mark();
+                    return serde_json::from_slice(&result)
+                        .map(Begun::Replayed)
+                        .map_err(|err| {
+                            Error::Corrupt {
+                                key: key.to_string(),
+                                detail: format!(
+                                    "the stored result does not deserialize as {}: {err}",
+                                    std::any::type_name::<T>()
+                                ),
+                            }
+                            .into()
+                        });
+                }
             }
         }
+        // The token is consumed only when the body is about to run: a replay, a request in
+        // progress or a refusal above leaves it for the retry.
+        if let Some(token) = &token {
+            undo.token = Some(token.clone());
+            let consumed = token.consume(handle, &owner).await;
+            if let Err(refused @ (Error::TokenUsed | Error::TokenUnknown | Error::TokenMismatch)) =
+                consumed
+            {
+                // Definite: nothing of the token changed; the record begun for it goes now,
+                // so the same key can carry a valid token right after.
+                undo.token = None;
+                undo.now().await;
+                return Err(refused.into());
+            }
+            consumed?;
+        }
+        undo.token = None;
+        // The execution owns what was begun; a fail-open begin stays armed and is undone.
+        if record.is_some() {
+            undo.record = None;
+        }
+        Ok(Begun::Run(Execution {
+            handle: handle.clone(),
+            scope: self.scope,
+            owner,
+            record,
+            token,
+            expire: self.expire,
+            timeout: self.timeout,
+        }))
+    }
+}
 
-        let result = match run_bounded(body, self.timeout).await {
+/// An [`Idempotency`] whose body runs in its own task; see [`Idempotency::detach`].
+#[derive(Debug)]
+#[must_use = "a Detached does nothing until `.run(body).await`"]
+pub struct Detached {
+    guard: Idempotency,
+}
+
+impl Detached {
+    /// Like [`Idempotency::run`], with the body (and the recording of its outcome) in a
+    /// task of its own that outlives the caller's future.
+    pub async fn run<T, E, F>(self, body: F) -> Result<T, E>
+    where
+        F: Future<Output = Result<T, E>> + Send + 'static,
+        T: Serialize + DeserializeOwned + Send + 'static,
+        E: From<Error> + Classify + Send + 'static,
+    {
+        let handle = Redguard::current()?;
+        let execution = match self.guard.begin(&handle).await? {
+            Begun::Replayed(value) => return Ok(value),
+            Begun::Run(execution) => execution,
+        };
+        // Scoped, so guards inside the body find the caller's handle.
+        let task = tokio::spawn(handle.scope(execution.run(body)));
+        match task.await {
+            Ok(result) => result,
+            Err(err) if err.is_panic() => std::panic::resume_unwind(err.into_panic()),
+            Err(_) => Err(Error::Cancelled.into()),
+        }
+    }
+}
+
+enum Begun<T> {
+    /// A SUCCESS record's result.
+    Replayed(T),
+    /// The body is to run.
+    Run(Execution),
+}
+
+/// Undoes what a begin left unknown or half done, when dropped armed (the call failed, or
+/// its future was dropped): spawned after it on the same connection, so the store applies it
+/// after whatever the begin did.
+struct Undo {
+    handle: Redguard,
+    owner: String,
+    /// A record begun (or perhaps begun) by `owner`.
+    record: Option<Key>,
+    /// A token consumed (or perhaps consumed) by `owner`.
+    token: Option<tokens::Token>,
+}
+
+impl Undo {
+    fn disarm(&mut self) -> Option<(Redguard, String, Option<Key>, Option<tokens::Token>)> {
+        if self.record.is_none() && self.token.is_none() {
+            return None;
+        }
+        Some((
+            self.handle.clone(),
+            std::mem::take(&mut self.owner),
+            self.record.take(),
+            self.token.take(),
+        ))
+    }
+
+    /// Undoes now, waiting for it.
+    async fn now(mut self) {
+        if let Some((handle, owner, record, token)) = self.disarm() {
+            undo(handle, owner, record, token).await;
+        }
+    }
+}
+
+impl Drop for Undo {
+    fn drop(&mut self) {
+        let Some((handle, owner, record, token)) = self.disarm() else {
+            return;
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => drop(runtime.spawn(undo(handle, owner, record, token))),
+            Err(_) => tracing::debug!(
+                guard = "idem",
+                "begin abandoned outside a Tokio runtime; its record expires"
+            ),
+        }
+    }
+}
+
+async fn undo(handle: Redguard, owner: String, record: Option<Key>, token: Option<tokens::Token>) {
+    if let Some(token) = token {
+        token.restore(&handle, &owner).await;
+    }
+    if let Some(key) = record
+        && let Err(err) = handle.store().idem_abandon(&key, &owner).await
+    {
+        tracing::warn!(guard = "idem", %key, error = %err, "could not undo a begin whose outcome is unknown; the record expires");
+    }
+}
+
+/// A begun execution: the body to run, and the record and token it owns.
+struct Execution {
+    handle: Redguard,
+    scope: String,
+    owner: String,
+    /// The PROCESSING record, or `None` (token-only mode, or a fail-open begin).
+    record: Option<Key>,
+    token: Option<tokens::Token>,
+    expire: Duration,
+    timeout: Option<Duration>,
+}
+
+impl Execution {
+    /// Runs `body`, keeping the record alive meanwhile, and records how it ended.
+    async fn run<T, E, F>(self, body: F) -> Result<T, E>
+    where
+        F: Future<Output = Result<T, E>>,
+        T: Serialize + DeserializeOwned,
+        E: From<Error> + Classify,
+    {
+        let outcome = tokio::select! {
+            biased;
+            outcome = run_bounded(body, self.timeout) => outcome,
+            never = self.keep_alive() => match never {},
+        };
+        let result = match outcome {
             Bounded::Finished(result) => result,
-            // Unknown outcome: keep PROCESSING so a retry cannot run blindly.
+            // Unknown outcome: the record stays PROCESSING (no longer renewed) until it
+            // expires, so a retry cannot run blindly.
             Bounded::TimedOut(after) => return Err(Error::Timeout { after }.into()),
         };
-        let bytes;
-        let finish = match &result {
-            Ok(value) => match serde_json::to_vec(value) {
-                Ok(serialized) => {
-                    bytes = serialized;
-                    Some(IdemFinish::Success(&bytes))
-                }
-                Err(err) => {
-                    // The body succeeded but its result cannot be replayed. Marking the record
-                    // FAIL would let a retry execute the intent twice; leave it PROCESSING.
-                    tracing::error!(guard = "idem", %key, error = %err, "result not serializable; record left PROCESSING");
-                    None
-                }
-            },
-            Err(err) if err.class() == ErrorClass::Business => Some(IdemFinish::Fail),
-            Err(_) => None,
-        };
-        if let Some(finish) = finish {
-            match store.idem_finish(&key, &owner, finish, self.expire).await {
-                Ok(IdemFinished::Recorded) => {}
-                Ok(IdemFinished::NotOwner) => {
-                    metrics::counter!("redguard_idempotency_lost_total", "scope" => self.scope.clone())
-                        .increment(1);
-                    tracing::warn!(guard = "idem", %key, "record expired or was taken over during the body; outcome not recorded");
-                }
-                Err(err) => {
-                    metrics::counter!("redguard_backend_errors_total", "guard" => "idem", "op" => "idem_finish", "outcome" => "unrecorded")
-                        .increment(1);
-                    tracing::warn!(guard = "idem", %key, error = %err, "could not record the outcome; the record stays PROCESSING until it expires");
-                }
+        let business = matches!(&result, Err(err) if err.class() == ErrorClass::Business);
+        if let Some(key) = &self.record {
+            // Decided before the await: the future holds no reference to the result.
+            let outcome = self.outcome(key, &result);
+            if let Some(outcome) = outcome {
+                self.finish(key, outcome).await;
             }
+        }
+        // A body that failed cleanly gives its token back: the retry its error invites (a
+        // busy lock, out of stock) may use it.
+        if business && let Some(token) = &self.token {
+            token.restore(&self.handle, &self.owner).await;
         }
         result
     }
+
+    /// Renews the PROCESSING record every `expire`/3 while the body runs, so a body slower
+    /// than `expire` is never run a second time, and a crashed one frees the intent at most
+    /// `expire` after its last renewal. Never returns; dropped with the body.
+    async fn keep_alive(&self) -> std::convert::Infallible {
+        let Some(key) = &self.record else {
+            return std::future::pending().await;
+        };
+        let period = self.expire / 3;
+        // After a failed call, retry sooner: the record keeps running out meanwhile.
+        let retry = (self.expire / 10).max(Duration::from_millis(50));
+        let mut next = Instant::now() + period;
+        loop {
+            tokio::time::sleep_until(next.into()).await;
+            match self
+                .handle
+                .store()
+                .idem_renew(key, &self.owner, self.expire)
+                .await
+            {
+                Ok(true) => next = Instant::now() + period,
+                Ok(false) => {
+                    metrics::counter!("redguard_idempotency_lost_total", "scope" => self.scope.clone())
+                        .increment(1);
+                    tracing::warn!(guard = "idem", %key, "record expired or was taken over while the body ran; a retry may run the intent again");
+                    return std::future::pending().await;
+                }
+                Err(err) => {
+                    tracing::warn!(guard = "idem", %key, error = %err, "could not renew the record; retrying");
+                    next = Instant::now() + retry;
+                }
+            }
+        }
+    }
+
+    /// The definitive outcome to record: SUCCESS with the serialized value, or FAIL for a
+    /// business error. `None` for an indeterminate error, or a value that would not replay:
+    /// the record is left PROCESSING.
+    fn outcome<T, E>(&self, key: &Key, result: &Result<T, E>) -> Option<Outcome>
+    where
+        T: Serialize + DeserializeOwned,
+        E: Classify,
+    {
+        match result {
+            Ok(value) => match replayable(value) {
+                Ok(bytes) => Some(Outcome::Success(bytes)),
+                Err(why) => {
+                    // The body succeeded, but a retry could not be given its result. FAIL
+                    // would let a retry execute the intent twice: leave it PROCESSING.
+                    record_outcome(&self.scope, "unreplayable");
+                    tracing::error!(guard = "idem", %key, error = %why, "the result does not replay; record left PROCESSING until it expires");
+                    None
+                }
+            },
+            Err(err) if err.class() == ErrorClass::Business => Some(Outcome::Fail),
+            Err(_) => None,
+        }
+    }
+
+    async fn finish(&self, key: &Key, outcome: Outcome) {
+        let finish = match &outcome {
+            Outcome::Success(bytes) => IdemFinish::Success(bytes),
+            Outcome::Fail => IdemFinish::Fail,
+        };
+        match self
+            .handle
+            .store()
+            .idem_finish(key, &self.owner, finish, self.expire)
+            .await
+        {
+            Ok(IdemFinished::Recorded) => {}
+            Ok(IdemFinished::NotOwner) => {
+                metrics::counter!("redguard_idempotency_lost_total", "scope" => self.scope.clone())
+                    .increment(1);
+                tracing::warn!(guard = "idem", %key, "record expired or was taken over during the body; outcome not recorded");
+            }
+            Err(err) => {
+                metrics::counter!("redguard_backend_errors_total", "guard" => "idem", "op" => "idem_finish", "outcome" => "unrecorded")
+                    .increment(1);
+                tracing::warn!(guard = "idem", %key, error = %err, "could not record the outcome; the record stays PROCESSING until it expires");
+            }
+        }
+    }
+}
+
+/// How an execution ended, to be recorded.
+enum Outcome {
+    Success(Vec<u8>),
+    Fail,
+}
+
+/// The serialized value, checked to read back as `T`: what a replay would return.
+fn replayable<T: Serialize + DeserializeOwned>(value: &T) -> std::result::Result<Vec<u8>, String> {
+    let bytes = serde_json::to_vec(value).map_err(|err| err.to_string())?;
+    serde_json::from_slice::<T>(&bytes).map_err(|err| {
+        format!(
+            "{} serializes to something that does not read back: {err}",
+            std::any::type_name::<T>()
+        )
+    })?;
+    Ok(bytes)
+}
+
+fn record_outcome(scope: &str, outcome: &'static str) {
+    metrics::counter!("redguard_idempotency_total", "scope" => scope.to_owned(), "outcome" => outcome)
+        .increment(1);
 }
 
 /// Starts an [`Idempotency`] for `key` in `scope` (see there).
@@ -268,13 +563,6 @@ async fn run_bounded<F: Future>(body: F, timeout: Option<Duration>) -> Bounded<F
             Ok(output) => Bounded::Finished(output),
             Err(_) => Bounded::TimedOut(after),
         },
-    }
-}
-
-fn finished<T, E: From<Error>>(outcome: Bounded<Result<T, E>>) -> Result<T, E> {
-    match outcome {
-        Bounded::Finished(result) => result,
-        Bounded::TimedOut(after) => Err(Error::Timeout { after }.into()),
     }
 }
 

@@ -24,6 +24,16 @@ pub trait IdemOps {
         ttl: Duration,
     ) -> Result<IdemBegin>;
 
+    /// Extends the PROCESSING record `owner` began to live `ttl` from now, while its
+    /// execution runs; false when it is no longer `owner`'s PROCESSING record (nothing is
+    /// changed then).
+    async fn idem_renew(&self, key: &Key, owner: &str, ttl: Duration) -> Result<bool>;
+
+    /// Undoes a begin by `owner` whose outcome is unknown to it (the call failed, or its
+    /// caller gave up before running the body): removes the record if it is `owner`'s
+    /// PROCESSING one, so a retry can run. Anything else is left alone.
+    async fn idem_abandon(&self, key: &Key, owner: &str) -> Result<()>;
+
     /// Ends the execution `owner` began: SUCCESS with `result`, or FAIL (a retry may run).
     /// The record then lives `ttl` more.
     async fn idem_finish(

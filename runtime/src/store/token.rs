@@ -13,9 +13,14 @@ pub trait TokenOps {
     /// Stores a fresh token for `scene`, living `ttl`.
     async fn token_issue(&self, key: &Key, scene: &str, ttl: Duration) -> Result<()>;
 
-    /// Consumes a token atomically. A consumed token leaves a tombstone until its TTL ends, so
-    /// a second use is told apart from a token that never existed.
-    async fn token_consume(&self, key: &Key, scene: &str) -> Result<TokenOutcome>;
+    /// Consumes a token atomically for the execution `owner`. A consumed token leaves a
+    /// tombstone naming `owner` until its TTL ends, so a second use is told apart from a
+    /// token that never existed.
+    async fn token_consume(&self, key: &Key, scene: &str, owner: &str) -> Result<TokenOutcome>;
+
+    /// Gives a token `owner` consumed back to `scene` (its body failed, and the retry its error
+    /// invites may use it), keeping its expiry; false when `owner` had not consumed it.
+    async fn token_restore(&self, key: &Key, scene: &str, owner: &str) -> Result<bool>;
 }
 
 /// What [`TokenOps::token_consume`] found.

@@ -55,6 +55,25 @@ async fn checkout(token: String) -> redguard::Result<()> {
     Ok(())
 }
 
+/// `#[derive(Classify)]` on the shapes error types take: generic, with named fields, a
+/// newtype of the guard's error, an empty enum.
+#[derive(Debug, redguard::Classify)]
+#[classify(indeterminate)]
+enum Downstream<E> {
+    #[classify(business)]
+    Rejected { reason: String },
+    Io(E),
+    Guard { inner: redguard::Error },
+    #[classify(delegate)]
+    Nested(GuardOnly),
+}
+
+#[derive(Debug, redguard::Classify)]
+struct GuardOnly(redguard::Error);
+
+#[derive(Debug, redguard::Classify)]
+enum Never {}
+
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
     redguard::Redguard::memory().install().unwrap();
@@ -71,4 +90,17 @@ async fn main() {
         .await
         .unwrap();
     checkout(token).await.unwrap();
+    use redguard::{Classify, ErrorClass};
+    let rejected = Downstream::<std::io::Error>::Rejected { reason: "no".into() };
+    assert_eq!(rejected.class(), ErrorClass::Business);
+    if let Downstream::Rejected { reason } = &rejected {
+        assert_eq!(reason, "no");
+    }
+    let io = Downstream::Io(std::io::Error::other("reset"));
+    assert_eq!(io.class(), ErrorClass::Indeterminate);
+    let guard = Downstream::<std::io::Error>::Guard { inner: redguard::Error::InProgress };
+    assert_eq!(guard.class(), ErrorClass::Business);
+    let nested = Downstream::<std::io::Error>::Nested(GuardOnly(redguard::Error::Cancelled));
+    assert_eq!(nested.class(), ErrorClass::Indeterminate);
+    let _ = |never: Never| never.class();
 }

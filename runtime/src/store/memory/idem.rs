@@ -60,6 +60,28 @@ impl IdemOps for MemoryStore {
         })
     }
 
+    async fn idem_renew(&self, key: &Key, owner: &str, ttl: Duration) -> Result<bool> {
+        let (mut records, now) = self.lock(&self.tables.idem);
+        let owned = records.get(key).is_some_and(|record| {
+            matches!(record.status, Status::Processing) && record.owner == owner
+        });
+        if owned {
+            records.set_expiry(key, now + ttl);
+        }
+        Ok(owned)
+    }
+
+    async fn idem_abandon(&self, key: &Key, owner: &str) -> Result<()> {
+        let (mut records, _) = self.lock(&self.tables.idem);
+        let owned = records.get(key).is_some_and(|record| {
+            matches!(record.status, Status::Processing) && record.owner == owner
+        });
+        if owned {
+            records.remove(key);
+        }
+        Ok(())
+    }
+
     async fn idem_finish(
         &self,
         key: &Key,

@@ -12,7 +12,7 @@ use crate::store::{TokenOps, TokenOutcome};
 #[derive(Debug)]
 pub(super) enum TokenState {
     Live { scene: String },
-    Used,
+    Used { by: String },
 }
 
 #[async_trait]
@@ -26,19 +26,35 @@ impl TokenOps for MemoryStore {
         Ok(())
     }
 
-    async fn token_consume(&self, key: &Key, scene: &str) -> Result<TokenOutcome> {
+    async fn token_consume(&self, key: &Key, scene: &str, owner: &str) -> Result<TokenOutcome> {
         let (mut tokens, _) = self.lock(&self.tables.tokens);
         let Some(token) = tokens.get_mut(key) else {
             return Ok(TokenOutcome::Unknown);
         };
         Ok(match token {
-            TokenState::Used => TokenOutcome::AlreadyUsed,
+            TokenState::Used { .. } => TokenOutcome::AlreadyUsed,
             TokenState::Live { scene: issued } if issued != scene => TokenOutcome::Mismatch,
             TokenState::Live { .. } => {
                 // The tombstone keeps the token's expiry, as the Redis script's KEEPTTL does.
-                *token = TokenState::Used;
+                *token = TokenState::Used {
+                    by: owner.to_owned(),
+                };
                 TokenOutcome::Consumed
             }
         })
+    }
+
+    async fn token_restore(&self, key: &Key, scene: &str, owner: &str) -> Result<bool> {
+        let (mut tokens, _) = self.lock(&self.tables.tokens);
+        let Some(token) = tokens.get_mut(key) else {
+            return Ok(false);
+        };
+        if !matches!(token, TokenState::Used { by } if by == owner) {
+            return Ok(false);
+        }
+        *token = TokenState::Live {
+            scene: scene.to_owned(),
+        };
+        Ok(true)
     }
 }

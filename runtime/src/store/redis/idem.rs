@@ -13,9 +13,11 @@ use crate::store::{IdemBegin, IdemFinish, IdemFinished, IdemOps};
 
 static BEGIN: Lazy<Script> = Lazy::new(|| Script::new(include_str!("scripts/idem_begin.lua")));
 static FINISH: Lazy<Script> = Lazy::new(|| Script::new(include_str!("scripts/idem_finish.lua")));
+static RENEW: Lazy<Script> = Lazy::new(|| Script::new(include_str!("scripts/idem_renew.lua")));
+static ABANDON: Lazy<Script> = Lazy::new(|| Script::new(include_str!("scripts/idem_abandon.lua")));
 
 pub(super) fn scripts() -> Vec<&'static Script> {
-    vec![&BEGIN, &FINISH]
+    vec![&BEGIN, &FINISH, &RENEW, &ABANDON]
 }
 
 fn millis(ttl: Duration) -> u64 {
@@ -77,6 +79,20 @@ impl IdemOps for RedisStore {
             )),
             (other, _) => Err(corrupt(key, format!("idem_begin returned {other}"))),
         }
+    }
+
+    async fn idem_renew(&self, key: &Key, owner: &str, ttl: Duration) -> Result<bool> {
+        let renewed: i64 = self
+            .eval("idem_renew", &RENEW, &[key], &[&owner, &millis(ttl)])
+            .await?;
+        Ok(renewed == 1)
+    }
+
+    async fn idem_abandon(&self, key: &Key, owner: &str) -> Result<()> {
+        let _: i64 = self
+            .eval("idem_abandon", &ABANDON, &[key], &[&owner])
+            .await?;
+        Ok(())
     }
 
     async fn idem_finish(

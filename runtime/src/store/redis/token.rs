@@ -12,9 +12,10 @@ use crate::key::Key;
 use crate::store::{TokenOps, TokenOutcome};
 
 static CONSUME: Lazy<Script> = Lazy::new(|| Script::new(include_str!("scripts/token_consume.lua")));
+static RESTORE: Lazy<Script> = Lazy::new(|| Script::new(include_str!("scripts/token_restore.lua")));
 
 pub(super) fn scripts() -> Vec<&'static Script> {
-    vec![&CONSUME]
+    vec![&CONSUME, &RESTORE]
 }
 
 #[async_trait]
@@ -41,9 +42,9 @@ impl TokenOps for RedisStore {
         })
     }
 
-    async fn token_consume(&self, key: &Key, scene: &str) -> Result<TokenOutcome> {
+    async fn token_consume(&self, key: &Key, scene: &str, owner: &str) -> Result<TokenOutcome> {
         let code: i64 = self
-            .eval("token_consume", &CONSUME, &[key], &[&scene])
+            .eval("token_consume", &CONSUME, &[key], &[&scene, &owner])
             .await?;
         match code {
             0 => Ok(TokenOutcome::Consumed),
@@ -55,5 +56,12 @@ impl TokenOps for RedisStore {
                 detail: format!("token script returned {other}"),
             }),
         }
+    }
+
+    async fn token_restore(&self, key: &Key, scene: &str, owner: &str) -> Result<bool> {
+        let restored: i64 = self
+            .eval("token_restore", &RESTORE, &[key], &[&scene, &owner])
+            .await?;
+        Ok(restored == 1)
     }
 }

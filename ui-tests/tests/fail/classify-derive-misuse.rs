@@ -1,0 +1,29 @@
+// Every misuse of `#[derive(Classify)]` is reported, each where it was written.
+#[derive(redguard::Classify)]
+enum Unknown {
+    #[classify(maybe)]
+    A,
+    #[classify(business, indeterminate)]
+    B,
+}
+
+#[derive(redguard::Classify)]
+enum DelegateWithoutOneField {
+    #[classify(delegate)]
+    A(u8, u8),
+    #[classify(delegate)]
+    B,
+}
+
+#[derive(redguard::Classify)]
+#[classify(delegate)]
+enum DelegateOnEnum {
+    A,
+}
+
+#[derive(redguard::Classify)]
+union NotAnError {
+    a: u8,
+}
+
+fn main() {}
