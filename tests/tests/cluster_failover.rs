@@ -88,7 +88,15 @@ async fn fences_increase_across_a_failover_that_lost_writes() {
         .arg(2000)
         .query(&mut cluster.node(master).connection())
         .unwrap();
+    // Stopped, and cut off: what the master writes from now on never reaches it (a stopped
+    // replica would still find it in its socket buffer when continued).
     cluster.node(replica).pause();
+    let _: u64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("replica")
+        .query(&mut cluster.node(master).connection())
+        .unwrap();
     let mut last = 0;
     for _ in 0..3 {
         let guard = rg.lock("fence:k").acquire().await.unwrap();
