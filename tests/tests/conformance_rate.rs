@@ -14,6 +14,9 @@ redguard_tests::conformance!(
     stacked_rejection_by_global_does_not_charge_user,
     block_rejects_without_counting_then_lifts,
     removing_the_penalty_lifts_it,
+    stacked_penalty_is_written_when_its_limit_rejects,
+    stacked_penalties_of_every_rejecting_limit,
+    stacked_penalty_is_not_written_when_another_limit_rejects,
     lowering_the_limit_never_admits_beyond_it,
     changing_the_algorithm_replaces_state,
     bad_runtime_values_are_errors_not_panics,
@@ -208,6 +211,103 @@ async fn removing_the_penalty_lifts_it(rg: Redguard) {
     let unblocked = limiter(&rg, "unblock", Algorithm::Gcra, "10/s").burst(1);
     let d = unblocked.check().await.unwrap();
     assert!(d.allowed, "{d:?}");
+}
+
+/// The keys of stacked limits with different scopes or bodies have different hash tags, so on
+/// a Cluster they sit in different slots and cannot share one script. Penalties must still
+/// be what one script over every key decides (issue #12, item 6): on a Cluster a call
+/// rejected before anything was charged used to return before writing any penalty, and the
+/// third call below got a `retry_after` of 30 s there against 900 s on a single node.
+async fn stacked_penalty_is_written_when_its_limit_rejects(rg: Redguard) {
+    let block = Duration::from_secs(900);
+    let ip = limiter(&rg, "login:ip:1", Algorithm::Gcra, "2/min")
+        .scope("ip")
+        .block(block);
+    let user = limiter(&rg, "login:user:7", Algorithm::Gcra, "100/h").scope("user");
+    let both = ip.clone().and(user.clone());
+    for _ in 0..2 {
+        assert!(both.check().await.unwrap().iter().all(|d| d.allowed));
+    }
+    let ds = both.check().await.unwrap();
+    // Exact on every store: the penalty starts at this decision's own time.
+    assert!(!ds[0].allowed, "{ds:?}");
+    assert_eq!(ds[0].retry_after, block, "{ds:?}");
+    assert_eq!(ds[0].reset_after, block, "{ds:?}");
+    assert_eq!(ds[0].remaining, 0, "{ds:?}");
+    assert!(ds[1].allowed && ds[1].retry_after.is_zero(), "{ds:?}");
+    let err = both.enforce().await.unwrap_err();
+    let Error::RateLimited(d) = err else {
+        panic!("{err:?}")
+    };
+    assert!(
+        d.retry_after <= block && d.retry_after > block - Duration::from_secs(60),
+        "the penalty does not hold: {d:?}"
+    );
+    // The ip key stays blocked on its own, whatever the user limit says.
+    let d = ip.check().await.unwrap();
+    assert!(
+        !d.allowed && d.retry_after > block - Duration::from_secs(60),
+        "{d:?}"
+    );
+    // Only the two admitted calls were charged to the user limit.
+    let d = user.peek().await.unwrap();
+    assert!(d.allowed && d.remaining == 97, "{d:?}");
+}
+
+/// Every limit that rejects a call writes its own penalty, whichever slot it is in.
+async fn stacked_penalties_of_every_rejecting_limit(rg: Redguard) {
+    let ip = limiter(&rg, "signup:ip:1", Algorithm::Gcra, "1/min")
+        .scope("ip")
+        .block(Duration::from_secs(600));
+    let user = limiter(&rg, "signup:user:7", Algorithm::FixedWindow, "1/min")
+        .scope("user")
+        .block(Duration::from_secs(300));
+    let global = limiter(&rg, "signup", Algorithm::SlidingWindow, "100/min").scope("global");
+    let all = ip.clone().and(user.clone()).with(global.clone());
+    assert!(all.check().await.unwrap().iter().all(|d| d.allowed));
+    let ds = all.check().await.unwrap();
+    assert!(!ds[0].allowed && !ds[1].allowed && ds[2].allowed, "{ds:?}");
+    assert_eq!(ds[0].retry_after, Duration::from_secs(600), "{ds:?}");
+    assert_eq!(ds[1].retry_after, Duration::from_secs(300), "{ds:?}");
+    assert!(
+        ds[2].retry_after.is_zero() && ds[2].remaining == 98,
+        "{ds:?}"
+    );
+    let d = user.check().await.unwrap();
+    assert!(
+        !d.allowed && d.retry_after > Duration::from_secs(240),
+        "the user penalty was not written: {d:?}"
+    );
+    let d = ip.check().await.unwrap();
+    assert!(
+        !d.allowed && d.retry_after > Duration::from_secs(540),
+        "the ip penalty was not written: {d:?}"
+    );
+    // The global limit admitted both calls but was charged for the first only.
+    let d = global.peek().await.unwrap();
+    assert!(d.allowed && d.remaining == 98, "{d:?}");
+}
+
+/// A limit with a penalty that admits the call is not penalised because another limit (in
+/// another slot) rejects it.
+async fn stacked_penalty_is_not_written_when_another_limit_rejects(rg: Redguard) {
+    let ip = limiter(&rg, "pay:ip:1", Algorithm::Gcra, "10/min")
+        .scope("ip")
+        .block(Duration::from_secs(900));
+    let user = limiter(&rg, "pay:user:7", Algorithm::TokenBucket, "1/h").scope("user");
+    let both = ip.clone().and(user);
+    assert!(both.check().await.unwrap().iter().all(|d| d.allowed));
+    for _ in 0..3 {
+        let ds = both.check().await.unwrap();
+        assert!(ds[0].allowed && !ds[1].allowed, "{ds:?}");
+        assert!(
+            ds[1].retry_after <= Duration::from_secs(3600)
+                && ds[1].retry_after > Duration::from_secs(3500),
+            "{ds:?}"
+        );
+    }
+    let d = ip.check().await.unwrap();
+    assert!(d.allowed && d.remaining == 8, "{d:?}");
 }
 
 async fn lowering_the_limit_never_admits_beyond_it(rg: Redguard) {

@@ -1,6 +1,8 @@
 -- Check several rate limits all-or-nothing at Redis's time.
 -- KEYS: per limit i, KEYS[2i-1] its state key and KEYS[2i] its block (penalty) key.
--- ARGV[1] '1' to peek (write nothing), ARGV[2] a per-call nonce (sliding-log members);
+-- ARGV[1] '0' to charge every limit when all admit, '1' to peek (write nothing), '2' to
+-- judge (charge nothing, but write the penalties of limits that reject: phase one of a call
+-- whose limits are in several Cluster slots); ARGV[2] a per-call nonce (sliding-log members);
 -- then per limit 6 values: algorithm, count, period_us, burst, cost, block_us.
 -- Returns { now_us, then per limit: allowed (0/1), remaining, reset_us, retry_us }.
 --
@@ -10,6 +12,7 @@
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local peek = ARGV[1] == '1'
+local charge = ARGV[1] == '0'
 local nonce = ARGV[2]
 local n = #KEYS / 2
 
@@ -315,7 +318,7 @@ end
 for _, p in ipairs(penalties) do
   redis.call('SET', p[1], p[2], 'PX', p[3])
 end
-if all and not peek then
+if all and charge then
   for i = 1, n do commits[i]() end
 end
 return out
