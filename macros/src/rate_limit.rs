@@ -37,9 +37,11 @@ const ALGORITHMS: &[(&str, &str)] = &[
     ("leaky_bucket", "LeakyBucket"),
 ];
 
-/// The runtime's bounds (`redguard::MAX_RATE_COUNT`, `MAX_RATE_PERIOD`), checked early.
+/// The runtime's bounds (`redguard::MAX_RATE_COUNT`, `MAX_RATE_PERIOD`, and `Limit::new`'s
+/// bound on burst × interval), checked early.
 const MAX_COUNT: u64 = 1_000_000_000;
 const MAX_PERIOD_MS: u128 = 30 * 86_400 * 1000;
+const MAX_BURST_SPAN_NS: u128 = 1000 << 50;
 
 impl Guard for RateLimit {
     const NAME: &'static str = "rate_limit";
@@ -70,6 +72,18 @@ impl Guard for RateLimit {
                     "`{}` admits the rate's count per period and takes no `burst`; put the \
                      count in `rate` instead",
                     algorithm.map_or("", |(name, _)| name)
+                ),
+            );
+        }
+        // Refilling the burst must not take longer than the runtime can count exactly.
+        if let (Some(Count::Literal(n, span)), Some(Arg::Literal(rate))) = (&burst, &rate)
+            && u128::from(*n) * rate.interval_ns() > MAX_BURST_SPAN_NS
+        {
+            errors.push(
+                *span,
+                format!(
+                    "`burst = {n}` takes more than 35 years to refill at this `rate`; lower the \
+                     burst or the rate's period"
                 ),
             );
         }
@@ -207,6 +221,10 @@ fn rate(args: &Args, errors: &mut Errors) -> Option<Arg> {
                     lit.span(),
                     "invalid `rate`: the period must be at most 30 days",
                 );
+                None
+            }
+            Ok(rate) if let Some(why) = rate.too_fine() => {
+                errors.push(lit.span(), format!("invalid `rate`: {why}"));
                 None
             }
             Ok(rate) => Some(Arg::Literal(rate)),

@@ -18,6 +18,7 @@ redguard_tests::conformance!(
     stacked_penalties_of_every_rejecting_limit,
     stacked_penalty_is_not_written_when_another_limit_rejects,
     lowering_the_limit_never_admits_beyond_it,
+    gcra_debt_is_kept_in_units_across_interval_units,
     changing_the_algorithm_replaces_state,
     bad_runtime_values_are_errors_not_panics,
     decision_headers_for_a_rejection,
@@ -332,6 +333,29 @@ async fn lowering_the_limit_never_admits_beyond_it(rg: Redguard) {
         }
         assert_eq!(admitted, 2, "{algorithm}");
     }
+}
+
+/// GCRA counts in µs for intervals of whole µs and in ns below: a rate change between the
+/// two keeps the debt in units, both ways.
+async fn gcra_debt_is_kept_in_units_across_interval_units(rg: Redguard) {
+    // 600,000 units owed at 1667 ns each (1.0002 s) are 600 s at 1000/s.
+    let fast = limiter(&rg, "to-slow", Algorithm::Gcra, "600000/s");
+    assert!(fast.clone().cost(600_000).check().await.unwrap().allowed);
+    let slow = limiter(&rg, "to-slow", Algorithm::Gcra, "1000/s").burst(600_000);
+    let d = slow.peek().await.unwrap();
+    assert!(
+        d.reset_after > Duration::from_secs(500) && d.reset_after <= Duration::from_secs(600),
+        "{d:?}"
+    );
+    // And back: 1000 units owed at 1 ms each (1 s) are 1.667 ms at 600,000/s.
+    let slow = limiter(&rg, "to-fast", Algorithm::Gcra, "1000/s");
+    assert!(slow.clone().cost(1000).check().await.unwrap().allowed);
+    let fast = limiter(&rg, "to-fast", Algorithm::Gcra, "600000/s").burst(1000);
+    let d = fast.peek().await.unwrap();
+    assert!(
+        d.reset_after > Duration::from_millis(1) && d.reset_after <= Duration::from_micros(1667),
+        "{d:?}"
+    );
 }
 
 async fn changing_the_algorithm_replaces_state(rg: Redguard) {

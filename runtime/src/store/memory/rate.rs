@@ -8,16 +8,19 @@ use async_trait::async_trait;
 
 use super::MemoryStore;
 use crate::error::Result;
-use crate::rate::{Algorithm, Decision, micros};
+use crate::rate::{Algorithm, Decision, Limit, micros};
 use crate::store::{RateCheck, RateMode, RateOps, RateOutcome};
 
 /// A limit's state. Numbers are `f64` microseconds/units, as in the Lua script, so both
-/// stores round identically.
+/// stores round identically; GCRA's are exact integers in ns (the script counts in µs or ns
+/// relative to now, exactly).
 #[derive(Debug, Clone)]
 pub(super) enum RateState {
     Gcra {
-        tat: f64,
-        interval: f64,
+        /// Theoretical arrival time, ns since the epoch.
+        tat: u128,
+        /// The emission interval it was computed with, ns.
+        interval: u64,
     },
     FixedWindow {
         win: f64,
@@ -44,6 +47,59 @@ fn ceil_ms_us(us: f64) -> f64 {
     ((us / 1000.0).ceil().max(1.0)) * 1000.0
 }
 
+/// GCRA's decision, in ns.
+struct Gcra {
+    remaining: u128,
+    reset_ns: u128,
+    retry_ns: u128,
+    /// When admitted: the new state and the time until its debt is paid.
+    commit: Option<(RateState, u128)>,
+}
+
+/// GCRA in exact integers: the script's arithmetic, counted in ns throughout. An interval of
+/// whole µs keeps every value whole µs, as the script's µs counting does; a changed
+/// interval rescales the debt in units, rounded up to the script's unit.
+fn gcra(state: Option<&RateState>, limit: &Limit, now_us: u64) -> Gcra {
+    let interval = limit.rate.interval_ns();
+    let t = u128::from(interval);
+    let unit = if interval.is_multiple_of(1000) { 1000 } else { 1 };
+    let now = u128::from(now_us) * 1000;
+    let debt = match state {
+        Some(RateState::Gcra { tat, interval: old }) if *tat > now && *old > 0 => {
+            let d = tat - now;
+            if *old == interval {
+                d
+            } else {
+                (d * t).div_ceil(u128::from(*old) * unit) * unit
+            }
+        }
+        _ => 0,
+    };
+    let tau = u128::from(limit.burst) * t;
+    let new = debt + u128::from(limit.cost) * t;
+    if new <= tau {
+        Gcra {
+            remaining: (tau - new) / t,
+            reset_ns: new,
+            retry_ns: 0,
+            commit: Some((
+                RateState::Gcra {
+                    tat: now + new,
+                    interval,
+                },
+                new,
+            )),
+        }
+    } else {
+        Gcra {
+            remaining: tau.saturating_sub(debt) / t,
+            reset_ns: debt,
+            retry_ns: new - tau,
+            commit: None,
+        }
+    }
+}
+
 #[async_trait]
 impl RateOps for MemoryStore {
     async fn rate_check(&self, checks: &[RateCheck<'_>], mode: RateMode) -> Result<RateOutcome> {
@@ -55,12 +111,12 @@ impl RateOps for MemoryStore {
         let mut commits: Vec<Option<(RateState, f64)>> = Vec::with_capacity(checks.len());
         for check in checks {
             let limit = check.limit;
-            let count = limit.rate.count() as f64;
             let period = micros(limit.rate.period()) as f64;
             let burst = limit.burst as f64;
             let cost = limit.cost as f64;
             let block = micros(limit.block) as f64;
-            let t = (period / count).ceil().max(1.0);
+            // The emission interval in µs (a fraction below 1 ms), as the script has it.
+            let t = limit.rate.interval_ns() as f64 / 1000.0;
             let (mut allowed, mut remaining, mut reset, mut retry) = (false, 0.0, 0.0, 0.0);
             let mut commit = None;
             // As in the script: a limit without a penalty ignores one a former
@@ -77,36 +133,14 @@ impl RateOps for MemoryStore {
             } else {
                 match limit.algorithm {
                     Algorithm::Gcra => {
-                        // Debt is rescaled in units when the rate changed, as in the script.
-                        let tat = match state {
-                            Some(RateState::Gcra { tat, interval }) if *tat > now => {
-                                if *interval == t {
-                                    *tat
-                                } else {
-                                    now + ((tat - now) * t / interval).ceil()
-                                }
-                            }
-                            _ => now,
-                        };
-                        let tau = burst * t;
-                        let new = tat + cost * t;
-                        let allow_at = new - tau;
-                        if now >= allow_at {
-                            allowed = true;
-                            remaining = ((tau - (new - now)) / t).floor();
-                            reset = new - now;
-                            commit = Some((
-                                RateState::Gcra {
-                                    tat: new,
-                                    interval: t,
-                                },
-                                new - now,
-                            ));
-                        } else {
-                            remaining = ((tau - (tat - now)) / t).floor();
-                            reset = tat - now;
-                            retry = allow_at - now;
-                        }
+                        let gcra = gcra(state, limit, micros(now_d));
+                        allowed = gcra.commit.is_some();
+                        remaining = gcra.remaining as f64;
+                        reset = gcra.reset_ns.div_ceil(1000) as f64;
+                        retry = gcra.retry_ns.div_ceil(1000) as f64;
+                        commit = gcra
+                            .commit
+                            .map(|(state, ttl_ns)| (state, ttl_ns as f64 / 1000.0));
                     }
                     Algorithm::FixedWindow => {
                         let win = (now / period).floor();

@@ -161,7 +161,7 @@ impl RedisStore {
         for check in checks {
             let limit = check.limit;
             cmd.arg(limit.algorithm.as_str())
-                .arg(limit.rate.count())
+                .arg(limit.rate.interval_ns())
                 .arg(micros(limit.rate.period()))
                 .arg(limit.burst)
                 .arg(limit.cost)

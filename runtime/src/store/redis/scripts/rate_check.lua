@@ -3,12 +3,14 @@
 -- ARGV[1] '0' to charge every limit when all admit, '1' to peek (write nothing), '2' to
 -- judge (charge nothing, but write the penalties of limits that reject: phase one of a call
 -- whose limits are in several Cluster slots); ARGV[2] a per-call nonce (sliding-log members);
--- then per limit 6 values: algorithm, count, period_us, burst, cost, block_us.
+-- then per limit 6 values: algorithm, interval_ns (the emission interval), period_us, burst,
+-- cost, block_us.
 -- Returns { now_us, then per limit: allowed (0/1), remaining, reset_us, retry_us }.
 --
--- Numbers: every quantity is an integer number of microseconds or units below 2^53, so
--- Lua's doubles hold it exactly; numbers are formatted with %.0f / %.17g before reaching
--- Redis, because Redis would print them with 14 significant digits.
+-- Numbers: every quantity is an integer number of microseconds (nanoseconds for GCRA
+-- intervals below 1 ms, counted relative to now) or units below 2^53, so Lua's doubles hold
+-- it exactly; numbers are formatted with %.0f / %.17g before reaching Redis, because Redis
+-- would print them with 14 significant digits.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local peek = ARGV[1] == '1'
@@ -17,6 +19,12 @@ local nonce = ARGV[2]
 local n = #KEYS / 2
 
 local function int(x) return string.format('%.0f', x) end
+-- ceil(x / d) for integers below 2^53, exact even where the quotient rounds.
+local function ceil_div(x, d)
+  local q = math.floor(x / d)
+  if q * d < x then q = q + 1 end
+  return q
+end
 local function num(x) return string.format('%.17g', x) end
 local function ms(us) -- a PX/PEXPIRE value covering `us`, at least 1
   local v = math.ceil(us / 1000)
@@ -55,11 +63,13 @@ local function validators()
   end
   -- `key` holds a `ty` that is not the state of the algorithm reading it: nil when it is
   -- another algorithm's state (a configuration change: replaced on commit), else the
-  -- refusal. gcra's state is "<T><rrr>" (all digits, an integer), or "<tat>:<T>" before 0.1.
+  -- refusal. gcra's state is "<T><rrr>" or "-<T><rrrrrr>" (an integer), or "<tat>:<T>"
+  -- before 0.1.
   function checks.foreign(key, ty)
     if ty == 'string' then
       local v = redis.call('GET', key)
-      if not (string.match(v, '^%d%d%d%d+$') or string.match(v, '^%d+:%d+$')) then
+      if not (string.match(v, '^%d%d%d%d+$') or string.match(v, '^%-%d%d%d%d%d%d%d+$')
+          or string.match(v, '^%d+:%d+$')) then
         return corrupt(key, 'a string that is not a gcra state')
       end
     elseif ty == 'hash' then
@@ -93,13 +103,14 @@ for i = 1, n do
   local key, bkey = KEYS[2 * i - 1], KEYS[2 * i]
   local b = 2 + (i - 1) * 6
   local algo = ARGV[b + 1]
-  local count = tonumber(ARGV[b + 2])
+  local interval = tonumber(ARGV[b + 2])
   local period = tonumber(ARGV[b + 3])
   local burst = tonumber(ARGV[b + 4])
   local cost = tonumber(ARGV[b + 5])
   local block = tonumber(ARGV[b + 6])
-  local T = math.ceil(period / count)
-  if T < 1 then T = 1 end
+  -- The interval in µs; a fraction when it is below 1 ms and not whole µs (then GCRA
+  -- counts in ns).
+  local T = interval / 1000
 
   local allowed, remaining, reset, retry = 0, 0, 0, 0
   local commit = nil
@@ -121,53 +132,83 @@ for i = 1, n do
     retry = until_us - now
     reset = retry
   elseif algo == 'gcra' then
-    -- State: one integer "<T><rrr>", so Redis keeps it unboxed (no string buffer): T is the
-    -- emission interval it was computed with and the TAT is the key's expiry (PXAT, ms)
-    -- * 1000 - rrr. A GET that fails is another algorithm's hash or set (a configuration
-    -- change: replaced on commit, as SET overwrites any type). When the rate changed, the
-    -- debt is rescaled in units (not in time), so a lowered rate never admits beyond the new
-    -- limit. "<tat>:<T>" is the format before 0.1's compaction, still read. Any other type
-    -- at the key is another algorithm's state (replaced on commit: SET overwrites any type)
-    -- or garbage.
+    -- State: one integer, so Redis keeps it unboxed (no string buffer), holding the interval
+    -- it was computed with; the TAT (theoretical arrival time) is the key's expiry (PXAT, ms)
+    -- less a sub-ms rest kept in the integer:
+    --   "<T><rrr>": T in µs, rest rrr µs (intervals of whole µs: every rate up to 1e6/s
+    --   whose interval divides evenly, and every interval from 1 ms up);
+    --   "-<T><rrrrrr>": T in ns, rest rrrrrr ns (other intervals below 1 ms).
+    -- Everything is counted in that unit, relative to now: the debt TAT - now stays below
+    -- 2^51 whatever the clock reads. A GET that fails is another algorithm's hash or set (a
+    -- configuration change: replaced on commit, as SET overwrites any type). When the
+    -- interval changed, the debt is rescaled in units (not in time), so a lowered rate never
+    -- admits beyond the new limit. "<tat>:<T>" (µs) is the format before 0.1's compaction,
+    -- still read.
+    local fine = interval % 1000 ~= 0
+    local unit_t = fine and interval or T
     local v = redis.pcall('GET', key)
-    local tat = now
+    local debt = 0
     if type(v) == 'table' then
       local bad = validators().foreign(key, redis.call('TYPE', key).ok)
       if bad then return bad end
     elseif v then
-      local a, old_t
-      local t_digits, r = string.match(v, '^(%d+)(%d%d%d)$')
-      if t_digits then
-        old_t = tonumber(t_digits)
-        a = redis.call('PEXPIRETIME', key) * 1000 - tonumber(r)
+      local d, old_t, old_fine
+      local n = string.match(v, '^%-(%d%d%d%d%d%d%d+)$')
+      if n then
+        n = tonumber(n)
+        old_t, old_fine = math.floor(n / 1000000), true
+        d = (redis.call('PEXPIRETIME', key) * 1000 - now) * 1000 - n % 1000000
       else
-        a, old_t = string.match(v, '^(%d+):(%d+)$')
-        if not a then return corrupt(key, 'a string that is not a gcra state') end
-        a, old_t = tonumber(a), tonumber(old_t)
-      end
-      if a and old_t and old_t > 0 and a > now then
-        if old_t == T then
-          tat = a
+        local t_digits, r = string.match(v, '^(%d+)(%d%d%d)$')
+        if t_digits then
+          old_t = tonumber(t_digits)
+          d = redis.call('PEXPIRETIME', key) * 1000 - tonumber(r) - now
         else
-          tat = now + math.ceil((a - now) * T / old_t)
+          local a
+          a, old_t = string.match(v, '^(%d+):(%d+)$')
+          if not a then return corrupt(key, 'a string that is not a gcra state') end
+          old_t, d = tonumber(old_t), tonumber(a) - now
+        end
+        old_fine = false
+      end
+      if old_t > 0 and d > 0 then
+        if old_fine == fine and old_t == unit_t then
+          debt = d
+        else
+          debt = math.ceil(d / old_t * unit_t)
         end
       end
     end
-    local tau = burst * T
-    local new = tat + cost * T
-    local allow_at = new - tau
-    if now >= allow_at then
+    local tau = burst * unit_t
+    local new = debt + cost * unit_t
+    if new <= tau then
       allowed = 1
-      remaining = math.floor((tau - (new - now)) / T)
-      reset = new - now
-      commit = function()
-        local at = math.ceil(new / 1000)
-        redis.call('SET', key, int(T) .. string.format('%03d', at * 1000 - new), 'PXAT', int(at))
+      remaining = math.floor((tau - new) / unit_t)
+      reset = new
+      local ms_now = math.floor(now / 1000)
+      if fine then
+        commit = function()
+          -- x: the new TAT past the start of this millisecond, in ns.
+          local x = (now - ms_now * 1000) * 1000 + new
+          local up = ceil_div(x, 1000000)
+          redis.call('SET', key, int(-(interval * 1000000 + up * 1000000 - x)),
+            'PXAT', int(ms_now + up))
+        end
+      else
+        commit = function()
+          local x = now - ms_now * 1000 + new
+          local up = ceil_div(x, 1000)
+          redis.call('SET', key, int(T) .. string.format('%03d', up * 1000 - x),
+            'PXAT', int(ms_now + up))
+        end
       end
     else
-      remaining = math.floor((tau - (tat - now)) / T)
-      reset = tat - now
-      retry = allow_at - now
+      remaining = math.floor((tau - debt) / unit_t)
+      reset = debt
+      retry = new - tau
+    end
+    if fine then
+      reset, retry = ceil_div(reset, 1000), ceil_div(retry, 1000)
     end
   elseif algo == 'fixed_window' then
     local s, replace, bad = validators().hash_state(key, 'fw')
