@@ -12,12 +12,13 @@ async fn annotated_check(i: u64) -> redguard::Result<u64> {
     Ok(i)
 }
 
-/// The limit of the random-key cases: a million per second, so every call is admitted.
+/// The limit of the random-key cases: a million per second (for the sliding log, whose count
+/// is at most 10,000: 10,000 per 10 ms), so every call is admitted.
 fn limiter(algorithm: Algorithm, i: u64) -> Limiter {
     let limiter = redguard::limiter("r:")
         .part("i", &i)
         .scope("bench")
-        .rate("1000000/s")
+        .rate(rate(algorithm).0)
         .algorithm(algorithm);
     if algorithm.is_window() {
         limiter
@@ -26,11 +27,21 @@ fn limiter(algorithm: Algorithm, i: u64) -> Limiter {
     }
 }
 
-fn burst(algorithm: Algorithm) -> &'static str {
-    if algorithm.is_window() {
-        "1000000"
+/// The random-key cases' rate, and its period in µs as the script receives it.
+fn rate(algorithm: Algorithm) -> (&'static str, &'static str) {
+    if algorithm == Algorithm::SlidingWindow {
+        ("10000/10ms", "10000")
     } else {
-        "1000"
+        ("1000000/s", "1000000")
+    }
+}
+
+/// The capacity the script receives: the burst, or a window algorithm's count.
+fn burst(algorithm: Algorithm) -> &'static str {
+    match algorithm {
+        Algorithm::SlidingWindow => "10000",
+        algorithm if algorithm.is_window() => "1000000",
+        _ => "1000",
     }
 }
 
@@ -40,12 +51,13 @@ fn script_args(sha: &str, algorithm: Algorithm, key: &str) -> Vec<String> {
     raw::evalsha(
         sha,
         &[key, &format!("{key}:block")],
+        // Mode, then algorithm, interval (ns: 1000 at a million per second), period (µs),
+        // burst, cost, block.
         &[
             "0",
-            "benchbenchbe",
             algorithm.as_str(),
-            "1000000",
-            "1000000",
+            "1000",
+            rate(algorithm).1,
             burst(algorithm),
             "1",
             "0",
@@ -97,7 +109,7 @@ pub(crate) async fn cases(bench: &mut Bench, rg: &Redguard, memory: &Redguard) {
                     let cmd = raw::command(
                         &sha,
                         &[&key, &block],
-                        &["0", "0", "gcra", "1000000", "1000000", "1000", "1", "0"],
+                        &["0", "gcra", "1000", "1000000", "1000", "1", "0"],
                     );
                     raw::send(conn.clone(), vec![cmd])
                 },

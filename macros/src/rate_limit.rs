@@ -42,6 +42,8 @@ const ALGORITHMS: &[(&str, &str)] = &[
 const MAX_COUNT: u64 = 1_000_000_000;
 const MAX_PERIOD_MS: u128 = 30 * 86_400 * 1000;
 const MAX_BURST_SPAN_NS: u128 = 1000 << 50;
+/// `redguard::MAX_SLIDING_WINDOW_COUNT`.
+const MAX_SLIDING_WINDOW_COUNT: u64 = 10_000;
 
 impl Guard for RateLimit {
     const NAME: &'static str = "rate_limit";
@@ -72,6 +74,21 @@ impl Guard for RateLimit {
                     "`{}` admits the rate's count per period and takes no `burst`; put the \
                      count in `rate` instead",
                     algorithm.map_or("", |(name, _)| name)
+                ),
+            );
+        }
+        // The sliding log keeps an entry per call, up to the count: its size is bounded.
+        if let (Some(("sliding_window", _)), Some(Arg::Literal(rate)), Some(lit)) =
+            (algorithm, &rate, args.expr("rate"))
+            && rate.count > MAX_SLIDING_WINDOW_COUNT
+        {
+            errors.push(
+                lit.span(),
+                format!(
+                    "`sliding_window` keeps one entry per call, up to the count: {} is above its \
+                     maximum of {MAX_SLIDING_WINDOW_COUNT}; use `sliding_counter` or `gcra` for \
+                     larger counts",
+                    rate.count
                 ),
             );
         }

@@ -185,7 +185,7 @@ async fn memory_usage_per_key() {
                 .unwrap();
             println!("  {algorithm:<16} after {n:>3} calls: {bytes:>5} bytes");
             if algorithm == Algorithm::SlidingWindow {
-                // One entry per admitted unit: grows with the count.
+                // One entry per admitted call: grows with the calls in a window.
                 assert!(bytes > n * 8, "{algorithm}: {bytes}");
             } else if algorithm == Algorithm::Gcra {
                 // One unboxed integer: as small as redis-cell's native key (88 B).

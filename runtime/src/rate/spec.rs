@@ -11,6 +11,14 @@ use crate::error::{Error, Result};
 /// microseconds, or nanoseconds for intervals below 1 ms) below 2^53, where Lua's numbers
 /// stop being exact.
 pub const MAX_RATE_COUNT: u64 = 1_000_000_000;
+/// Largest count of a [`SlidingWindow`](Algorithm::SlidingWindow) limit. Its log keeps one
+/// entry per admitted call, whatever the cost, so a key holds at most `count` entries. Each
+/// call does O(log n) work (a call drops at most 16 entries that left the window), but
+/// freeing a whole log (its expiry) cannot be spread: measured on Redis 7 (2-core VM), a
+/// full log of 10,000 is ≈ 1 MB and is freed in ≈ 1 ms; 100,000 would be ≈ 10 MB and
+/// ≈ 10 ms, a stall for everyone on that Redis. Larger counts fit
+/// [`SlidingCounter`](Algorithm::SlidingCounter) or [`Gcra`](Algorithm::Gcra), O(1) per key.
+pub const MAX_SLIDING_WINDOW_COUNT: u64 = 10_000;
 /// Longest period of a rate (and longest `block`): 30 days.
 pub const MAX_RATE_PERIOD: Duration = Duration::from_secs(30 * 86_400);
 
@@ -224,7 +232,7 @@ impl fmt::Display for Rate {
 /// | [`Gcra`](Algorithm::Gcra) (default) | one integer | any interval t: ≤ burst + rate·t |
 /// | [`TokenBucket`](Algorithm::TokenBucket) | tokens + timestamp | any interval t: ≤ burst + rate·t |
 /// | [`LeakyBucket`](Algorithm::LeakyBucket) | level + timestamp | any interval t: ≤ burst + rate·t |
-/// | [`SlidingWindow`](Algorithm::SlidingWindow) | one entry per admitted unit | any window-long interval: ≤ count |
+/// | [`SlidingWindow`](Algorithm::SlidingWindow) | one entry per admitted call (count ≤ [`MAX_SLIDING_WINDOW_COUNT`]) | any window-long interval: ≤ count |
 /// | [`SlidingCounter`](Algorithm::SlidingCounter) | two counters | ≤ count if the previous window's traffic was even; < 2·count in the worst case |
 /// | [`FixedWindow`](Algorithm::FixedWindow) | one counter | each window: ≤ count; across an edge up to 2·count |
 ///
@@ -245,7 +253,8 @@ pub enum Algorithm {
     Gcra,
     /// A counter per aligned window.
     FixedWindow,
-    /// A log of admission times (sorted set): exact, memory grows with the count.
+    /// A log of admitted calls and their costs (sorted set): exact, memory grows with the
+    /// calls in a window (count at most [`MAX_SLIDING_WINDOW_COUNT`]).
     SlidingWindow,
     /// The previous and current window's counters, weighted: approximate, O(1) memory.
     SlidingCounter,
@@ -338,6 +347,14 @@ impl Limit {
         cost: u64,
         block: Duration,
     ) -> Result<Limit> {
+        if algorithm == Algorithm::SlidingWindow && rate.count > MAX_SLIDING_WINDOW_COUNT {
+            return Err(invalid(format!(
+                "`sliding_window` keeps one entry per call, up to the count: {} per {:?} is \
+                 above its maximum of {MAX_SLIDING_WINDOW_COUNT}; use `sliding_counter` or \
+                 `gcra` for larger counts",
+                rate.count, rate.period
+            )));
+        }
         let burst = match burst {
             Some(burst) if algorithm.is_window() && burst != rate.count => {
                 return Err(invalid(format!(

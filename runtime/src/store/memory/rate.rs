@@ -26,8 +26,9 @@ pub(super) enum RateState {
         win: f64,
         used: f64,
     },
+    /// One entry per admitted call, oldest first.
     SlidingWindow {
-        log: VecDeque<f64>,
+        log: VecDeque<LogEntry>,
     },
     SlidingCounter {
         win: f64,
@@ -40,6 +41,73 @@ pub(super) enum RateState {
         level: f64,
         at: f64,
     },
+}
+
+/// An admitted call in a sliding log, as the script's "<cum>:<cost>" member at score `at`.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct LogEntry {
+    /// The call's time (µs), later than every earlier entry's.
+    at: u64,
+    /// Units admitted up to and including this call since the log was last empty.
+    cum: u64,
+    cost: u64,
+}
+
+/// What an admitted call writes.
+enum Commit {
+    /// The key's new state.
+    Put(RateState),
+    /// An entry for the key's sliding log, which drops its entries at or before `lo` (µs).
+    Append { lo: u64, entry: LogEntry },
+}
+
+/// The sliding log's decision, as the script makes it.
+struct Sliding {
+    remaining: u64,
+    reset_us: u64,
+    retry_us: u64,
+    commit: Option<Commit>,
+}
+
+/// The sliding log's decision at `now` (µs) for `limit`, from the key's `log` if it has one.
+fn sliding(log: Option<&VecDeque<LogEntry>>, limit: &Limit, now: u64) -> Sliding {
+    let (count, cost) = (limit.burst, limit.cost);
+    let period = micros(limit.rate.period());
+    let lo = now.saturating_sub(period);
+    let empty = VecDeque::new();
+    let log = log.unwrap_or(&empty);
+    let start = log.partition_point(|e| e.at <= lo);
+    let last = log.back().map(|e| e.at);
+    // Units in the window and the newest entry's cum; a log with nothing in the window
+    // starts its cum afresh.
+    let (used, top) = match (log.get(start), log.back()) {
+        (Some(first), Some(newest)) => (newest.cum - first.cum + first.cost, newest.cum),
+        _ => (0, 0),
+    };
+    if used + cost <= count {
+        let at = last.map_or(now, |last| now.max(last + 1));
+        let entry = LogEntry {
+            at,
+            cum: top + cost,
+            cost,
+        };
+        return Sliding {
+            remaining: count - used - cost,
+            reset_us: at + period - now,
+            retry_us: 0,
+            commit: Some(Commit::Append { lo, entry }),
+        };
+    }
+    // The call fits once the entry holding unit `top - (count - cost)` has left.
+    let target = top - (count - cost);
+    // Cums increase along the log (a log restarts them only when all of it is stale).
+    let leaving = log.get(log.partition_point(|e| e.cum < target));
+    Sliding {
+        remaining: count.saturating_sub(used),
+        reset_us: last.map_or(0, |last| last + period - now),
+        retry_us: leaving.map_or(0, |e| e.at + period - now),
+        commit: None,
+    }
 }
 
 fn ceil_ms_us(us: f64) -> f64 {
@@ -62,7 +130,11 @@ struct Gcra {
 fn gcra(state: Option<&RateState>, limit: &Limit, now_us: u64) -> Gcra {
     let interval = limit.rate.interval_ns();
     let t = u128::from(interval);
-    let unit = if interval.is_multiple_of(1000) { 1000 } else { 1 };
+    let unit = if interval.is_multiple_of(1000) {
+        1000
+    } else {
+        1
+    };
     let now = u128::from(now_us) * 1000;
     let debt = match state {
         Some(RateState::Gcra { tat, interval: old }) if *tat > now && *old > 0 => {
@@ -108,7 +180,7 @@ impl RateOps for MemoryStore {
         let now = micros(now_d) as f64;
         let peek = mode == RateMode::Peek;
         let mut decisions = Vec::with_capacity(checks.len());
-        let mut commits: Vec<Option<(RateState, f64)>> = Vec::with_capacity(checks.len());
+        let mut commits: Vec<Option<(Commit, f64)>> = Vec::with_capacity(checks.len());
         for check in checks {
             let limit = check.limit;
             let period = micros(limit.rate.period()) as f64;
@@ -140,7 +212,7 @@ impl RateOps for MemoryStore {
                         retry = gcra.retry_ns.div_ceil(1000) as f64;
                         commit = gcra
                             .commit
-                            .map(|(state, ttl_ns)| (state, ttl_ns as f64 / 1000.0));
+                            .map(|(state, ttl_ns)| (Commit::Put(state), ttl_ns as f64 / 1000.0));
                     }
                     Algorithm::FixedWindow => {
                         let win = (now / period).floor();
@@ -154,36 +226,24 @@ impl RateOps for MemoryStore {
                             allowed = true;
                             remaining = burst - used - cost;
                             let used = used + cost;
-                            commit = Some((RateState::FixedWindow { win, used }, end - now));
+                            let state = RateState::FixedWindow { win, used };
+                            commit = Some((Commit::Put(state), end - now));
                         } else {
                             remaining = (burst - used).max(0.0);
                             retry = end - now;
                         }
                     }
                     Algorithm::SlidingWindow => {
-                        let lo = now - period;
-                        let mut log: VecDeque<f64> = match state {
-                            Some(RateState::SlidingWindow { log }) => {
-                                log.iter().copied().filter(|&at| at > lo).collect()
-                            }
-                            _ => VecDeque::new(),
+                        let log = match state {
+                            Some(RateState::SlidingWindow { log }) => Some(log),
+                            _ => None,
                         };
-                        let used = log.len() as f64;
-                        if used + cost <= burst {
-                            allowed = true;
-                            remaining = burst - used - cost;
-                            reset = period;
-                            for _ in 0..limit.cost {
-                                log.push_back(now);
-                            }
-                            commit = Some((RateState::SlidingWindow { log }, period));
-                        } else {
-                            remaining = (burst - used).max(0.0);
-                            // `used + cost - burst` is in 1..=used because cost <= burst.
-                            let k = (used + cost - burst) as usize;
-                            retry = log.get(k - 1).map_or(period, |at| at + period - now);
-                            reset = log.back().map_or(0.0, |at| at + period - now);
-                        }
+                        let sliding = sliding(log, limit, micros(now_d));
+                        allowed = sliding.commit.is_some();
+                        remaining = sliding.remaining as f64;
+                        reset = sliding.reset_us as f64;
+                        retry = sliding.retry_us as f64;
+                        commit = sliding.commit.map(|commit| (commit, reset));
                     }
                     Algorithm::SlidingCounter => {
                         let win = (now / period).floor();
@@ -214,7 +274,7 @@ impl RateOps for MemoryStore {
                                 cur: cur + cost,
                                 prev,
                             };
-                            commit = Some((state, (win + 2.0) * period - now));
+                            commit = Some((Commit::Put(state), (win + 2.0) * period - now));
                         } else {
                             remaining = (burst - est).floor().max(0.0);
                             let room = burst - cost - cur;
@@ -250,7 +310,7 @@ impl RateOps for MemoryStore {
                                 level: after,
                                 at: now,
                             };
-                            commit = Some((state, after * t));
+                            commit = Some((Commit::Put(state), after * t));
                         } else {
                             remaining = (burst - level).floor().max(0.0);
                             reset = (level * t).ceil();
@@ -280,9 +340,24 @@ impl RateOps for MemoryStore {
         }
         if !peek && decisions.iter().all(|d| d.allowed) {
             for (check, commit) in checks.iter().zip(commits) {
-                if let Some((state, ttl)) = commit {
-                    let expires = Duration::from_micros((now + ceil_ms_us(ttl)) as u64);
-                    states.put(check.key, state, expires);
+                let Some((commit, ttl)) = commit else {
+                    continue;
+                };
+                let expires = Duration::from_micros((now + ceil_ms_us(ttl)) as u64);
+                match commit {
+                    Commit::Put(state) => states.put(check.key, state, expires),
+                    Commit::Append { lo, entry } => {
+                        // In place: a log of thousands of entries is not copied per call.
+                        if let Some(RateState::SlidingWindow { log }) = states.get_mut(check.key) {
+                            let stale = log.partition_point(|e| e.at <= lo);
+                            log.drain(..stale);
+                            log.push_back(entry);
+                            states.set_expiry(check.key, expires);
+                        } else {
+                            let log = VecDeque::from([entry]);
+                            states.put(check.key, RateState::SlidingWindow { log }, expires);
+                        }
+                    }
                 }
             }
         }

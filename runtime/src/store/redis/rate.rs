@@ -9,7 +9,7 @@ use redis::Script;
 use super::{RedisStore, evalsha};
 use crate::error::{Error, Result};
 use crate::key::Key;
-use crate::rate::{Algorithm, Decision, micros};
+use crate::rate::{Decision, micros};
 use crate::store::{RateCheck, RateMode, RateOps, RateOutcome, Store as _};
 
 static CHECK: Lazy<Script> = Lazy::new(|| Script::new(include_str!("scripts/rate_check.lua")));
@@ -138,7 +138,7 @@ impl RedisStore {
             });
         };
         // Every key first, then the arguments: EVALSHA's order. Each limit passes six.
-        let mut cmd = evalsha(&CHECK, checks.len() * 2, 2 + checks.len() * 6);
+        let mut cmd = evalsha(&CHECK, checks.len() * 2, 1 + checks.len() * 6);
         for check in checks {
             cmd.arg(check.key.as_str())
                 .arg(format!("{}{BLOCK_SUFFIX}", check.key));
@@ -148,16 +148,6 @@ impl RedisStore {
             Phase::Peek => "1",
             Phase::Judge => "2",
         });
-        // Only the sliding log needs a nonce (its entries' names): skip the random for others.
-        if checks
-            .iter()
-            .any(|check| check.limit.algorithm == Algorithm::SlidingWindow)
-        {
-            let nonce = uuid::Uuid::new_v4().simple().to_string();
-            cmd.arg(nonce.get(..12).unwrap_or("0"));
-        } else {
-            cmd.arg("0");
-        }
         for check in checks {
             let limit = check.limit;
             cmd.arg(limit.algorithm.as_str())
