@@ -12,8 +12,9 @@ async fn annotated_check(i: u64) -> redguard::Result<u64> {
     Ok(i)
 }
 
-/// The limit of the random-key cases: a million per second (for the sliding log, whose count
-/// is at most 10,000: 10,000 per 10 ms), so every call is admitted.
+/// The limit of the random-key cases: a million per second (the sliding log's count is at
+/// most 10,000: 10,000 per second, far more than one random key sees), so every call is
+/// admitted.
 fn limiter(algorithm: Algorithm, i: u64) -> Limiter {
     let limiter = redguard::limiter("r:")
         .part("i", &i)
@@ -27,12 +28,12 @@ fn limiter(algorithm: Algorithm, i: u64) -> Limiter {
     }
 }
 
-/// The random-key cases' rate, and its period in µs as the script receives it.
+/// The random-key cases' rate, and its interval in ns as the script receives it.
 fn rate(algorithm: Algorithm) -> (&'static str, &'static str) {
     if algorithm == Algorithm::SlidingWindow {
-        ("10000/10ms", "10000")
+        ("10000/s", "100000")
     } else {
-        ("1000000/s", "1000000")
+        ("1000000/s", "1000")
     }
 }
 
@@ -51,13 +52,12 @@ fn script_args(sha: &str, algorithm: Algorithm, key: &str) -> Vec<String> {
     raw::evalsha(
         sha,
         &[key, &format!("{key}:block")],
-        // Mode, then algorithm, interval (ns: 1000 at a million per second), period (µs),
-        // burst, cost, block.
+        // Mode, then algorithm, interval (ns), period (µs), burst, cost, block.
         &[
             "0",
             algorithm.as_str(),
-            "1000",
             rate(algorithm).1,
+            "1000000",
             burst(algorithm),
             "1",
             "0",

@@ -330,7 +330,10 @@ pub struct Limit {
 impl Limit {
     /// Validates a limit. `burst` defaults to `rate.count()` and is refused for window
     /// algorithms; `cost` must not exceed the burst (such a call could never be admitted);
-    /// `block` (zero for none) is how long a key that exceeded its limit stays rejected.
+    /// `block` (zero for none, at most 30 days) is how long a key that exceeded its limit
+    /// stays rejected. A sliding window's count is at most [`MAX_SLIDING_WINDOW_COUNT`], and
+    /// the burst must refill within 2^50 µs (35 years: burst × the rate's interval), which
+    /// keeps every quantity the stores compute exact.
     ///
     /// ```
     /// use redguard::{Algorithm, Limit, Rate};

@@ -9,7 +9,12 @@
 -- Numbers: every quantity is an integer number of microseconds (nanoseconds for GCRA
 -- intervals below 1 ms, counted relative to now) or units below 2^53, so Lua's doubles hold
 -- it exactly; numbers are formatted with %.0f / %.17g before reaching Redis, because Redis
--- would print them with 14 significant digits.
+-- would print them with 14 significant digits. math.ceil(x / d) is exact for the x below
+-- 2^51 it is used on (d = 1000 or 1e6): a quotient's fraction, at least 1/d, is then larger
+-- than half the spacing of doubles near it.
+--
+-- Helpers a GCRA check does not need are built only when a limit does: every function
+-- defined at the top level is a closure created on every run of the script.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local peek = ARGV[1] == '1'
@@ -17,12 +22,6 @@ local charge = ARGV[1] == '0'
 local n = #KEYS / 2
 
 local function int(x) return string.format('%.0f', x) end
--- ceil(x / d) for integers below 2^53, exact even where the quotient rounds.
-local function ceil_div(x, d)
-  local q = math.floor(x / d)
-  if q * d < x then q = q + 1 end
-  return q
-end
 local function num(x) return string.format('%.17g', x) end
 local function ms(us) -- a PX/PEXPIRE value covering `us`, at least 1
   local v = math.ceil(us / 1000)
@@ -93,48 +92,6 @@ local function validators()
     return s, false
   end
   return checks
-end
-
--- At most this many entries that left a sliding log's window are removed per call (each
--- costs Redis 0.1 to 1 µs, measured on a log of 10,000); any number above 1 keeps up, since
--- a call adds one entry.
-local LOG_TRIM = 16
-
--- A sliding-log member "<cum>:<cost>" as two numbers, or nil for any other member.
-local function log_entry(member)
-  if not member then return nil end
-  local c, k = string.match(member, '^(%d+):(%d+)$')
-  if not c then return nil end
-  return tonumber(c), tonumber(k)
-end
-
--- The time of the first entry in the window of the sliding log at `key` whose cum reaches
--- `target`, or nil when an entry of another format is in the way. `first` = { cum, cost,
--- time } of the window's oldest entry, `top` the newest entry's cum. The window's n entries
--- are the last n ranks; a guess assuming equal costs (exact when they are) comes first, then
--- bisection: O(log n) reads of O(log n) each.
-local function log_find(key, lo, first, top, target)
-  if first[1] >= target then return first[3] end
-  local n = redis.call('ZCOUNT', key, '(' .. int(lo), '+inf')
-  local base = first[1] - first[2]
-  -- Positions 0 (the oldest, already ruled out) .. n - 1 (the newest, whose cum is top).
-  local a, b = 1, n - 1
-  local p = math.ceil((target - base) * n / (top - base)) - 1
-  while a <= b do
-    if p < a or p > b then p = math.floor((a + b) / 2) end
-    local e = redis.call('ZRANGE', key, p - n, p - n, 'WITHSCORES')
-    local c, k = log_entry(e[1])
-    if not c then return nil end
-    if c < target then
-      a = p + 1
-    elseif c - k >= target then
-      b = p - 1
-    else
-      return tonumber(e[2])
-    end
-    p = math.floor((a + b) / 2)
-  end
-  return nil
 end
 
 local out = { now }
@@ -236,7 +193,7 @@ for i = 1, n do
           if replace then redis.call('UNLINK', key) end
           -- x: the new TAT past the start of this millisecond, in ns.
           local x = (now - ms_now * 1000) * 1000 + new
-          local up = ceil_div(x, 1000000)
+          local up = math.ceil(x / 1000000)
           redis.call('SET', key, int(-(interval * 1000000 + up * 1000000 - x)),
             'PXAT', int(ms_now + up))
         end
@@ -244,7 +201,7 @@ for i = 1, n do
         commit = function()
           if replace then redis.call('UNLINK', key) end
           local x = now - ms_now * 1000 + new
-          local up = ceil_div(x, 1000)
+          local up = math.ceil(x / 1000)
           redis.call('SET', key, int(T) .. string.format('%03d', up * 1000 - x),
             'PXAT', int(ms_now + up))
         end
@@ -255,7 +212,7 @@ for i = 1, n do
       retry = new - tau
     end
     if fine then
-      reset, retry = ceil_div(reset, 1000), ceil_div(retry, 1000)
+      reset, retry = math.ceil(reset / 1000), math.ceil(retry / 1000)
     end
   elseif algo == 'fixed_window' then
     local s, replace, bad = validators().hash_state(key, 'fw')
@@ -290,6 +247,49 @@ for i = 1, n do
     -- the window are counted and taken as one entry at its newest member's time, which
     -- replaces it on the next admission; such a key may reject for up to one period longer
     -- than it would have, never admit more.
+
+    -- At most this many entries that left a sliding log's window are removed per call (each costs
+    -- Redis 0.1 to 1 µs, measured on a log of 10,000); any number above 1 keeps up, since a call
+    -- adds one entry.
+    local LOG_TRIM = 16
+
+    -- A sliding-log member "<cum>:<cost>" as two numbers, or nil for any other member.
+    local function log_entry(member)
+      if not member then return nil end
+      local c, k = string.match(member, '^(%d+):(%d+)$')
+      if not c then return nil end
+      return tonumber(c), tonumber(k)
+    end
+
+    -- The time of the first entry in the window of the sliding log at `key` whose cum reaches
+    -- `target`, or nil when an entry of another format is in the way. `first` = { cum, cost, time }
+    -- of the window's oldest entry, `top` the newest entry's cum. The window's n entries are the
+    -- last n ranks; a guess assuming equal costs (exact when they are) comes first, then bisection:
+    -- O(log n) reads of O(log n) each.
+    local function log_find(key, lo, first, top, target)
+      if first[1] >= target then return first[3] end
+      local n = redis.call('ZCOUNT', key, '(' .. int(lo), '+inf')
+      local base = first[1] - first[2]
+      -- Positions 0 (the oldest, already ruled out) .. n - 1 (the newest, whose cum is top).
+      local a, b = 1, n - 1
+      local p = math.ceil((target - base) * n / (top - base)) - 1
+      while a <= b do
+        if p < a or p > b then p = math.floor((a + b) / 2) end
+        local e = redis.call('ZRANGE', key, p - n, p - n, 'WITHSCORES')
+        local c, k = log_entry(e[1])
+        if not c then return nil end
+        if c < target then
+          a = p + 1
+        elseif c - k >= target then
+          b = p - 1
+        else
+          return tonumber(e[2])
+        end
+        p = math.floor((a + b) / 2)
+      end
+      return nil
+    end
+
     local lo = now - period
     local newest = redis.pcall('ZRANGE', key, -1, -1, 'WITHSCORES')
     local replace, merge = false, false
@@ -326,7 +326,7 @@ for i = 1, n do
           -- freed off the main thread when large.
           redis.call('UNLINK', key)
           if merge then redis.call('ZADD', key, int(last), int(used) .. ':' .. int(used)) end
-        else
+        elseif last then
           -- Entries that left the window go, oldest first, at most LOG_TRIM per call, so no
           -- call frees a window's worth at once; the log still never exceeds `count`
           -- entries (each admitted call adds one and drops up to LOG_TRIM stale ones).
