@@ -88,8 +88,8 @@ impl Rate {
     /// `count` per second.
     ///
     /// # Panics
-    /// When `count` is 0 or above [`MAX_RATE_COUNT`]; use [`Rate::new`] for values from
-    /// configuration.
+    /// When [`Rate::new`] would refuse it (`count` 0 or above [`MAX_RATE_COUNT`], or too fine
+    /// to count within 0.1%); use [`Rate::new`] for values from configuration.
     pub fn per_second(count: u64) -> Rate {
         Self::known(count, Duration::from_secs(1))
     }
