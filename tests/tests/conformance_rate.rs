@@ -356,6 +356,22 @@ async fn gcra_debt_is_kept_in_units_across_interval_units(rg: Redguard) {
         d.reset_after > Duration::from_millis(1) && d.reset_after <= Duration::from_micros(1667),
         "{d:?}"
     );
+    // A billion units owed at 1 ns each are 82,000 years at 1 per 30 days: the debt is
+    // capped at 2^52 µs (142 years), where every store still counts exactly.
+    let fastest = limiter(&rg, "to-slowest", Algorithm::Gcra, "1000000000/s");
+    assert!(
+        fastest
+            .clone()
+            .cost(1_000_000_000)
+            .check()
+            .await
+            .unwrap()
+            .allowed
+    );
+    let slowest = limiter(&rg, "to-slowest", Algorithm::Gcra, "1/30d");
+    let d = slowest.check().await.unwrap();
+    assert!(!d.allowed, "{d:?}");
+    assert_eq!(d.retry_after, Duration::from_micros(1 << 52), "{d:?}");
 }
 
 async fn changing_the_algorithm_replaces_state(rg: Redguard) {

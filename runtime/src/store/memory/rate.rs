@@ -142,7 +142,8 @@ fn gcra(state: Option<&RateState>, limit: &Limit, now_us: u64) -> Gcra {
             if *old == interval {
                 d
             } else {
-                (d * t).div_ceil(u128::from(*old) * unit) * unit
+                // Capped at 2^52 units of time, as the script does.
+                ((d * t).div_ceil(u128::from(*old) * unit) * unit).min(unit << 52)
             }
         }
         _ => 0,

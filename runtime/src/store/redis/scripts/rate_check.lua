@@ -177,7 +177,10 @@ for i = 1, n do
         if old_fine == fine and old_t == unit_t then
           debt = d
         else
-          debt = math.ceil(d / old_t * unit_t)
+          -- Rescaled (a billion units owed at 1 ns are 82,000 years at 1 per 30 days), then
+          -- capped at 2^52: more than any burst spans, so no decision changes, and every
+          -- number stays exact.
+          debt = math.min(math.ceil(d / old_t * unit_t), 4503599627370496)
         end
       end
     end
