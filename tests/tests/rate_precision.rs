@@ -15,6 +15,7 @@ redguard_tests::conformance!(
     gcra_600k_per_second_refills_at_that_rate,
     gcra_1e9_per_second_refills_in_one_second,
     gcra_matches_an_exact_model_at_many_rates,
+    buckets_refill_at_600k_per_second,
 );
 
 /// The documented emission interval, in ns.
@@ -157,6 +158,31 @@ async fn gcra_1e9_per_second_refills_in_one_second(rg: Redguard) {
     assert!(t2 - t0 >= 1_010_000);
     assert!(again.allowed, "{again:?}");
     assert_eq!(again.reset_us, 1_000_000, "{again:?}");
+}
+
+/// The token and leaky buckets drain by the same interval (as fractional µs): 600,000/s is
+/// 600,000/s for them too, not 500,000/s.
+async fn buckets_refill_at_600k_per_second(rg: Redguard) {
+    for algorithm in [Algorithm::TokenBucket, Algorithm::LeakyBucket] {
+        let rate = Rate::per_second(600_000);
+        let limit = Limit::new(algorithm, rate, None, 1, Duration::ZERO).unwrap();
+        let key = key(&rg, algorithm.as_str());
+        let (drained, t0) = check(&rg, &key, &limit, 600_000, RateMode::Consume).await;
+        assert!(
+            drained.allowed && drained.remaining == 0,
+            "{algorithm}: {drained:?}"
+        );
+        assert_eq!(drained.reset_us, 1_000_200, "{algorithm}: {drained:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let (d, t1) = check(&rg, &key, &limit, 1, RateMode::Peek).await;
+        // Units back after t µs: t / 1.667; the peeked unit is not among `remaining`.
+        let back = (t1 - t0) as f64 / 1.667;
+        assert!(
+            (d.remaining as f64 - (back - 1.0)).abs() <= 1.0,
+            "{algorithm}: {back} units back after {} µs: {d:?}",
+            t1 - t0
+        );
+    }
 }
 
 /// Rates from 1 per 30 days to 1e9 per second, fixed and random, with random bursts, costs,
