@@ -12,12 +12,14 @@ async fn annotated_check(i: u64) -> redguard::Result<u64> {
     Ok(i)
 }
 
-/// The limit of the random-key cases: a million per second, so every call is admitted.
+/// The limit of the random-key cases: a million per second (the sliding log's count is at
+/// most 10,000: 10,000 per second, far more than one random key sees), so every call is
+/// admitted.
 fn limiter(algorithm: Algorithm, i: u64) -> Limiter {
     let limiter = redguard::limiter("r:")
         .part("i", &i)
         .scope("bench")
-        .rate("1000000/s")
+        .rate(rate(algorithm).0)
         .algorithm(algorithm);
     if algorithm.is_window() {
         limiter
@@ -26,11 +28,21 @@ fn limiter(algorithm: Algorithm, i: u64) -> Limiter {
     }
 }
 
-fn burst(algorithm: Algorithm) -> &'static str {
-    if algorithm.is_window() {
-        "1000000"
+/// The random-key cases' rate, and its interval in ns as the script receives it.
+fn rate(algorithm: Algorithm) -> (&'static str, &'static str) {
+    if algorithm == Algorithm::SlidingWindow {
+        ("10000/s", "100000")
     } else {
-        "1000"
+        ("1000000/s", "1000")
+    }
+}
+
+/// The capacity the script receives: the burst, or a window algorithm's count.
+fn burst(algorithm: Algorithm) -> &'static str {
+    match algorithm {
+        Algorithm::SlidingWindow => "10000",
+        algorithm if algorithm.is_window() => "1000000",
+        _ => "1000",
     }
 }
 
@@ -40,11 +52,11 @@ fn script_args(sha: &str, algorithm: Algorithm, key: &str) -> Vec<String> {
     raw::evalsha(
         sha,
         &[key, &format!("{key}:block")],
+        // Mode, then algorithm, interval (ns), period (µs), burst, cost, block.
         &[
             "0",
-            "benchbenchbe",
             algorithm.as_str(),
-            "1000000",
+            rate(algorithm).1,
             "1000000",
             burst(algorithm),
             "1",
@@ -97,7 +109,7 @@ pub(crate) async fn cases(bench: &mut Bench, rg: &Redguard, memory: &Redguard) {
                     let cmd = raw::command(
                         &sha,
                         &[&key, &block],
-                        &["0", "0", "gcra", "1000000", "1000000", "1000", "1", "0"],
+                        &["0", "gcra", "1000", "1000000", "1000", "1", "0"],
                     );
                     raw::send(conn.clone(), vec![cmd])
                 },

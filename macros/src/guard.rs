@@ -60,6 +60,12 @@ pub(crate) trait Expansion {
     /// An expression wrapping `inner`, a future of the fn's return type, into another future
     /// of that type. `binding` holds what `prelude` produced.
     fn wrap(&self, cx: &Context, binding: &Ident, inner: TokenStream) -> TokenStream;
+
+    /// For guards merged with adjacent ones of their kind (`#[rate_limit]`): what makes two
+    /// of them address the same key on every call, and where to point when they do.
+    fn merged_key(&self) -> Option<(String, Span)> {
+        None
+    }
 }
 
 /// What every expansion may refer to.
@@ -159,6 +165,8 @@ pub(crate) fn expand<G: Guard>(attr: TokenStream, item: TokenStream) -> TokenStr
         };
         expansions.push(check_named(name, tokens, &item, &mut errors));
     }
+
+    crate::rate_limit::same_key_in_one_call(&expansions, &mut errors);
 
     match (errors.finish(), ret) {
         (Ok(()), Some(ret)) => {

@@ -17,7 +17,7 @@
 use proc_macro2::{Span, TokenStream};
 use quote::{quote, quote_spanned};
 use syn::spanned::Spanned as _;
-use syn::{Expr, ExprArray, ExprCall, ExprLit, Ident, ItemFn, Lit, LitStr};
+use syn::{Expr, ExprArray, ExprCall, ExprLit, ExprUnary, Ident, ItemFn, Lit, LitStr, UnOp};
 
 use crate::args::{ArgSpec, Args, Kind};
 use crate::errors::Errors;
@@ -37,9 +37,13 @@ const ALGORITHMS: &[(&str, &str)] = &[
     ("leaky_bucket", "LeakyBucket"),
 ];
 
-/// The runtime's bounds (`redguard::MAX_RATE_COUNT`, `MAX_RATE_PERIOD`), checked early.
+/// The runtime's bounds (`redguard::MAX_RATE_COUNT`, `MAX_RATE_PERIOD`, and `Limit::new`'s
+/// bound on burst × interval), checked early.
 const MAX_COUNT: u64 = 1_000_000_000;
 const MAX_PERIOD_MS: u128 = 30 * 86_400 * 1000;
+const MAX_BURST_SPAN_NS: u128 = 1000 << 50;
+/// `redguard::MAX_SLIDING_WINDOW_COUNT`.
+const MAX_SLIDING_WINDOW_COUNT: u64 = 10_000;
 
 impl Guard for RateLimit {
     const NAME: &'static str = "rate_limit";
@@ -70,6 +74,33 @@ impl Guard for RateLimit {
                     "`{}` admits the rate's count per period and takes no `burst`; put the \
                      count in `rate` instead",
                     algorithm.map_or("", |(name, _)| name)
+                ),
+            );
+        }
+        // The sliding log keeps an entry per call, up to the count: its size is bounded.
+        if let (Some(("sliding_window", _)), Some(Arg::Literal(rate)), Some(lit)) =
+            (algorithm, &rate, args.expr("rate"))
+            && rate.count > MAX_SLIDING_WINDOW_COUNT
+        {
+            errors.push(
+                lit.span(),
+                format!(
+                    "`sliding_window` keeps one entry per call, up to the count: {} is above its \
+                     maximum of {MAX_SLIDING_WINDOW_COUNT}; use `sliding_counter` or `gcra` for \
+                     larger counts",
+                    rate.count
+                ),
+            );
+        }
+        // Refilling the burst must not take longer than the runtime can count exactly.
+        if let (Some(Count::Literal(n, span)), Some(Arg::Literal(rate))) = (&burst, &rate)
+            && u128::from(*n) * rate.interval_ns() > MAX_BURST_SPAN_NS
+        {
+            errors.push(
+                *span,
+                format!(
+                    "`burst = {n}` takes more than 35 years to refill at this `rate`; lower the \
+                     burst or the rate's period"
                 ),
             );
         }
@@ -105,7 +136,18 @@ impl Guard for RateLimit {
             }
         };
 
-        let key = expand::key(args.template("key")?);
+        let template = args.template("key")?;
+        let key = expand::key(template);
+        // Limits merged into one call are refused at runtime when two share a key: the same
+        // template under the same written (or default) scope always does.
+        let merged_key = (
+            format!(
+                "{:?}\0{}",
+                args.str("scope").map(LitStr::value),
+                template.lit.value()
+            ),
+            template.lit.span(),
+        );
         let rate = match rate? {
             Arg::Literal(rate) => {
                 let count = rate.count;
@@ -145,6 +187,7 @@ impl Guard for RateLimit {
         }
         Some(Box::new(RateLimitExpansion {
             key,
+            merged_key,
             scope: args.str("scope").cloned(),
             rate,
             options,
@@ -175,11 +218,23 @@ enum Count {
 
 fn literal(args: &Args, name: &str) -> Option<(Option<Lit>, Expr)> {
     let expr = args.expr(name)?;
-    let lit = match expr {
+    let lit = match peel(expr) {
         Expr::Lit(ExprLit { lit, .. }) => Some(lit.clone()),
         _ => None,
     };
     Some((lit, expr.clone()))
+}
+
+/// What is under parentheses and invisible groups: a literal passed through a
+/// `macro_rules!` arrives grouped, and is checked now like one written directly.
+fn peel(mut expr: &Expr) -> &Expr {
+    loop {
+        expr = match expr {
+            Expr::Paren(paren) => &paren.expr,
+            Expr::Group(group) => &group.expr,
+            _ => return expr,
+        };
+    }
 }
 
 /// `rate = "5/s"` (checked now) or `rate = <expr>` (a `Rate` or text, checked per call).
@@ -207,6 +262,10 @@ fn rate(args: &Args, errors: &mut Errors) -> Option<Arg> {
                     lit.span(),
                     "invalid `rate`: the period must be at most 30 days",
                 );
+                None
+            }
+            Ok(rate) if let Some(why) = rate.too_fine() => {
+                errors.push(lit.span(), format!("invalid `rate`: {why}"));
                 None
             }
             Ok(rate) => Some(Arg::Literal(rate)),
@@ -267,6 +326,16 @@ fn count(args: &Args, name: &str, errors: &mut Errors) -> Option<Count> {
             );
             None
         }
+        // `-1`: an expression to syn, refused by the runtime on every call.
+        None if matches!(peel(&expr), Expr::Unary(ExprUnary { op: UnOp::Neg(_), expr: inner, .. })
+            if matches!(peel(inner), Expr::Lit(ExprLit { lit: Lit::Int(_), .. }))) =>
+        {
+            errors.push_error(syn::Error::new_spanned(
+                &expr,
+                format!("`{name}` must be a non-negative integer"),
+            ));
+            None
+        }
         None => Some(Count::Expr(expr)),
     }
 }
@@ -290,8 +359,32 @@ fn algorithm(args: &Args, errors: &mut Errors) -> Option<(&'static str, &'static
     found
 }
 
+/// Adjacent `#[rate_limit]`s are decided in one store call, which refuses two limits on one
+/// key (`Error::InvalidLimit` on every call); with the same template and scope that is known
+/// now. Each repeat is reported at its template.
+pub(crate) fn same_key_in_one_call(expansions: &[Option<Box<dyn Expansion>>], errors: &mut Errors) {
+    let mut merged: Vec<String> = Vec::new();
+    for expansion in expansions {
+        let Some((key, span)) = expansion.as_ref().and_then(|e| e.merged_key()) else {
+            merged.clear();
+            continue;
+        };
+        if merged.contains(&key) {
+            errors.push(
+                span,
+                "this `#[rate_limit]` has the same key and scope as one stacked right next to \
+                 it; adjacent limits are decided together and two on one key are refused on \
+                 every call: give it another key or `scope`",
+            );
+        }
+        merged.push(key);
+    }
+}
+
 struct RateLimitExpansion {
     key: TokenStream,
+    /// The written scope and the template text, and the template's span.
+    merged_key: (String, Span),
     scope: Option<LitStr>,
     rate: TokenStream,
     /// `.burst(..)`, `.cost(..)`, `.algorithm(..)`, ... for each argument written.
@@ -319,6 +412,10 @@ impl Expansion for RateLimitExpansion {
             return quote!(::redguard::__private::rate_limit(#specs, #body));
         }
         quote!(::redguard::__private::rate_limit([#binding], #inner))
+    }
+
+    fn merged_key(&self) -> Option<(String, Span)> {
+        Some(self.merged_key.clone())
     }
 }
 

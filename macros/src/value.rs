@@ -58,6 +58,38 @@ pub(crate) struct Rate {
     pub(crate) period: Duration,
 }
 
+impl Rate {
+    /// The runtime's emission interval in ns (`redguard::Rate`, kept in step): period/count
+    /// rounded up to a whole µs from 1 ms up, to a whole ns below.
+    pub(crate) fn interval_ns(&self) -> u128 {
+        let (period, count) = (self.period.as_nanos(), u128::from(self.count));
+        if period >= 1_000_000 * count {
+            period.div_ceil(1000 * count) * 1000
+        } else {
+            period.div_ceil(count)
+        }
+    }
+
+    /// Why the runtime would refuse this rate's interval: counted in whole nanoseconds, it
+    /// would run more than 0.1% slow (only possible above 1,000,000 per second).
+    pub(crate) fn too_fine(&self) -> Option<String> {
+        let exact = self.period.as_nanos();
+        let slower = self.interval_ns() * u128::from(self.count) - exact;
+        (slower * 1000 > exact).then(|| {
+            let counted = self.interval_ns() * u128::from(self.count);
+            format!(
+                "one unit every {:.3} ns, counted in whole nanoseconds ({} ns), would admit \
+                 {:.2}% fewer than asked (0.1% at most); use a rate whose interval is close to \
+                 a whole number of nanoseconds (e.g. \"500000000/s\", 2 ns), or at most \
+                 \"1000000/s\"",
+                exact as f64 / self.count as f64,
+                self.interval_ns(),
+                slower as f64 * 100.0 / counted as f64,
+            )
+        })
+    }
+}
+
 /// Parses a rate literal such as `"100/s"` or `"5/10s"`.
 pub(crate) fn parse_rate(s: &str) -> Result<Rate, String> {
     let shape = || format!("`{s}` is not a rate; write count/period, e.g. \"100/s\" or \"5/10s\"");
@@ -127,6 +159,26 @@ mod tests {
             "", "100", "100/", "/s", "0/s", "5/0s", "x/s", "5/sec", "5/ 1 s",
         ] {
             assert!(parse_rate(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn intervals() {
+        let rate = |s| parse_rate(s).unwrap();
+        assert_eq!(rate("3/s").interval_ns(), 333_334_000);
+        assert_eq!(rate("600000/s").interval_ns(), 1667);
+        assert_eq!(rate("1000000000/s").interval_ns(), 1);
+        for fine in [
+            "1000000/s",
+            "1000001/s",
+            "500000000/s",
+            "1000000000/s",
+            "7/20ms",
+        ] {
+            assert_eq!(rate(fine).too_fine(), None, "{fine}");
+        }
+        for coarse in ["3000000/s", "700000000/s", "1000000000/ms", "3000/ms"] {
+            assert!(rate(coarse).too_fine().is_some(), "{coarse}");
         }
     }
 }

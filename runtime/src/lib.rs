@@ -59,8 +59,8 @@ pub use crate::lock::{
     lock_all,
 };
 pub use crate::rate::{
-    Algorithm, Decision, IntoRate, Limit, Limiter, MAX_RATE_COUNT, MAX_RATE_PERIOD, Rate,
-    RateLimits, limiter,
+    Algorithm, Decision, IntoRate, Limit, Limiter, MAX_RATE_COUNT, MAX_RATE_PERIOD,
+    MAX_SLIDING_WINDOW_COUNT, Rate, RateLimits, limiter,
 };
 pub use crate::store::{
     FAIR_REGISTRATION, FENCE_TTL, LockAcquire, LockOps, LockRelease, LockWatch, MemoryStore,

@@ -9,9 +9,9 @@ use redguard_tests::RedisServer;
 /// Keep in sync with README.md ("Redis Cluster, TLS, restricted users").
 const ACL: &str = "on >secret ~redguard:* resetchannels &redguard:* -@all \
     +evalsha +eval +script|load +time +ping +hello +psubscribe +punsubscribe \
-    +set +get +del +exists +type +hget +hset +hmget +hdel +hgetall +hincrby +incr +pexpire \
-    +pexpiretime +pttl +publish +zadd +zcard +zcount +zrange +zrangebyscore +zrem +zremrangebyscore \
-    +zrevrangebyscore +zscore";
+    +set +get +del +exists +type +hget +hset +hmget +hdel +hgetall +pexpire \
+    +pexpiretime +pttl +publish +unlink +zadd +zcard +zcount +zrange +zrem +zremrangebyrank \
+    +zremrangebyscore +zscore";
 
 /// A handle on `server` as the restricted user the README documents.
 async fn restricted(server: &RedisServer) -> Redguard {
@@ -27,7 +27,9 @@ async fn restricted_to(server: &RedisServer, acl: &str) -> Redguard {
     }
     let _: () = setuser.query(&mut admin).unwrap();
     let url = format!("redis://redguard:secret@127.0.0.1:{}/", server.port());
+    // Rate limits fail closed here, so that a refused command is an error, not an admission.
     Redguard::redis(url)
+        .fail_mode(redguard::GuardKind::RateLimit, redguard::FailMode::Closed)
         .connect()
         .await
         .expect("connect as the restricted user")
@@ -199,6 +201,20 @@ async fn every_guard_works_under_the_documented_acl() {
             .unwrap();
         assert!(decision.allowed, "{algorithm:?}");
     }
+
+    // The sliding log's other paths: dropping entries that left the window, the search for
+    // the entry whose leaving makes room, and a state replaced by another algorithm's.
+    let log = redguard::limiter("acl:log")
+        .rate("3/100ms")
+        .algorithm(Algorithm::SlidingWindow)
+        .on(&rg);
+    for _ in 0..3 {
+        assert!(log.check().await.unwrap().allowed);
+        tokio::time::sleep(Duration::from_millis(60)).await;
+    }
+    assert!(!log.clone().cost(3).check().await.unwrap().allowed);
+    let replaced = redguard::limiter("acl:log").rate("3/100ms").on(&rg);
+    assert!(replaced.check().await.unwrap().allowed);
 
     // The user cannot touch anything outside the prefix.
     let mut restricted = redis::Client::open(format!(

@@ -14,7 +14,11 @@ redguard_tests::conformance!(
     stacked_rejection_by_global_does_not_charge_user,
     block_rejects_without_counting_then_lifts,
     removing_the_penalty_lifts_it,
+    stacked_penalty_is_written_when_its_limit_rejects,
+    stacked_penalties_of_every_rejecting_limit,
+    stacked_penalty_is_not_written_when_another_limit_rejects,
     lowering_the_limit_never_admits_beyond_it,
+    gcra_debt_is_kept_in_units_across_interval_units,
     changing_the_algorithm_replaces_state,
     bad_runtime_values_are_errors_not_panics,
     decision_headers_for_a_rejection,
@@ -210,6 +214,103 @@ async fn removing_the_penalty_lifts_it(rg: Redguard) {
     assert!(d.allowed, "{d:?}");
 }
 
+/// The keys of stacked limits with different scopes or bodies have different hash tags, so on
+/// a Cluster they sit in different slots and cannot share one script. Penalties must still
+/// be what one script over every key decides (issue #12, item 6): on a Cluster a call
+/// rejected before anything was charged used to return before writing any penalty, and the
+/// third call below got a `retry_after` of 30 s there against 900 s on a single node.
+async fn stacked_penalty_is_written_when_its_limit_rejects(rg: Redguard) {
+    let block = Duration::from_secs(900);
+    let ip = limiter(&rg, "login:ip:1", Algorithm::Gcra, "2/min")
+        .scope("ip")
+        .block(block);
+    let user = limiter(&rg, "login:user:7", Algorithm::Gcra, "100/h").scope("user");
+    let both = ip.clone().and(user.clone());
+    for _ in 0..2 {
+        assert!(both.check().await.unwrap().iter().all(|d| d.allowed));
+    }
+    let ds = both.check().await.unwrap();
+    // Exact on every store: the penalty starts at this decision's own time.
+    assert!(!ds[0].allowed, "{ds:?}");
+    assert_eq!(ds[0].retry_after, block, "{ds:?}");
+    assert_eq!(ds[0].reset_after, block, "{ds:?}");
+    assert_eq!(ds[0].remaining, 0, "{ds:?}");
+    assert!(ds[1].allowed && ds[1].retry_after.is_zero(), "{ds:?}");
+    let err = both.enforce().await.unwrap_err();
+    let Error::RateLimited(d) = err else {
+        panic!("{err:?}")
+    };
+    assert!(
+        d.retry_after <= block && d.retry_after > block - Duration::from_secs(60),
+        "the penalty does not hold: {d:?}"
+    );
+    // The ip key stays blocked on its own, whatever the user limit says.
+    let d = ip.check().await.unwrap();
+    assert!(
+        !d.allowed && d.retry_after > block - Duration::from_secs(60),
+        "{d:?}"
+    );
+    // Only the two admitted calls were charged to the user limit.
+    let d = user.peek().await.unwrap();
+    assert!(d.allowed && d.remaining == 97, "{d:?}");
+}
+
+/// Every limit that rejects a call writes its own penalty, whichever slot it is in.
+async fn stacked_penalties_of_every_rejecting_limit(rg: Redguard) {
+    let ip = limiter(&rg, "signup:ip:1", Algorithm::Gcra, "1/min")
+        .scope("ip")
+        .block(Duration::from_secs(600));
+    let user = limiter(&rg, "signup:user:7", Algorithm::FixedWindow, "1/min")
+        .scope("user")
+        .block(Duration::from_secs(300));
+    let global = limiter(&rg, "signup", Algorithm::SlidingWindow, "100/min").scope("global");
+    let all = ip.clone().and(user.clone()).with(global.clone());
+    assert!(all.check().await.unwrap().iter().all(|d| d.allowed));
+    let ds = all.check().await.unwrap();
+    assert!(!ds[0].allowed && !ds[1].allowed && ds[2].allowed, "{ds:?}");
+    assert_eq!(ds[0].retry_after, Duration::from_secs(600), "{ds:?}");
+    assert_eq!(ds[1].retry_after, Duration::from_secs(300), "{ds:?}");
+    assert!(
+        ds[2].retry_after.is_zero() && ds[2].remaining == 98,
+        "{ds:?}"
+    );
+    let d = user.check().await.unwrap();
+    assert!(
+        !d.allowed && d.retry_after > Duration::from_secs(240),
+        "the user penalty was not written: {d:?}"
+    );
+    let d = ip.check().await.unwrap();
+    assert!(
+        !d.allowed && d.retry_after > Duration::from_secs(540),
+        "the ip penalty was not written: {d:?}"
+    );
+    // The global limit admitted both calls but was charged for the first only.
+    let d = global.peek().await.unwrap();
+    assert!(d.allowed && d.remaining == 98, "{d:?}");
+}
+
+/// A limit with a penalty that admits the call is not penalised because another limit (in
+/// another slot) rejects it.
+async fn stacked_penalty_is_not_written_when_another_limit_rejects(rg: Redguard) {
+    let ip = limiter(&rg, "pay:ip:1", Algorithm::Gcra, "10/min")
+        .scope("ip")
+        .block(Duration::from_secs(900));
+    let user = limiter(&rg, "pay:user:7", Algorithm::TokenBucket, "1/h").scope("user");
+    let both = ip.clone().and(user);
+    assert!(both.check().await.unwrap().iter().all(|d| d.allowed));
+    for _ in 0..3 {
+        let ds = both.check().await.unwrap();
+        assert!(ds[0].allowed && !ds[1].allowed, "{ds:?}");
+        assert!(
+            ds[1].retry_after <= Duration::from_secs(3600)
+                && ds[1].retry_after > Duration::from_secs(3500),
+            "{ds:?}"
+        );
+    }
+    let d = ip.check().await.unwrap();
+    assert!(d.allowed && d.remaining == 8, "{d:?}");
+}
+
 async fn lowering_the_limit_never_admits_beyond_it(rg: Redguard) {
     for algorithm in Algorithm::ALL {
         let scope = algorithm.as_str();
@@ -232,6 +333,45 @@ async fn lowering_the_limit_never_admits_beyond_it(rg: Redguard) {
         }
         assert_eq!(admitted, 2, "{algorithm}");
     }
+}
+
+/// GCRA counts in µs for intervals of whole µs and in ns below: a rate change between the
+/// two keeps the debt in units, both ways.
+async fn gcra_debt_is_kept_in_units_across_interval_units(rg: Redguard) {
+    // 600,000 units owed at 1667 ns each (1.0002 s) are 600 s at 1000/s.
+    let fast = limiter(&rg, "to-slow", Algorithm::Gcra, "600000/s");
+    assert!(fast.clone().cost(600_000).check().await.unwrap().allowed);
+    let slow = limiter(&rg, "to-slow", Algorithm::Gcra, "1000/s").burst(600_000);
+    let d = slow.peek().await.unwrap();
+    assert!(
+        d.reset_after > Duration::from_secs(500) && d.reset_after <= Duration::from_secs(600),
+        "{d:?}"
+    );
+    // And back: 1000 units owed at 1 ms each (1 s) are 1.667 ms at 600,000/s.
+    let slow = limiter(&rg, "to-fast", Algorithm::Gcra, "1000/s");
+    assert!(slow.clone().cost(1000).check().await.unwrap().allowed);
+    let fast = limiter(&rg, "to-fast", Algorithm::Gcra, "600000/s").burst(1000);
+    let d = fast.peek().await.unwrap();
+    assert!(
+        d.reset_after > Duration::from_millis(1) && d.reset_after <= Duration::from_micros(1667),
+        "{d:?}"
+    );
+    // A billion units owed at 1 ns each are 82,000 years at 1 per 30 days: the debt is
+    // capped at 2^52 µs (142 years), where every store still counts exactly.
+    let fastest = limiter(&rg, "to-slowest", Algorithm::Gcra, "1000000000/s");
+    assert!(
+        fastest
+            .clone()
+            .cost(1_000_000_000)
+            .check()
+            .await
+            .unwrap()
+            .allowed
+    );
+    let slowest = limiter(&rg, "to-slowest", Algorithm::Gcra, "1/30d");
+    let d = slowest.check().await.unwrap();
+    assert!(!d.allowed, "{d:?}");
+    assert_eq!(d.retry_after, Duration::from_micros(1 << 52), "{d:?}");
 }
 
 async fn changing_the_algorithm_replaces_state(rg: Redguard) {

@@ -185,7 +185,7 @@ async fn memory_usage_per_key() {
                 .unwrap();
             println!("  {algorithm:<16} after {n:>3} calls: {bytes:>5} bytes");
             if algorithm == Algorithm::SlidingWindow {
-                // One entry per admitted unit: grows with the count.
+                // One entry per admitted call: grows with the calls in a window.
                 assert!(bytes > n * 8, "{algorithm}: {bytes}");
             } else if algorithm == Algorithm::Gcra {
                 // One unboxed integer: as small as redis-cell's native key (88 B).
@@ -196,5 +196,23 @@ async fn memory_usage_per_key() {
             }
         }
     }
+    // GCRA with an interval below 1 ms that is not whole µs ("-<T ns><rrrrrr>"): still one
+    // unboxed integer.
+    let limiter = redguard::limiter("gcra-ns")
+        .on(&rg)
+        .rate(redguard::Rate::per_second(600_000));
+    for _ in 0..100 {
+        assert!(limiter.check().await.unwrap().allowed);
+    }
+    let key = "redguard:rate:{limiter:gcra-ns}";
+    let value: String = redis::cmd("GET").arg(key).query(&mut conn).unwrap();
+    let bytes: u64 = redis::cmd("MEMORY")
+        .arg("USAGE")
+        .arg(key)
+        .query(&mut conn)
+        .unwrap();
+    println!("  gcra at 600000/s ({value}): {bytes:>5} bytes");
+    assert!(value.starts_with("-1667"), "{value}");
+    assert!(bytes <= 90, "gcra (ns): {bytes} bytes");
     server.assert_every_key_has_ttl();
 }

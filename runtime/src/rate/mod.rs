@@ -20,7 +20,9 @@ use crate::store::{RateCheck, RateMode};
 
 pub use self::decision::Decision;
 pub(crate) use self::spec::micros;
-pub use self::spec::{Algorithm, Limit, MAX_RATE_COUNT, MAX_RATE_PERIOD, Rate};
+pub use self::spec::{
+    Algorithm, Limit, MAX_RATE_COUNT, MAX_RATE_PERIOD, MAX_SLIDING_WINDOW_COUNT, Rate,
+};
 
 /// Scope of keys built by [`limiter`] unless [`Limiter::scope`] says otherwise.
 const DEFAULT_SCOPE: &str = "limiter";

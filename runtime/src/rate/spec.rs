@@ -8,8 +8,17 @@ use std::time::Duration;
 use crate::error::{Error, Result};
 
 /// Largest count of a rate or a burst. Keeps every quantity a script computes (in
-/// microseconds) far below 2^53, where Lua's numbers stop being exact.
+/// microseconds, or nanoseconds for intervals below 1 ms) below 2^53, where Lua's numbers
+/// stop being exact.
 pub const MAX_RATE_COUNT: u64 = 1_000_000_000;
+/// Largest count of a [`SlidingWindow`](Algorithm::SlidingWindow) limit. Its log keeps one
+/// entry per admitted call, whatever the cost, so a key holds at most `count` entries. Each
+/// call does O(log n) work (a call drops at most 16 entries that left the window), but
+/// freeing a whole log (its expiry) cannot be spread: measured on Redis 7 (2-core VM), a
+/// full log of 10,000 is ≈ 1 MB and is freed in ≈ 1 ms; 100,000 would be ≈ 10 MB and
+/// ≈ 10 ms, a stall for everyone on that Redis. Larger counts fit
+/// [`SlidingCounter`](Algorithm::SlidingCounter) or [`Gcra`](Algorithm::Gcra), O(1) per key.
+pub const MAX_SLIDING_WINDOW_COUNT: u64 = 10_000;
 /// Longest period of a rate (and longest `block`): 30 days.
 pub const MAX_RATE_PERIOD: Duration = Duration::from_secs(30 * 86_400);
 
@@ -36,7 +45,11 @@ pub struct Rate {
 
 impl Rate {
     /// `count` per `period`; `count` in 1..=[`MAX_RATE_COUNT`], `period` from 1 ms to
-    /// [`MAX_RATE_PERIOD`].
+    /// [`MAX_RATE_PERIOD`], and an emission interval (`period / count`) within 0.1% of what
+    /// the stores count in: whole microseconds from 1 ms up, whole nanoseconds below. Every
+    /// rate up to 1,000,000 per second meets that; above, the interval must be close to a
+    /// whole number of nanoseconds (`"500000000/s"`, 2 ns, is accepted; `"3000000/s"`,
+    /// 333.3 ns, would run 0.2% slow and is refused).
     pub fn new(count: u64, period: Duration) -> Result<Rate> {
         if count == 0 {
             return Err(invalid(format!(
@@ -53,14 +66,30 @@ impl Rate {
                 "a rate period of {period:?} is outside 1ms..=30 days"
             )));
         }
-        Ok(Rate { count, period })
+        let rate = Rate { count, period };
+        let interval = rate.interval_ns();
+        let exact = period.as_nanos();
+        // How much longer the counted interval is than the exact one, over all `count` units.
+        let slower = u128::from(interval) * u128::from(count) - exact;
+        if slower * 1000 > exact {
+            let counted = u128::from(interval) * u128::from(count);
+            return Err(invalid(format!(
+                "a rate of {count} per {period:?} is one unit every {:.3} ns, which counted in \
+                 whole nanoseconds ({interval} ns) would admit {:.2}% fewer than asked (0.1% at \
+                 most); choose a rate whose interval is close to a whole number of nanoseconds \
+                 (e.g. 500000000/s, 2 ns), or at most 1000000/s",
+                exact as f64 / count as f64,
+                slower as f64 * 100.0 / counted as f64,
+            )));
+        }
+        Ok(rate)
     }
 
     /// `count` per second.
     ///
     /// # Panics
-    /// When `count` is 0 or above [`MAX_RATE_COUNT`]; use [`Rate::new`] for values from
-    /// configuration.
+    /// When [`Rate::new`] would refuse it (`count` 0 or above [`MAX_RATE_COUNT`], or too fine
+    /// to count within 0.1%); use [`Rate::new`] for values from configuration.
     pub fn per_second(count: u64) -> Rate {
         Self::known(count, Duration::from_secs(1))
     }
@@ -101,12 +130,20 @@ impl Rate {
         self.period
     }
 
-    /// The emission interval in whole microseconds, rounded up: the time one unit of cost
-    /// takes to replenish. Rounding up means a limiter is at most 1 µs per event stricter than
-    /// the exact rate, never looser.
-    pub(crate) fn interval_us(&self) -> u64 {
-        let period = micros(self.period);
-        period.div_ceil(self.count).max(1)
+    /// The emission interval, the time one unit of cost takes to come back, in ns: `period /
+    /// count` rounded up to a whole microsecond when it is at least 1 ms (the stores then
+    /// count in µs, as Redis's clock does), to a whole nanosecond below. Rounding up keeps a
+    /// limiter stricter than the exact rate, never looser: by less than 1 µs per unit from
+    /// 1 ms up (< 0.1%), by less than 1 ns below, which [`Rate::new`] bounds to 0.1%.
+    pub(crate) fn interval_ns(&self) -> u64 {
+        let (period, count) = (self.period.as_nanos(), u128::from(self.count));
+        let interval = if period >= 1_000_000 * count {
+            period.div_ceil(1000 * count) * 1000
+        } else {
+            period.div_ceil(count)
+        };
+        // At most MAX_RATE_PERIOD (2.6e15 ns) per unit.
+        u64::try_from(interval).unwrap_or(u64::MAX)
     }
 }
 
@@ -195,7 +232,7 @@ impl fmt::Display for Rate {
 /// | [`Gcra`](Algorithm::Gcra) (default) | one integer | any interval t: ≤ burst + rate·t |
 /// | [`TokenBucket`](Algorithm::TokenBucket) | tokens + timestamp | any interval t: ≤ burst + rate·t |
 /// | [`LeakyBucket`](Algorithm::LeakyBucket) | level + timestamp | any interval t: ≤ burst + rate·t |
-/// | [`SlidingWindow`](Algorithm::SlidingWindow) | one entry per admitted unit | any window-long interval: ≤ count |
+/// | [`SlidingWindow`](Algorithm::SlidingWindow) | one entry per admitted call (count ≤ [`MAX_SLIDING_WINDOW_COUNT`]) | any window-long interval: ≤ count |
 /// | [`SlidingCounter`](Algorithm::SlidingCounter) | two counters | ≤ count if the previous window's traffic was even; < 2·count in the worst case |
 /// | [`FixedWindow`](Algorithm::FixedWindow) | one counter | each window: ≤ count; across an edge up to 2·count |
 ///
@@ -216,7 +253,8 @@ pub enum Algorithm {
     Gcra,
     /// A counter per aligned window.
     FixedWindow,
-    /// A log of admission times (sorted set): exact, memory grows with the count.
+    /// A log of admitted calls and their costs (sorted set): exact, memory grows with the
+    /// calls in a window (count at most [`MAX_SLIDING_WINDOW_COUNT`]).
     SlidingWindow,
     /// The previous and current window's counters, weighted: approximate, O(1) memory.
     SlidingCounter,
@@ -292,7 +330,10 @@ pub struct Limit {
 impl Limit {
     /// Validates a limit. `burst` defaults to `rate.count()` and is refused for window
     /// algorithms; `cost` must not exceed the burst (such a call could never be admitted);
-    /// `block` (zero for none) is how long a key that exceeded its limit stays rejected.
+    /// `block` (zero for none, at most 30 days) is how long a key that exceeded its limit
+    /// stays rejected. A sliding window's count is at most [`MAX_SLIDING_WINDOW_COUNT`], and
+    /// the burst must refill within 2^50 µs (35 years: burst × the rate's interval), which
+    /// keeps every quantity the stores compute exact.
     ///
     /// ```
     /// use redguard::{Algorithm, Limit, Rate};
@@ -309,6 +350,14 @@ impl Limit {
         cost: u64,
         block: Duration,
     ) -> Result<Limit> {
+        if algorithm == Algorithm::SlidingWindow && rate.count > MAX_SLIDING_WINDOW_COUNT {
+            return Err(invalid(format!(
+                "`sliding_window` keeps one entry per call, up to the count: {} per {:?} is \
+                 above its maximum of {MAX_SLIDING_WINDOW_COUNT}; use `sliding_counter` or \
+                 `gcra` for larger counts",
+                rate.count, rate.period
+            )));
+        }
         let burst = match burst {
             Some(burst) if algorithm.is_window() && burst != rate.count => {
                 return Err(invalid(format!(
@@ -344,8 +393,10 @@ impl Limit {
                  admitted; raise the burst or lower the cost"
             )));
         }
-        // Keeps every microsecond quantity in the scripts exact in Lua's doubles.
-        if u128::from(burst) * u128::from(rate.interval_us()) > 1 << 50 {
+        // Keeps every quantity in the scripts exact in Lua's doubles: a debt of at most the
+        // burst and the cost, counted in µs (in ns for intervals below 1 ms, which keeps it
+        // below 1e15 ns whatever the burst), stays below 2^51.
+        if u128::from(burst) * u128::from(rate.interval_ns()) > 1000 << 50 {
             return Err(invalid(format!(
                 "burst {burst} at {rate} spans more than 35 years; lower the burst or the period"
             )));
@@ -394,7 +445,7 @@ impl Limit {
         if self.algorithm.is_window() {
             self.rate.period
         } else {
-            Duration::from_micros(self.burst.saturating_mul(self.rate.interval_us()))
+            Duration::from_nanos(self.burst.saturating_mul(self.rate.interval_ns()))
         }
     }
 }
@@ -446,9 +497,44 @@ mod tests {
 
     #[test]
     fn interval_rounds_up() {
-        assert_eq!(Rate::per_second(3).interval_us(), 333_334);
-        assert_eq!(Rate::per_second(1_000_000).interval_us(), 1);
-        assert_eq!(Rate::per_second(1_000_000_000).interval_us(), 1);
+        // From 1 ms up: whole µs.
+        assert_eq!(Rate::per_second(3).interval_ns(), 333_334_000);
+        assert_eq!(Rate::per_second(999).interval_ns(), 1_002_000);
+        assert_eq!(Rate::per_second(1000).interval_ns(), 1_000_000);
+        // Below: whole ns (600,000/s was 2 µs, i.e. 500,000/s).
+        assert_eq!(Rate::per_second(600_000).interval_ns(), 1667);
+        assert_eq!(Rate::per_second(1_000_000).interval_ns(), 1000);
+        assert_eq!(Rate::per_second(1_000_001).interval_ns(), 1000);
+        assert_eq!(Rate::per_second(500_000_000).interval_ns(), 2);
+        assert_eq!(Rate::per_second(1_000_000_000).interval_ns(), 1);
+        let slow = Rate::new(1, MAX_RATE_PERIOD).unwrap();
+        assert_eq!(slow.interval_ns(), 2_592_000_000_000_000);
+    }
+
+    #[test]
+    fn rates_off_by_more_than_a_thousandth_are_refused() {
+        for (count, period) in [
+            (3_000_000, Duration::from_secs(1)),
+            (333_333_333, Duration::from_secs(1)),
+            (700_000_000, Duration::from_secs(1)),
+            (1_000_000_000, Duration::from_millis(1)),
+            (3_000, Duration::from_millis(1)),
+        ] {
+            let err = Rate::new(count, period).unwrap_err();
+            assert!(
+                matches!(&err, Error::InvalidLimit(m) if m.contains("fewer than asked")),
+                "{count}/{period:?}: {err}"
+            );
+        }
+        // Every count up to 1,000,000/s, and a sample of periods, is accepted.
+        for count in (1..=1_000_000).step_by(997) {
+            for ms in [1, 7, 1000, 86_400_000] {
+                let period = Duration::from_millis(ms);
+                if count <= 1000 * ms {
+                    Rate::new(count, period).unwrap();
+                }
+            }
+        }
     }
 
     #[test]

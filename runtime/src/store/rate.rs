@@ -15,10 +15,10 @@ use crate::rate::{Decision, Limit};
 /// [`RateMode::Consume`]) are they all charged. A limit that rejects charges nothing anywhere,
 /// so a per-user limit turning a call away does not use up the global one, and vice versa.
 ///
-/// On Redis this is one script over every key. Today's Redis store is single-node, where any
-/// keys may share a script; Redis Cluster support (issue 8) will have to group limits by hash
-/// slot (each limit key carries its own `{scope:body}` tag) and fall back to a documented
-/// two-phase rule across slots.
+/// On Redis this is one script over every key. On a Cluster, each limit key carries its own
+/// `{scope:body}` hash tag, so limits in different slots are decided in two phases (see the
+/// Redis store): the decisions, penalties included, are those of one script, except when
+/// another caller races between the phases.
 #[async_trait]
 pub trait RateOps {
     /// Decides `checks` together at the store's current time.

@@ -8,23 +8,27 @@ use async_trait::async_trait;
 
 use super::MemoryStore;
 use crate::error::Result;
-use crate::rate::{Algorithm, Decision, micros};
+use crate::rate::{Algorithm, Decision, Limit, micros};
 use crate::store::{RateCheck, RateMode, RateOps, RateOutcome};
 
 /// A limit's state. Numbers are `f64` microseconds/units, as in the Lua script, so both
-/// stores round identically.
+/// stores round identically; GCRA's are exact integers in ns (the script counts in µs or ns
+/// relative to now, exactly).
 #[derive(Debug, Clone)]
 pub(super) enum RateState {
     Gcra {
-        tat: f64,
-        interval: f64,
+        /// Theoretical arrival time, ns since the epoch.
+        tat: u128,
+        /// The emission interval it was computed with, ns.
+        interval: u64,
     },
     FixedWindow {
         win: f64,
         used: f64,
     },
+    /// One entry per admitted call, oldest first.
     SlidingWindow {
-        log: VecDeque<f64>,
+        log: VecDeque<LogEntry>,
     },
     SlidingCounter {
         win: f64,
@@ -39,9 +43,134 @@ pub(super) enum RateState {
     },
 }
 
+/// An admitted call in a sliding log, as the script's "<cum>:<cost>" member at score `at`.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct LogEntry {
+    /// The call's time (µs), later than every earlier entry's.
+    at: u64,
+    /// Units admitted up to and including this call since the log was last empty.
+    cum: u64,
+    cost: u64,
+}
+
+/// What an admitted call writes.
+enum Commit {
+    /// The key's new state.
+    Put(RateState),
+    /// An entry for the key's sliding log, which drops its entries at or before `lo` (µs).
+    Append { lo: u64, entry: LogEntry },
+}
+
+/// The sliding log's decision, as the script makes it.
+struct Sliding {
+    remaining: u64,
+    reset_us: u64,
+    retry_us: u64,
+    commit: Option<Commit>,
+}
+
+/// The sliding log's decision at `now` (µs) for `limit`, from the key's `log` if it has one.
+fn sliding(log: Option<&VecDeque<LogEntry>>, limit: &Limit, now: u64) -> Sliding {
+    let (count, cost) = (limit.burst, limit.cost);
+    let period = micros(limit.rate.period());
+    let lo = now.saturating_sub(period);
+    let empty = VecDeque::new();
+    let log = log.unwrap_or(&empty);
+    let start = log.partition_point(|e| e.at <= lo);
+    let last = log.back().map(|e| e.at);
+    // Units in the window and the newest entry's cum; a log with nothing in the window
+    // starts its cum afresh.
+    let (used, top) = match (log.get(start), log.back()) {
+        (Some(first), Some(newest)) => (newest.cum - first.cum + first.cost, newest.cum),
+        _ => (0, 0),
+    };
+    if used + cost <= count {
+        let at = last.map_or(now, |last| now.max(last + 1));
+        let entry = LogEntry {
+            at,
+            cum: top + cost,
+            cost,
+        };
+        return Sliding {
+            remaining: count - used - cost,
+            reset_us: at + period - now,
+            retry_us: 0,
+            commit: Some(Commit::Append { lo, entry }),
+        };
+    }
+    // The call fits once the entry holding unit `top - (count - cost)` has left.
+    let target = top - (count - cost);
+    // Cums increase along the log (a log restarts them only when all of it is stale).
+    let leaving = log.get(log.partition_point(|e| e.cum < target));
+    Sliding {
+        remaining: count.saturating_sub(used),
+        reset_us: last.map_or(0, |last| last + period - now),
+        retry_us: leaving.map_or(0, |e| e.at + period - now),
+        commit: None,
+    }
+}
+
 fn ceil_ms_us(us: f64) -> f64 {
     // The Redis store's TTLs are whole milliseconds, rounded up; mirror that.
     ((us / 1000.0).ceil().max(1.0)) * 1000.0
+}
+
+/// GCRA's decision, in ns.
+struct Gcra {
+    remaining: u128,
+    reset_ns: u128,
+    retry_ns: u128,
+    /// When admitted: the new state and the time until its debt is paid.
+    commit: Option<(RateState, u128)>,
+}
+
+/// GCRA in exact integers: the script's arithmetic, counted in ns throughout. An interval of
+/// whole µs keeps every value whole µs, as the script's µs counting does; a changed
+/// interval rescales the debt in units, rounded up to the script's unit.
+fn gcra(state: Option<&RateState>, limit: &Limit, now_us: u64) -> Gcra {
+    let interval = limit.rate.interval_ns();
+    let t = u128::from(interval);
+    let unit = if interval.is_multiple_of(1000) {
+        1000
+    } else {
+        1
+    };
+    let now = u128::from(now_us) * 1000;
+    let debt = match state {
+        Some(RateState::Gcra { tat, interval: old }) if *tat > now && *old > 0 => {
+            let d = tat - now;
+            if *old == interval {
+                d
+            } else {
+                // Capped at 2^52 units of time, as the script does.
+                ((d * t).div_ceil(u128::from(*old) * unit) * unit).min(unit << 52)
+            }
+        }
+        _ => 0,
+    };
+    let tau = u128::from(limit.burst) * t;
+    let new = debt + u128::from(limit.cost) * t;
+    if new <= tau {
+        Gcra {
+            remaining: (tau - new) / t,
+            reset_ns: new,
+            retry_ns: 0,
+            commit: Some((
+                RateState::Gcra {
+                    tat: now + new,
+                    interval,
+                },
+                new,
+            )),
+        }
+    } else {
+        Gcra {
+            remaining: tau.saturating_sub(debt) / t,
+            reset_ns: debt,
+            retry_ns: new - tau,
+            commit: None,
+        }
+    }
 }
 
 #[async_trait]
@@ -52,15 +181,15 @@ impl RateOps for MemoryStore {
         let now = micros(now_d) as f64;
         let peek = mode == RateMode::Peek;
         let mut decisions = Vec::with_capacity(checks.len());
-        let mut commits: Vec<Option<(RateState, f64)>> = Vec::with_capacity(checks.len());
+        let mut commits: Vec<Option<(Commit, f64)>> = Vec::with_capacity(checks.len());
         for check in checks {
             let limit = check.limit;
-            let count = limit.rate.count() as f64;
             let period = micros(limit.rate.period()) as f64;
             let burst = limit.burst as f64;
             let cost = limit.cost as f64;
             let block = micros(limit.block) as f64;
-            let t = (period / count).ceil().max(1.0);
+            // The emission interval in µs (a fraction below 1 ms), as the script has it.
+            let t = limit.rate.interval_ns() as f64 / 1000.0;
             let (mut allowed, mut remaining, mut reset, mut retry) = (false, 0.0, 0.0, 0.0);
             let mut commit = None;
             // As in the script: a limit without a penalty ignores one a former
@@ -77,36 +206,14 @@ impl RateOps for MemoryStore {
             } else {
                 match limit.algorithm {
                     Algorithm::Gcra => {
-                        // Debt is rescaled in units when the rate changed, as in the script.
-                        let tat = match state {
-                            Some(RateState::Gcra { tat, interval }) if *tat > now => {
-                                if *interval == t {
-                                    *tat
-                                } else {
-                                    now + ((tat - now) * t / interval).ceil()
-                                }
-                            }
-                            _ => now,
-                        };
-                        let tau = burst * t;
-                        let new = tat + cost * t;
-                        let allow_at = new - tau;
-                        if now >= allow_at {
-                            allowed = true;
-                            remaining = ((tau - (new - now)) / t).floor();
-                            reset = new - now;
-                            commit = Some((
-                                RateState::Gcra {
-                                    tat: new,
-                                    interval: t,
-                                },
-                                new - now,
-                            ));
-                        } else {
-                            remaining = ((tau - (tat - now)) / t).floor();
-                            reset = tat - now;
-                            retry = allow_at - now;
-                        }
+                        let gcra = gcra(state, limit, micros(now_d));
+                        allowed = gcra.commit.is_some();
+                        remaining = gcra.remaining as f64;
+                        reset = gcra.reset_ns.div_ceil(1000) as f64;
+                        retry = gcra.retry_ns.div_ceil(1000) as f64;
+                        commit = gcra
+                            .commit
+                            .map(|(state, ttl_ns)| (Commit::Put(state), ttl_ns as f64 / 1000.0));
                     }
                     Algorithm::FixedWindow => {
                         let win = (now / period).floor();
@@ -120,36 +227,24 @@ impl RateOps for MemoryStore {
                             allowed = true;
                             remaining = burst - used - cost;
                             let used = used + cost;
-                            commit = Some((RateState::FixedWindow { win, used }, end - now));
+                            let state = RateState::FixedWindow { win, used };
+                            commit = Some((Commit::Put(state), end - now));
                         } else {
                             remaining = (burst - used).max(0.0);
                             retry = end - now;
                         }
                     }
                     Algorithm::SlidingWindow => {
-                        let lo = now - period;
-                        let mut log: VecDeque<f64> = match state {
-                            Some(RateState::SlidingWindow { log }) => {
-                                log.iter().copied().filter(|&at| at > lo).collect()
-                            }
-                            _ => VecDeque::new(),
+                        let log = match state {
+                            Some(RateState::SlidingWindow { log }) => Some(log),
+                            _ => None,
                         };
-                        let used = log.len() as f64;
-                        if used + cost <= burst {
-                            allowed = true;
-                            remaining = burst - used - cost;
-                            reset = period;
-                            for _ in 0..limit.cost {
-                                log.push_back(now);
-                            }
-                            commit = Some((RateState::SlidingWindow { log }, period));
-                        } else {
-                            remaining = (burst - used).max(0.0);
-                            // `used + cost - burst` is in 1..=used because cost <= burst.
-                            let k = (used + cost - burst) as usize;
-                            retry = log.get(k - 1).map_or(period, |at| at + period - now);
-                            reset = log.back().map_or(0.0, |at| at + period - now);
-                        }
+                        let sliding = sliding(log, limit, micros(now_d));
+                        allowed = sliding.commit.is_some();
+                        remaining = sliding.remaining as f64;
+                        reset = sliding.reset_us as f64;
+                        retry = sliding.retry_us as f64;
+                        commit = sliding.commit.map(|commit| (commit, reset));
                     }
                     Algorithm::SlidingCounter => {
                         let win = (now / period).floor();
@@ -180,7 +275,7 @@ impl RateOps for MemoryStore {
                                 cur: cur + cost,
                                 prev,
                             };
-                            commit = Some((state, (win + 2.0) * period - now));
+                            commit = Some((Commit::Put(state), (win + 2.0) * period - now));
                         } else {
                             remaining = (burst - est).floor().max(0.0);
                             let room = burst - cost - cur;
@@ -216,7 +311,7 @@ impl RateOps for MemoryStore {
                                 level: after,
                                 at: now,
                             };
-                            commit = Some((state, after * t));
+                            commit = Some((Commit::Put(state), after * t));
                         } else {
                             remaining = (burst - level).floor().max(0.0);
                             reset = (level * t).ceil();
@@ -246,9 +341,24 @@ impl RateOps for MemoryStore {
         }
         if !peek && decisions.iter().all(|d| d.allowed) {
             for (check, commit) in checks.iter().zip(commits) {
-                if let Some((state, ttl)) = commit {
-                    let expires = Duration::from_micros((now + ceil_ms_us(ttl)) as u64);
-                    states.put(check.key, state, expires);
+                let Some((commit, ttl)) = commit else {
+                    continue;
+                };
+                let expires = Duration::from_micros((now + ceil_ms_us(ttl)) as u64);
+                match commit {
+                    Commit::Put(state) => states.put(check.key, state, expires),
+                    Commit::Append { lo, entry } => {
+                        // In place: a log of thousands of entries is not copied per call.
+                        if let Some(RateState::SlidingWindow { log }) = states.get_mut(check.key) {
+                            let stale = log.partition_point(|e| e.at <= lo);
+                            log.drain(..stale);
+                            log.push_back(entry);
+                            states.set_expiry(check.key, expires);
+                        } else {
+                            let log = VecDeque::from([entry]);
+                            states.put(check.key, RateState::SlidingWindow { log }, expires);
+                        }
+                    }
                 }
             }
         }

@@ -9,7 +9,7 @@ use redis::Script;
 use super::{RedisStore, evalsha};
 use crate::error::{Error, Result};
 use crate::key::Key;
-use crate::rate::{Algorithm, Decision, micros};
+use crate::rate::{Decision, micros};
 use crate::store::{RateCheck, RateMode, RateOps, RateOutcome, Store as _};
 
 static CHECK: Lazy<Script> = Lazy::new(|| Script::new(include_str!("scripts/rate_check.lua")));
@@ -33,7 +33,8 @@ fn hash_tag(key: &Key) -> &str {
 #[async_trait]
 impl RateOps for RedisStore {
     /// On a Cluster, limits in different slots cannot share a script. They are then decided
-    /// in two phases: peek at every slot's limits (nothing charged); if all admit, charge
+    /// in two phases: judge every slot's limits (nothing charged, but a limit that rejects
+    /// writes its penalty, exactly as one script over every key would); if all admit, charge
     /// slot by slot. A call rejected in phase one charges nothing anywhere. A limit that
     /// fills up between the two phases (a race with another caller) rejects the call in
     /// phase two, after the slots before it were charged: the only case in which a rejected
@@ -41,14 +42,14 @@ impl RateOps for RedisStore {
     async fn rate_check(&self, checks: &[RateCheck<'_>], mode: RateMode) -> Result<RateOutcome> {
         // On a single node, skip the slot grouping altogether (the common, hot case).
         if !self.is_cluster() {
-            return self.rate_check_slot(checks, mode).await;
+            return self.rate_check_slot(checks, Phase::from(mode)).await;
         }
         let first_tag = checks.first().map(|check| hash_tag(check.key));
         let one_slot = checks
             .iter()
             .all(|check| Some(hash_tag(check.key)) == first_tag);
         if one_slot {
-            return self.rate_check_slot(checks, mode).await;
+            return self.rate_check_slot(checks, Phase::from(mode)).await;
         }
         let mut groups: Vec<Vec<RateCheck<'_>>> = Vec::new();
         for check in checks {
@@ -60,9 +61,9 @@ impl RateOps for RedisStore {
                 None => groups.push(vec![*check]),
             }
         }
-        let phases: &[RateMode] = match mode {
-            RateMode::Peek => &[RateMode::Peek],
-            RateMode::Consume => &[RateMode::Peek, RateMode::Consume],
+        let phases: &[Phase] = match mode {
+            RateMode::Peek => &[Phase::Peek],
+            RateMode::Consume => &[Phase::Judge, Phase::Consume],
         };
         let mut outcome = RateOutcome {
             now: std::time::Duration::ZERO,
@@ -75,7 +76,7 @@ impl RateOps for RedisStore {
                 outcome.now = outcome.now.max(part.now);
                 let rejected = !part.allowed();
                 decided.extend(group.iter().map(|c| c.key.clone()).zip(part.decisions));
-                if rejected && *phase == RateMode::Consume {
+                if rejected && *phase == Phase::Consume {
                     break;
                 }
             }
@@ -105,14 +106,31 @@ impl RateOps for RedisStore {
     }
 }
 
+/// What one script run may write: the script's first argument.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Charge every limit when all admit; write the penalties of limits that reject.
+    Consume,
+    /// Write nothing.
+    Peek,
+    /// Charge nothing, but write the penalties of limits that reject: phase one of a call
+    /// over several slots, so that a rejection there penalises as one script would.
+    Judge,
+}
+
+impl From<RateMode> for Phase {
+    fn from(mode: RateMode) -> Phase {
+        match mode {
+            RateMode::Consume => Phase::Consume,
+            RateMode::Peek => Phase::Peek,
+        }
+    }
+}
+
 impl RedisStore {
     /// All of `checks` in one script: their keys must share a slot (or the store is a single
     /// node).
-    async fn rate_check_slot(
-        &self,
-        checks: &[RateCheck<'_>],
-        mode: RateMode,
-    ) -> Result<RateOutcome> {
+    async fn rate_check_slot(&self, checks: &[RateCheck<'_>], phase: Phase) -> Result<RateOutcome> {
         let Some(first) = checks.first() else {
             return Ok(RateOutcome {
                 now: self.time().await?,
@@ -120,26 +138,20 @@ impl RedisStore {
             });
         };
         // Every key first, then the arguments: EVALSHA's order. Each limit passes six.
-        let mut cmd = evalsha(&CHECK, checks.len() * 2, 2 + checks.len() * 6);
+        let mut cmd = evalsha(&CHECK, checks.len() * 2, 1 + checks.len() * 6);
         for check in checks {
             cmd.arg(check.key.as_str())
                 .arg(format!("{}{BLOCK_SUFFIX}", check.key));
         }
-        cmd.arg(if mode == RateMode::Peek { "1" } else { "0" });
-        // Only the sliding log needs a nonce (its entries' names): skip the random for others.
-        if checks
-            .iter()
-            .any(|check| check.limit.algorithm == Algorithm::SlidingWindow)
-        {
-            let nonce = uuid::Uuid::new_v4().simple().to_string();
-            cmd.arg(nonce.get(..12).unwrap_or("0"));
-        } else {
-            cmd.arg("0");
-        }
+        cmd.arg(match phase {
+            Phase::Consume => "0",
+            Phase::Peek => "1",
+            Phase::Judge => "2",
+        });
         for check in checks {
             let limit = check.limit;
             cmd.arg(limit.algorithm.as_str())
-                .arg(limit.rate.count())
+                .arg(limit.rate.interval_ns())
                 .arg(micros(limit.rate.period()))
                 .arg(limit.burst)
                 .arg(limit.cost)

@@ -1,16 +1,24 @@
 -- Check several rate limits all-or-nothing at Redis's time.
 -- KEYS: per limit i, KEYS[2i-1] its state key and KEYS[2i] its block (penalty) key.
--- ARGV[1] '1' to peek (write nothing), ARGV[2] a per-call nonce (sliding-log members);
--- then per limit 6 values: algorithm, count, period_us, burst, cost, block_us.
+-- ARGV[1] '0' to charge every limit when all admit, '1' to peek (write nothing), '2' to
+-- judge (charge nothing, but write the penalties of limits that reject: phase one of a call
+-- whose limits are in several Cluster slots); then per limit 6 values: algorithm,
+-- interval_ns (the emission interval), period_us, burst, cost, block_us.
 -- Returns { now_us, then per limit: allowed (0/1), remaining, reset_us, retry_us }.
 --
--- Numbers: every quantity is an integer number of microseconds or units below 2^53, so
--- Lua's doubles hold it exactly; numbers are formatted with %.0f / %.17g before reaching
--- Redis, because Redis would print them with 14 significant digits.
+-- Numbers: every quantity is an integer number of microseconds (nanoseconds for GCRA
+-- intervals below 1 ms, counted relative to now) or units below 2^53, so Lua's doubles hold
+-- it exactly; numbers are formatted with %.0f / %.17g before reaching Redis, because Redis
+-- would print them with 14 significant digits. math.ceil(x / d) is exact for the x below
+-- 2^51 it is used on (d = 1000 or 1e6): a quotient's fraction, at least 1/d, is then larger
+-- than half the spacing of doubles near it.
+--
+-- Helpers a GCRA check does not need are built only when a limit does: every function
+-- defined at the top level is a closure created on every run of the script.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local peek = ARGV[1] == '1'
-local nonce = ARGV[2]
+local charge = ARGV[1] == '0'
 local n = #KEYS / 2
 
 local function int(x) return string.format('%.0f', x) end
@@ -28,6 +36,9 @@ end
 local function corrupt(key, detail)
   return redis.error_reply('CORRUPT ' .. key .. ' ' .. detail)
 end
+-- Another algorithm's state is replaced after an UNLINK: it may be a large sorted set (a
+-- sliding log of the earlier format held a member per unit), which UNLINK frees off the
+-- main thread.
 
 -- Checks of what sits at a key when it is not the reading algorithm's own state, built the
 -- first time a limit needs them (hash algorithms, foreign data): a GCRA check never does.
@@ -52,11 +63,13 @@ local function validators()
   end
   -- `key` holds a `ty` that is not the state of the algorithm reading it: nil when it is
   -- another algorithm's state (a configuration change: replaced on commit), else the
-  -- refusal. gcra's state is "<T><rrr>" (all digits, an integer), or "<tat>:<T>" before 0.1.
+  -- refusal. gcra's state is "<T><rrr>" or "-<T><rrrrrr>" (an integer), or "<tat>:<T>"
+  -- before 0.1.
   function checks.foreign(key, ty)
     if ty == 'string' then
       local v = redis.call('GET', key)
-      if not (string.match(v, '^%d%d%d%d+$') or string.match(v, '^%d+:%d+$')) then
+      if not (string.match(v, '^%d%d%d%d+$') or string.match(v, '^%-%d%d%d%d%d%d%d+$')
+          or string.match(v, '^%d+:%d+$')) then
         return corrupt(key, 'a string that is not a gcra state')
       end
     elseif ty == 'hash' then
@@ -88,15 +101,16 @@ local all = true
 
 for i = 1, n do
   local key, bkey = KEYS[2 * i - 1], KEYS[2 * i]
-  local b = 2 + (i - 1) * 6
+  local b = 1 + (i - 1) * 6
   local algo = ARGV[b + 1]
-  local count = tonumber(ARGV[b + 2])
+  local interval = tonumber(ARGV[b + 2])
   local period = tonumber(ARGV[b + 3])
   local burst = tonumber(ARGV[b + 4])
   local cost = tonumber(ARGV[b + 5])
   local block = tonumber(ARGV[b + 6])
-  local T = math.ceil(period / count)
-  if T < 1 then T = 1 end
+  -- The interval in µs; a fraction when it is below 1 ms and not whole µs (then GCRA
+  -- counts in ns).
+  local T = interval / 1000
 
   local allowed, remaining, reset, retry = 0, 0, 0, 0
   local commit = nil
@@ -118,53 +132,90 @@ for i = 1, n do
     retry = until_us - now
     reset = retry
   elseif algo == 'gcra' then
-    -- State: one integer "<T><rrr>", so Redis keeps it unboxed (no string buffer): T is the
-    -- emission interval it was computed with and the TAT is the key's expiry (PXAT, ms)
-    -- * 1000 - rrr. A GET that fails is another algorithm's hash or set (a configuration
-    -- change: replaced on commit, as SET overwrites any type). When the rate changed, the
-    -- debt is rescaled in units (not in time), so a lowered rate never admits beyond the new
-    -- limit. "<tat>:<T>" is the format before 0.1's compaction, still read. Any other type
-    -- at the key is another algorithm's state (replaced on commit: SET overwrites any type)
-    -- or garbage.
+    -- State: one integer, so Redis keeps it unboxed (no string buffer), holding the interval
+    -- it was computed with; the TAT (theoretical arrival time) is the key's expiry (PXAT, ms)
+    -- less a sub-ms rest kept in the integer:
+    --   "<T><rrr>": T in µs, rest rrr µs (intervals of whole µs: every rate up to 1e6/s
+    --   whose interval divides evenly, and every interval from 1 ms up);
+    --   "-<T><rrrrrr>": T in ns, rest rrrrrr ns (other intervals below 1 ms).
+    -- Everything is counted in that unit, relative to now: the debt TAT - now stays below
+    -- 2^51 whatever the clock reads. A GET that fails is another algorithm's hash or set (a
+    -- configuration change: replaced on commit, as SET overwrites any type). When the
+    -- interval changed, the debt is rescaled in units (not in time), so a lowered rate never
+    -- admits beyond the new limit. "<tat>:<T>" (µs) is the format before 0.1's compaction,
+    -- still read.
+    local fine = interval % 1000 ~= 0
+    local unit_t = fine and interval or T
     local v = redis.pcall('GET', key)
-    local tat = now
+    local debt = 0
+    local replace = false
     if type(v) == 'table' then
       local bad = validators().foreign(key, redis.call('TYPE', key).ok)
       if bad then return bad end
+      replace = true
     elseif v then
-      local a, old_t
-      local t_digits, r = string.match(v, '^(%d+)(%d%d%d)$')
-      if t_digits then
-        old_t = tonumber(t_digits)
-        a = redis.call('PEXPIRETIME', key) * 1000 - tonumber(r)
+      local d, old_t, old_fine
+      local n = string.match(v, '^%-(%d%d%d%d%d%d%d+)$')
+      if n then
+        n = tonumber(n)
+        old_t, old_fine = math.floor(n / 1000000), true
+        d = (redis.call('PEXPIRETIME', key) * 1000 - now) * 1000 - n % 1000000
       else
-        a, old_t = string.match(v, '^(%d+):(%d+)$')
-        if not a then return corrupt(key, 'a string that is not a gcra state') end
-        a, old_t = tonumber(a), tonumber(old_t)
-      end
-      if a and old_t and old_t > 0 and a > now then
-        if old_t == T then
-          tat = a
+        local t_digits, r = string.match(v, '^(%d+)(%d%d%d)$')
+        if t_digits then
+          old_t = tonumber(t_digits)
+          d = redis.call('PEXPIRETIME', key) * 1000 - tonumber(r) - now
         else
-          tat = now + math.ceil((a - now) * T / old_t)
+          local a
+          a, old_t = string.match(v, '^(%d+):(%d+)$')
+          if not a then return corrupt(key, 'a string that is not a gcra state') end
+          old_t, d = tonumber(old_t), tonumber(a) - now
+        end
+        old_fine = false
+      end
+      if old_t > 0 and d > 0 then
+        if old_fine == fine and old_t == unit_t then
+          debt = d
+        else
+          -- Rescaled (a billion units owed at 1 ns are 82,000 years at 1 per 30 days), then
+          -- capped at 2^52: more than any burst spans, so no decision changes, and every
+          -- number stays exact.
+          debt = math.min(math.ceil(d / old_t * unit_t), 4503599627370496)
         end
       end
     end
-    local tau = burst * T
-    local new = tat + cost * T
-    local allow_at = new - tau
-    if now >= allow_at then
+    local tau = burst * unit_t
+    local new = debt + cost * unit_t
+    if new <= tau then
       allowed = 1
-      remaining = math.floor((tau - (new - now)) / T)
-      reset = new - now
-      commit = function()
-        local at = math.ceil(new / 1000)
-        redis.call('SET', key, int(T) .. string.format('%03d', at * 1000 - new), 'PXAT', int(at))
+      remaining = math.floor((tau - new) / unit_t)
+      reset = new
+      local ms_now = math.floor(now / 1000)
+      if fine then
+        commit = function()
+          if replace then redis.call('UNLINK', key) end
+          -- x: the new TAT past the start of this millisecond, in ns.
+          local x = (now - ms_now * 1000) * 1000 + new
+          local up = math.ceil(x / 1000000)
+          redis.call('SET', key, int(-(interval * 1000000 + up * 1000000 - x)),
+            'PXAT', int(ms_now + up))
+        end
+      else
+        commit = function()
+          if replace then redis.call('UNLINK', key) end
+          local x = now - ms_now * 1000 + new
+          local up = math.ceil(x / 1000)
+          redis.call('SET', key, int(T) .. string.format('%03d', up * 1000 - x),
+            'PXAT', int(ms_now + up))
+        end
       end
     else
-      remaining = math.floor((tau - (tat - now)) / T)
-      reset = tat - now
-      retry = allow_at - now
+      remaining = math.floor((tau - debt) / unit_t)
+      reset = debt
+      retry = new - tau
+    end
+    if fine then
+      reset, retry = math.ceil(reset / 1000), math.ceil(retry / 1000)
     end
   elseif algo == 'fixed_window' then
     local s, replace, bad = validators().hash_state(key, 'fw')
@@ -178,7 +229,7 @@ for i = 1, n do
       remaining = burst - used - cost
       reset = win_end - now
       commit = function()
-        if replace then redis.call('DEL', key) end
+        if replace then redis.call('UNLINK', key) end
         redis.call('HSET', key, 'a', 'fw', 'w', int(win), 'n', int(used + cost))
         redis.call('PEXPIRE', key, ms(win_end - now))
       end
@@ -188,35 +239,115 @@ for i = 1, n do
       retry = win_end - now
     end
   elseif algo == 'sliding_window' then
-    local ty = redis.call('TYPE', key).ok
-    local replace = ty ~= 'zset' and ty ~= 'none'
-    if replace then
-      local bad = validators().foreign(key, ty)
-      if bad then return bad end
+    -- State: a sorted set with one entry per admitted call, whatever its cost: score = the
+    -- call's time (µs; max(now, newest + 1), so scores increase with every call and ranks
+    -- follow calls even if the clock steps back), member = "<cum>:<cost>", cum = the units
+    -- admitted up to this call since the log was last empty. Units in the window =
+    -- cum(newest) - cum(oldest in the window) + cost(oldest in the window): a few O(log n)
+    -- reads, whatever the cost; the log holds at most `count` entries (the maximum count
+    -- bounds the key's size, and the work of its expiry). A log written before this
+    -- format (one member per unit, named by a nonce) is read conservatively: its units in
+    -- the window are counted and taken as one entry at its newest member's time, which
+    -- replaces it on the next admission; such a key may reject for up to one period longer
+    -- than it would have, never admit more.
+
+    -- At most this many entries that left a sliding log's window are removed per call (each costs
+    -- Redis 0.1 to 1 µs, measured on a log of 10,000); any number above 1 keeps up, since a call
+    -- adds one entry.
+    local LOG_TRIM = 16
+
+    -- A sliding-log member "<cum>:<cost>" as two numbers, or nil for any other member.
+    local function log_entry(member)
+      if not member then return nil end
+      local c, k = string.match(member, '^(%d+):(%d+)$')
+      if not c then return nil end
+      return tonumber(c), tonumber(k)
     end
-    local lo = '(' .. int(now - period)
-    local used = 0
-    if ty == 'zset' then used = redis.call('ZCOUNT', key, lo, '+inf') end
+
+    -- The time of the first entry in the window of the sliding log at `key` whose cum reaches
+    -- `target`, or nil when an entry of another format is in the way. `first` = { cum, cost, time }
+    -- of the window's oldest entry, `top` the newest entry's cum. The window's n entries are the
+    -- last n ranks; a guess assuming equal costs (exact when they are) comes first, then bisection:
+    -- O(log n) reads of O(log n) each.
+    local function log_find(key, lo, first, top, target)
+      if first[1] >= target then return first[3] end
+      local n = redis.call('ZCOUNT', key, '(' .. int(lo), '+inf')
+      local base = first[1] - first[2]
+      -- Positions 0 (the oldest, already ruled out) .. n - 1 (the newest, whose cum is top).
+      local a, b = 1, n - 1
+      local p = math.ceil((target - base) * n / (top - base)) - 1
+      while a <= b do
+        if p < a or p > b then p = math.floor((a + b) / 2) end
+        local e = redis.call('ZRANGE', key, p - n, p - n, 'WITHSCORES')
+        local c, k = log_entry(e[1])
+        if not c then return nil end
+        if c < target then
+          a = p + 1
+        elseif c - k >= target then
+          b = p - 1
+        else
+          return tonumber(e[2])
+        end
+        p = math.floor((a + b) / 2)
+      end
+      return nil
+    end
+
+    local lo = now - period
+    local newest = redis.pcall('ZRANGE', key, -1, -1, 'WITHSCORES')
+    local replace, merge = false, false
+    -- Units in the window, cum of the newest entry and its time, the window's oldest entry.
+    local used, top, last, first = 0, 0, nil, nil
+    if newest.err then
+      local bad = validators().foreign(key, redis.call('TYPE', key).ok)
+      if bad then return bad end
+      replace = true
+    elseif newest[1] then
+      last = tonumber(newest[2])
+      if last > lo then
+        local oldest = redis.call('ZRANGE', key, '(' .. int(lo), '+inf', 'BYSCORE', 'LIMIT', 0, 1,
+          'WITHSCORES')
+        local c = log_entry(newest[1])
+        local oc, ok = log_entry(oldest[1])
+        if c and oc then
+          used, top, first = c - oc + ok, c, { oc, ok, tonumber(oldest[2]) }
+        else
+          used = redis.call('ZCOUNT', key, '(' .. int(lo), '+inf')
+          top, merge, first = used, true, { used, used, last }
+        end
+      end
+    end
     if used + cost <= burst then
       allowed = 1
       remaining = burst - used - cost
-      reset = period
+      local at = now
+      if last and last >= now then at = last + 1 end
+      reset = at + period - now
       commit = function()
-        if replace then redis.call('DEL', key) end
-        redis.call('ZREMRANGEBYSCORE', key, '-inf', int(now - period))
-        for j = 1, cost do
-          redis.call('ZADD', key, int(now), nonce .. j)
+        if replace or merge or (last and last <= lo) then
+          -- Nothing of the old log is needed (or it is folded into one entry): drop it whole,
+          -- freed off the main thread when large.
+          redis.call('UNLINK', key)
+          if merge then redis.call('ZADD', key, int(last), int(used) .. ':' .. int(used)) end
+        elseif last then
+          -- Entries that left the window go, oldest first, at most LOG_TRIM per call, so no
+          -- call frees a window's worth at once; the log still never exceeds `count`
+          -- entries (each admitted call adds one and drops up to LOG_TRIM stale ones).
+          local stale = redis.call('ZCOUNT', key, '-inf', int(lo))
+          if stale > 0 then
+            redis.call('ZREMRANGEBYRANK', key, 0, math.min(stale, LOG_TRIM) - 1)
+          end
         end
-        redis.call('PEXPIRE', key, ms(period))
+        redis.call('ZADD', key, int(at), int(top + cost) .. ':' .. int(cost))
+        redis.call('PEXPIRE', key, ms(at + period - now))
       end
     else
       remaining = math.max(burst - used, 0)
-      -- The call fits once the (used + cost - burst)-th oldest entry leaves the window.
-      local k = used + cost - burst
-      local e = redis.call('ZRANGEBYSCORE', key, lo, '+inf', 'WITHSCORES', 'LIMIT', k - 1, 1)
-      retry = tonumber(e[2]) + period - now
-      local last = redis.call('ZREVRANGEBYSCORE', key, '+inf', lo, 'WITHSCORES', 'LIMIT', 0, 1)
-      reset = tonumber(last[2]) + period - now
+      reset = last + period - now
+      -- The call fits once the entry holding unit `top - (burst - cost)` has left; an entry
+      -- of another format on the way means waiting for the whole window.
+      local at = log_find(key, lo, first, top, top - (burst - cost)) or last
+      retry = at + period - now
     end
   elseif algo == 'sliding_counter' then
     local s, replace, bad = validators().hash_state(key, 'sc')
@@ -243,7 +374,7 @@ for i = 1, n do
       remaining = math.floor(burst - est - cost)
       reset = (win + 2) * period - now
       commit = function()
-        if replace then redis.call('DEL', key) end
+        if replace then redis.call('UNLINK', key) end
         redis.call('HSET', key, 'a', 'sc', 'w', int(win), 'c', int(cur + cost), 'p', int(prev))
         redis.call('PEXPIRE', key, ms((win + 2) * period - now))
       end
@@ -281,7 +412,7 @@ for i = 1, n do
       remaining = math.floor(burst - after)
       reset = math.ceil(after * T)
       commit = function()
-        if replace then redis.call('DEL', key) end
+        if replace then redis.call('UNLINK', key) end
         redis.call('HSET', key, 'a', tag, 'v', num(after), 'u', int(now))
         redis.call('PEXPIRE', key, ms(after * T))
       end
@@ -315,7 +446,7 @@ end
 for _, p in ipairs(penalties) do
   redis.call('SET', p[1], p[2], 'PX', p[3])
 end
-if all and not peek then
+if all and charge then
   for i = 1, n do commits[i]() end
 end
 return out
