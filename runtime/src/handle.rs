@@ -112,6 +112,8 @@ impl Redguard {
                 urls: vec![url.into()],
                 cluster: false,
                 tls_root_ca: None,
+                #[cfg(feature = "test-util")]
+                test: Default::default(),
             }),
             settings: Settings::default(),
             misuse: None,
@@ -143,6 +145,8 @@ impl Redguard {
                 urls,
                 cluster: true,
                 tls_root_ca: None,
+                #[cfg(feature = "test-util")]
+                test: Default::default(),
             }),
             settings: Settings::default(),
         }
@@ -314,6 +318,8 @@ pub(crate) struct RedisTarget {
     pub(crate) cluster: bool,
     /// PEM root certificate(s) to trust for `rediss://` instead of the system's roots.
     pub(crate) tls_root_ca: Option<Vec<u8>>,
+    #[cfg(feature = "test-util")]
+    pub(crate) test: crate::store::TestHooks,
 }
 
 impl Builder {
@@ -370,15 +376,38 @@ impl Builder {
     }
 
     /// The clock of an in-memory store (default: the system clock). Redis uses its own clock,
-    /// so setting one on a Redis builder is a configuration error.
+    /// so setting one on a Redis builder is a configuration error — except with the
+    /// `test-util` feature, where it pins the scripts' clock (see `script_transform`).
     pub fn clock(mut self, clock: impl Clock) -> Self {
         match &mut self.backend {
             Backend::Memory(current) => *current = Arc::new(clock),
+            #[cfg(feature = "test-util")]
+            Backend::Redis(target) => target.test.clock = Some(Arc::new(clock)),
             // Reported by `connect`, where errors are returned.
+            #[cfg(not(feature = "test-util"))]
             Backend::Redis(_) => {
                 self.misuse = Some(
                     "a Redis store takes time from Redis; `clock` applies to in-memory stores only",
                 )
+            }
+        }
+        self
+    }
+
+    /// Test-only (the `test-util` feature, never for production): every script this Redis
+    /// store runs is rewritten by `transform` and sent with `EVAL`. With [`clock`](Builder::clock)
+    /// set on a Redis builder, the scripts' `TIME` is that clock's time as well, so tests can
+    /// compare them exactly with a model on a virtual clock, or run deliberately mutated scripts.
+    /// Redis still expires keys on its own clock.
+    #[cfg(feature = "test-util")]
+    pub fn script_transform(
+        mut self,
+        transform: impl Fn(&str) -> String + Send + Sync + 'static,
+    ) -> Self {
+        match &mut self.backend {
+            Backend::Redis(target) => target.test.transform = Some(Arc::new(transform)),
+            Backend::Memory(_) => {
+                self.misuse = Some("`script_transform` applies to Redis stores only");
             }
         }
         self

@@ -31,6 +31,8 @@ pub use self::lock::{
 pub use self::memory::MemoryStore;
 pub use self::rate::{RateCheck, RateMode, RateOps, RateOutcome};
 pub use self::redis::RedisStore;
+#[cfg(feature = "test-util")]
+pub(crate) use self::redis::test_util::TestHooks;
 pub use self::token::{TokenOps, TokenOutcome};
 
 /// Where guard state lives. Implemented by [`RedisStore`] and [`MemoryStore`].

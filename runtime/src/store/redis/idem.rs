@@ -3,20 +3,20 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use once_cell::sync::Lazy;
-use redis::{Script, Value};
+use redis::Value;
 
 use super::RedisStore;
+use super::lua::{Lua, lua};
 use crate::error::{Error, Result};
 use crate::key::Key;
 use crate::store::{IdemBegin, IdemFinish, IdemFinished, IdemOps};
 
-static BEGIN: Lazy<Script> = Lazy::new(|| Script::new(include_str!("scripts/idem_begin.lua")));
-static FINISH: Lazy<Script> = Lazy::new(|| Script::new(include_str!("scripts/idem_finish.lua")));
-static RENEW: Lazy<Script> = Lazy::new(|| Script::new(include_str!("scripts/idem_renew.lua")));
-static ABANDON: Lazy<Script> = Lazy::new(|| Script::new(include_str!("scripts/idem_abandon.lua")));
+lua!(BEGIN = "idem_begin.lua");
+lua!(FINISH = "idem_finish.lua");
+lua!(RENEW = "idem_renew.lua");
+lua!(ABANDON = "idem_abandon.lua");
 
-pub(super) fn scripts() -> Vec<&'static Script> {
+pub(super) fn scripts() -> Vec<&'static Lua> {
     vec![&BEGIN, &FINISH, &RENEW, &ABANDON]
 }
 

@@ -6,32 +6,27 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use futures_util::StreamExt as _;
-use once_cell::sync::Lazy;
-use redis::{Script, ServerErrorKind};
+use redis::ServerErrorKind;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use super::RedisStore;
+use super::lua::{Lua, lua};
 use crate::error::{Error, Result};
 use crate::key::Key;
 use crate::store::lock::{FAIR_REGISTRATION, FENCE_TTL, WRITER_INTENT, Waiters, rw_readers};
 use crate::store::{LockAcquire, LockOps, LockRelease, LockWatch};
 
-static ACQUIRE: Lazy<Script> = Lazy::new(|| Script::new(include_str!("scripts/lock_acquire.lua")));
-static RENEW: Lazy<Script> = Lazy::new(|| Script::new(include_str!("scripts/lock_renew.lua")));
-static RELEASE: Lazy<Script> = Lazy::new(|| Script::new(include_str!("scripts/lock_release.lua")));
-static SEM_ACQUIRE: Lazy<Script> =
-    Lazy::new(|| Script::new(include_str!("scripts/sem_acquire.lua")));
-static SEM_RENEW: Lazy<Script> = Lazy::new(|| Script::new(include_str!("scripts/sem_renew.lua")));
-static RW_ACQUIRE: Lazy<Script> = Lazy::new(|| Script::new(include_str!("scripts/rw_acquire.lua")));
-static RW_RELEASE_READ: Lazy<Script> =
-    Lazy::new(|| Script::new(include_str!("scripts/rw_release_read.lua")));
-static FAIR_ACQUIRE: Lazy<Script> =
-    Lazy::new(|| Script::new(include_str!("scripts/fair_acquire.lua")));
-static FAIR_RELEASE: Lazy<Script> =
-    Lazy::new(|| Script::new(include_str!("scripts/fair_release.lua")));
-static SEM_RELEASE: Lazy<Script> =
-    Lazy::new(|| Script::new(include_str!("scripts/sem_release.lua")));
+lua!(ACQUIRE = "lock_acquire.lua");
+lua!(RENEW = "lock_renew.lua");
+lua!(RELEASE = "lock_release.lua");
+lua!(SEM_ACQUIRE = "sem_acquire.lua");
+lua!(SEM_RENEW = "sem_renew.lua");
+lua!(RW_ACQUIRE = "rw_acquire.lua");
+lua!(RW_RELEASE_READ = "rw_release_read.lua");
+lua!(FAIR_ACQUIRE = "fair_acquire.lua");
+lua!(FAIR_RELEASE = "fair_release.lua");
+lua!(SEM_RELEASE = "sem_release.lua");
 
 /// The pattern that covers the release channels of every lock under `prefix`: the release
 /// scripts publish on the lock key's own name, `<prefix>:lock:{<scope>:<body>}` (semaphores
@@ -43,7 +38,7 @@ fn release_pattern(prefix: &str) -> String {
     format!("{prefix}:*")
 }
 
-pub(super) fn scripts() -> Vec<&'static Script> {
+pub(super) fn scripts() -> Vec<&'static Lua> {
     vec![
         &ACQUIRE,
         &RENEW,

@@ -4,7 +4,10 @@
 mod conn;
 mod idem;
 mod lock;
+mod lua;
 mod rate;
+#[cfg(feature = "test-util")]
+pub(crate) mod test_util;
 mod token;
 
 use std::fmt;
@@ -15,7 +18,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
-use redis::{FromRedisValue, RedisError, Script, ServerErrorKind, ToRedisArgs};
+use redis::{FromRedisValue, RedisError, ServerErrorKind, ToRedisArgs};
 
 use super::{Store, StoreKind};
 use crate::error::{BackendError, Error, Result};
@@ -26,7 +29,7 @@ use crate::key::Key;
 ///
 /// Invocations go through `EVALSHA`; after a Redis restart or `SCRIPT FLUSH` the first call
 /// gets `NOSCRIPT`, and the client loads the script and retries it transparently.
-fn all_scripts() -> impl Iterator<Item = &'static Script> {
+fn all_scripts() -> impl Iterator<Item = &'static Lua> {
     token::scripts()
         .into_iter()
         .chain(idem::scripts())
@@ -35,6 +38,7 @@ fn all_scripts() -> impl Iterator<Item = &'static Script> {
 }
 
 pub(crate) use self::conn::Conn;
+use self::lua::Lua;
 
 /// The Redis-backed [`Store`]: a single node ([`Redguard::redis`](crate::Redguard::redis)) or
 /// a Cluster ([`Redguard::redis_cluster`](crate::Redguard::redis_cluster)). Every key one
@@ -45,6 +49,8 @@ pub struct RedisStore {
     timeout: Duration,
     /// Lock release notifications; its connection opens on the first wait.
     bus: Arc<lock::ReleaseBus>,
+    #[cfg(feature = "test-util")]
+    test: test_util::TestHooks,
 }
 
 impl fmt::Debug for RedisStore {
@@ -123,7 +129,13 @@ impl RedisStore {
                 .await?,
             )
         };
-        let store = RedisStore { conn, timeout, bus };
+        let store = RedisStore {
+            conn,
+            timeout,
+            bus,
+            #[cfg(feature = "test-util")]
+            test: target.test,
+        };
         for script in all_scripts() {
             let mut conn = store.conn.clone();
             bounded("script_load", connect_timeout, async move {
@@ -154,7 +166,7 @@ impl RedisStore {
     pub(crate) async fn eval<T: FromRedisValue>(
         &self,
         op: &'static str,
-        script: &Script,
+        script: &Lua,
         keys: &[&Key],
         args: &[&dyn ToRedisArgsDyn],
     ) -> Result<T> {
@@ -175,10 +187,12 @@ impl RedisStore {
     pub(crate) async fn run_script<T: FromRedisValue>(
         &self,
         op: &'static str,
-        script: &Script,
+        script: &Lua,
         cmd: redis::Cmd,
         key: Option<&Key>,
     ) -> Result<T> {
+        #[cfg(feature = "test-util")]
+        let cmd = self.test.rewrite(script, cmd);
         let mut conn = self.conn.clone();
         bounded(op, self.timeout, async move {
             match cmd.query_async(&mut conn).await {
@@ -201,7 +215,7 @@ impl RedisStore {
 /// directly (not through `Script::prepare_invoke`, which copies every argument into its own
 /// buffer and then again into the command), in buffers sized up front: growing them argument
 /// by argument cost more than the rest of building the command.
-pub(crate) fn evalsha(script: &Script, keys: usize, args: usize) -> redis::Cmd {
+pub(crate) fn evalsha(script: &Lua, keys: usize, args: usize) -> redis::Cmd {
     let mut cmd = redis::Cmd::with_capacity(3 + keys + args, 64 + 96 * keys + 24 * args);
     cmd.arg("EVALSHA").arg(script.get_hash()).arg(keys);
     cmd
@@ -265,6 +279,10 @@ impl Store for RedisStore {
     }
 
     async fn time(&self) -> Result<Duration> {
+        #[cfg(feature = "test-util")]
+        if let Some(clock) = &self.test.clock {
+            return Ok(clock.now());
+        }
         let mut conn = self.conn();
         let (secs, micros): (u64, u64) = bounded("time", self.timeout, async move {
             redis::cmd("TIME").query_async(&mut conn).await

@@ -3,18 +3,17 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use once_cell::sync::Lazy;
-use redis::Script;
 
+use super::lua::{Lua, lua};
 use super::{RedisStore, evalsha};
 use crate::error::{Error, Result};
 use crate::key::Key;
 use crate::rate::{Decision, micros};
 use crate::store::{RateCheck, RateMode, RateOps, RateOutcome, Store as _};
 
-static CHECK: Lazy<Script> = Lazy::new(|| Script::new(include_str!("scripts/rate_check.lua")));
+lua!(CHECK = "rate_check.lua");
 
-pub(super) fn scripts() -> Vec<&'static Script> {
+pub(super) fn scripts() -> Vec<&'static Lua> {
     vec![&CHECK]
 }
 

@@ -3,18 +3,17 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use once_cell::sync::Lazy;
-use redis::Script;
 
+use super::lua::{Lua, lua};
 use super::{RedisStore, bounded, corrupt_or};
 use crate::error::{Error, Result};
 use crate::key::Key;
 use crate::store::{TokenOps, TokenOutcome};
 
-static CONSUME: Lazy<Script> = Lazy::new(|| Script::new(include_str!("scripts/token_consume.lua")));
-static RESTORE: Lazy<Script> = Lazy::new(|| Script::new(include_str!("scripts/token_restore.lua")));
+lua!(CONSUME = "token_consume.lua");
+lua!(RESTORE = "token_restore.lua");
 
-pub(super) fn scripts() -> Vec<&'static Script> {
+pub(super) fn scripts() -> Vec<&'static Lua> {
     vec![&CONSUME, &RESTORE]
 }
 
