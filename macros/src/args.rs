@@ -14,7 +14,6 @@ use syn::{Expr, ExprLit, Ident, Lit, LitInt, LitStr, Meta, Token};
 
 use crate::errors::Errors;
 use crate::template::{self, Segment};
-use crate::value;
 
 /// The shape an argument's value must have.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -215,16 +214,18 @@ fn parse_value(attr: &str, spec: &ArgSpec, meta: Meta, errors: &mut Errors) -> O
     let value = match (spec.kind, lit) {
         (Kind::Expr, _) => Value::Expr(expr),
         (Kind::Template, Some(Lit::Str(lit))) => template_arg(lit, errors)?,
-        (Kind::Duration, Some(Lit::Str(lit))) => match value::parse_duration(&lit.value()) {
-            Ok(value) => Value::Duration(Spanned {
-                value,
-                span: lit.span(),
-            }),
-            Err(message) => {
-                errors.push(lit.span(), format!("invalid `{name}`: {message}"));
-                return None;
+        (Kind::Duration, Some(Lit::Str(lit))) => {
+            match redguard_grammar::duration::parse(&lit.value()) {
+                Ok(value) => Value::Duration(Spanned {
+                    value,
+                    span: lit.span(),
+                }),
+                Err(message) => {
+                    errors.push(lit.span(), format!("invalid `{name}`: {message}"));
+                    return None;
+                }
             }
-        },
+        }
         (Kind::Duration, Some(Lit::Int(lit))) => {
             let secs = int(&lit, name, errors)?;
             Value::Duration(Spanned {

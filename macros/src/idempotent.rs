@@ -7,16 +7,13 @@ use quote::{quote, quote_spanned};
 use syn::spanned::Spanned as _;
 use syn::{Expr, Ident, ItemFn, LitStr};
 
+use redguard_grammar::idempotency as grammar;
+
 use crate::args::{ArgSpec, Args, Kind};
 use crate::check;
 use crate::errors::Errors;
 use crate::expand;
 use crate::guard::{Context, Expansion, Guard, arg};
-
-/// Longest `expire`; a record without a bound is a memory leak waiting for a bad client.
-const MAX_EXPIRE: Duration = Duration::from_secs(7 * 24 * 3600);
-/// Shortest `expire`, as the runtime's: a record must outlive a retry's round trip.
-const MIN_EXPIRE: Duration = Duration::from_secs(1);
 
 pub(crate) struct Idempotent;
 
@@ -50,20 +47,14 @@ impl Guard for Idempotent {
             );
         }
         if let Some(expire) = expire
-            && (expire.value < MIN_EXPIRE || expire.value > MAX_EXPIRE)
+            && let Err(why) = grammar::expire(expire.value)
         {
-            errors.push(
-                expire.span,
-                format!(
-                    "`expire` must be between 1 s and 7 days, got {:?}",
-                    expire.value
-                ),
-            );
+            errors.push(expire.span, format!("invalid `expire`: {why}"));
         }
         if let Some(timeout) = args.duration("timeout")
-            && timeout.value.is_zero()
+            && let Err(why) = grammar::timeout(timeout.value)
         {
-            errors.push(timeout.span, "`timeout` must be greater than zero");
+            errors.push(timeout.span, format!("invalid `timeout`: {why}"));
         }
         let token = match (args.template("token"), args.str("scene")) {
             (Some(token), Some(scene)) => {

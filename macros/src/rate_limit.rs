@@ -14,6 +14,8 @@
 //! rate_limit([__redguard_1], body)  --outer limit-->  rate_limit([__redguard_0, __redguard_1], body)
 //! ```
 
+use std::time::Duration;
+
 use proc_macro2::{Span, TokenStream};
 use quote::{quote, quote_spanned};
 use syn::spanned::Spanned as _;
@@ -23,7 +25,7 @@ use crate::args::{ArgSpec, Args, Kind};
 use crate::errors::Errors;
 use crate::expand;
 use crate::guard::{Context, Expansion, Guard, arg};
-use crate::value;
+use redguard_grammar::rate as grammar;
 
 pub(crate) struct RateLimit;
 
@@ -36,14 +38,6 @@ const ALGORITHMS: &[(&str, &str)] = &[
     ("token_bucket", "TokenBucket"),
     ("leaky_bucket", "LeakyBucket"),
 ];
-
-/// The runtime's bounds (`redguard::MAX_RATE_COUNT`, `MAX_RATE_PERIOD`, and `Limit::new`'s
-/// bound on burst × interval), checked early.
-const MAX_COUNT: u64 = 1_000_000_000;
-const MAX_PERIOD_MS: u128 = 30 * 86_400 * 1000;
-const MAX_BURST_SPAN_NS: u128 = 1000 << 50;
-/// `redguard::MAX_SLIDING_WINDOW_COUNT`.
-const MAX_SLIDING_WINDOW_COUNT: u64 = 10_000;
 
 impl Guard for RateLimit {
     const NAME: &'static str = "rate_limit";
@@ -80,29 +74,15 @@ impl Guard for RateLimit {
         // The sliding log keeps an entry per call, up to the count: its size is bounded.
         if let (Some(("sliding_window", _)), Some(Arg::Literal(rate)), Some(lit)) =
             (algorithm, &rate, args.expr("rate"))
-            && rate.count > MAX_SLIDING_WINDOW_COUNT
+            && let Err(why) = grammar::window_count(grammar::Shape::Log, *rate)
         {
-            errors.push(
-                lit.span(),
-                format!(
-                    "`sliding_window` keeps one entry per call, up to the count: {} is above its \
-                     maximum of {MAX_SLIDING_WINDOW_COUNT}; use `sliding_counter` or `gcra` for \
-                     larger counts",
-                    rate.count
-                ),
-            );
+            errors.push(lit.span(), format!("invalid `rate`: {why}"));
         }
         // Refilling the burst must not take longer than the runtime can count exactly.
         if let (Some(Count::Literal(n, span)), Some(Arg::Literal(rate))) = (&burst, &rate)
-            && u128::from(*n) * rate.interval_ns() > MAX_BURST_SPAN_NS
+            && let Err(why) = grammar::span(*n, *rate)
         {
-            errors.push(
-                *span,
-                format!(
-                    "`burst = {n}` takes more than 35 years to refill at this `rate`; lower the \
-                     burst or the rate's period"
-                ),
-            );
+            errors.push(*span, format!("invalid `burst`: {why}"));
         }
         // The capacity known at compile time: the burst, else the rate's count.
         let capacity = match (&burst, &rate) {
@@ -111,19 +91,12 @@ impl Guard for RateLimit {
             _ => None,
         };
         if let (Some(Count::Literal(cost, span)), Some(capacity)) = (&cost, capacity)
-            && *cost > capacity
+            && let Err(why) = grammar::cost_fits(*cost, capacity)
         {
-            errors.push(
-                *span,
-                format!(
-                    "`cost = {cost}` exceeds the burst of {capacity}: such a call could never \
-                     be admitted; raise `burst` or lower `cost`"
-                ),
-            );
+            errors.push(*span, format!("invalid `cost`: {why}"));
         }
-        let block_ms = millis(&args, "block", MAX_PERIOD_MS, "30 days", errors);
-        // A guarded call holding its caller for minutes is a bug, not a limit.
-        let wait_ms = millis(&args, "wait", 60_000, "1 minute", errors);
+        let block_ms = millis(&args, "block", grammar::block, errors);
+        let wait_ms = millis(&args, "wait", grammar::wait, errors);
         let local = match literal(&args, "local") {
             None => false,
             Some((Some(Lit::Bool(b)), _)) => b.value,
@@ -156,34 +129,45 @@ impl Guard for RateLimit {
             }
             Arg::Expr(expr) => quote_spanned!(expr.span()=> #expr),
         };
-        // Only what the user wrote, as calls on the spec: `.burst(..)`, `.cost(..)`, ...
+        // Only what the user wrote, as calls on the limiter: `.burst(..)`, `.cost(..)`, ...
         let mut options = Vec::new();
         for (name, count) in [("burst", burst), ("cost", cost)] {
-            let method = Ident::new(name, Span::call_site());
             match count {
                 None => {}
                 Some(Count::Literal(n, _)) => {
-                    options.push(quote!(.#method(::core::result::Result::Ok(#n))));
+                    let method = Ident::new(name, Span::call_site());
+                    options.push(Step::Method(quote!(.#method(#n))));
                 }
-                Some(Count::Expr(expr)) => options.push(quote_spanned!(expr.span()=>
-                    .#method(::redguard::__private::rate_count(#expr, #name))
-                )),
+                // Checked per call: a bad value is kept and reported when the limit runs.
+                Some(Count::Expr(expr)) => {
+                    let set = Ident::new(&format!("rate_{name}"), Span::call_site());
+                    let value = quote_spanned!(expr.span()=>
+                        ::redguard::__private::rate_count(#expr, #name)
+                    );
+                    options.push(Step::Wrap(quote!(::redguard::__private::#set), value));
+                }
             }
         }
         if let Some((name, variant)) = algorithm
             && name != ALGORITHMS[0].0
         {
             let variant = Ident::new(variant, Span::call_site());
-            options.push(quote!(.algorithm(::redguard::__private::Algorithm::#variant)));
+            options.push(Step::Method(quote!(
+                .algorithm(::redguard::__private::Algorithm::#variant)
+            )));
         }
         if block_ms > 0 {
-            options.push(quote!(.block_ms(#block_ms)));
+            options.push(Step::Method(quote!(
+                .block(::core::time::Duration::from_millis(#block_ms))
+            )));
         }
         if wait_ms > 0 {
-            options.push(quote!(.wait_ms(#wait_ms)));
+            options.push(Step::Method(quote!(
+                .wait(::core::time::Duration::from_millis(#wait_ms))
+            )));
         }
         if local {
-            options.push(quote!(.local(true)));
+            options.push(Step::Method(quote!(.local(true))));
         }
         Some(Box::new(RateLimitExpansion {
             key,
@@ -195,19 +179,27 @@ impl Guard for RateLimit {
     }
 }
 
-fn millis(args: &Args, name: &str, max_ms: u128, max: &str, errors: &mut Errors) -> u64 {
+/// A duration argument checked by the runtime's own `check`, in ms (0 when not written).
+fn millis(
+    args: &Args,
+    name: &str,
+    check: fn(Duration) -> Result<(), String>,
+    errors: &mut Errors,
+) -> u64 {
     match args.duration(name) {
-        Some(d) if d.value.as_millis() > max_ms => {
-            errors.push(d.span, format!("`{name}` must be at most {max}"));
-            0
-        }
-        Some(d) => u64::try_from(d.value.as_millis()).unwrap_or(0),
+        Some(d) => match check(d.value) {
+            Ok(()) => u64::try_from(d.value.as_millis()).unwrap_or(0),
+            Err(why) => {
+                errors.push(d.span, format!("invalid `{name}`: {why}"));
+                0
+            }
+        },
         None => 0,
     }
 }
 
 enum Arg {
-    Literal(value::Rate),
+    Literal(grammar::Rate),
     Expr(Expr),
 }
 
@@ -249,25 +241,7 @@ fn rate(args: &Args, errors: &mut Errors) -> Option<Arg> {
         return None;
     };
     match lit {
-        Some(Lit::Str(lit)) => match value::parse_rate(&lit.value()) {
-            Ok(rate) if rate.count > MAX_COUNT => {
-                errors.push(
-                    lit.span(),
-                    format!("invalid `rate`: the count must be at most {MAX_COUNT}"),
-                );
-                None
-            }
-            Ok(rate) if rate.period.as_millis() > MAX_PERIOD_MS => {
-                errors.push(
-                    lit.span(),
-                    "invalid `rate`: the period must be at most 30 days",
-                );
-                None
-            }
-            Ok(rate) if let Some(why) = rate.too_fine() => {
-                errors.push(lit.span(), format!("invalid `rate`: {why}"));
-                None
-            }
+        Some(Lit::Str(lit)) => match grammar::parse(&lit.value()) {
             Ok(rate) => Some(Arg::Literal(rate)),
             Err(message) => {
                 errors.push(lit.span(), format!("invalid `rate`: {message}"));
@@ -291,26 +265,20 @@ fn count(args: &Args, name: &str, errors: &mut Errors) -> Option<Count> {
     let (lit, expr) = literal(args, name)?;
     match lit {
         Some(Lit::Int(lit)) => match lit.base10_parse::<u64>() {
-            Ok(0) => {
-                let what = if name == "burst" {
-                    "a burst of 0 admits nothing"
+            Ok(n) => {
+                let checked = if name == "burst" {
+                    grammar::burst(n)
                 } else {
-                    "a cost of 0 counts nothing (use the runtime `peek` to look without counting)"
+                    grammar::cost(n)
                 };
-                errors.push(
-                    lit.span(),
-                    format!("invalid `{name}`: {what}; use at least 1"),
-                );
-                None
+                match checked {
+                    Ok(()) => Some(Count::Literal(n, lit.span())),
+                    Err(why) => {
+                        errors.push(lit.span(), format!("invalid `{name}`: {why}"));
+                        None
+                    }
+                }
             }
-            Ok(n) if n > MAX_COUNT => {
-                errors.push(
-                    lit.span(),
-                    format!("invalid `{name}`: must be at most {MAX_COUNT}"),
-                );
-                None
-            }
-            Ok(n) => Some(Count::Literal(n, lit.span())),
             Err(_) => {
                 errors.push(
                     lit.span(),
@@ -387,19 +355,32 @@ struct RateLimitExpansion {
     merged_key: (String, Span),
     scope: Option<LitStr>,
     rate: TokenStream,
-    /// `.burst(..)`, `.cost(..)`, `.algorithm(..)`, ... for each argument written.
-    options: Vec<TokenStream>,
+    /// One step per argument written.
+    options: Vec<Step>,
+}
+
+/// One argument applied to the limiter.
+enum Step {
+    /// `.burst(10)`, `.algorithm(..)`, …
+    Method(TokenStream),
+    /// `rate_burst(<limiter>, <value>)`: a value checked per call.
+    Wrap(TokenStream, TokenStream),
 }
 
 impl Expansion for RateLimitExpansion {
-    /// Output: `::redguard::__private::rate_spec(<key>, <scope>, <rate>).burst(..).cost(..)`,
-    /// every expression evaluated before the body is moved.
+    /// Output: `::redguard::__private::rate_limiter(<key>, <scope>, <rate>).burst(10)` (and
+    /// `rate_cost(<that>, rate_count(<expr>, "cost"))` for an expression), every expression
+    /// evaluated before the body is moved.
     fn prelude(&self, cx: &Context) -> TokenStream {
         let RateLimitExpansion {
             key, rate, options, ..
         } = self;
         let scope = expand::scope(self.scope.as_ref(), cx);
-        quote!(::redguard::__private::rate_spec(#key, #scope, #rate) #(#options)*)
+        let start = quote!(::redguard::__private::rate_limiter(#key, #scope, #rate));
+        options.iter().fold(start, |limiter, step| match step {
+            Step::Method(call) => quote!(#limiter #call),
+            Step::Wrap(set, value) => quote!(#set(#limiter, #value)),
+        })
     }
 
     /// Output: `::redguard::__private::rate_limit([binding, ..], inner)`, merged with an
