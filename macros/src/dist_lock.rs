@@ -13,52 +13,68 @@ use std::time::Duration;
 
 use proc_macro2::TokenStream;
 use quote::quote;
-use syn::{Ident, ItemFn, LitStr};
+use syn::{Ident, LitStr};
 
 use redguard_grammar::lock as grammar;
 
-use crate::args::{ArgSpec, Args, Kind, TemplateArg};
+use crate::args::{Spanned, TemplateArg, arguments};
 use crate::errors::Errors;
 use crate::expand;
-use crate::guard::{Context, Expansion, Guard, arg};
+use crate::guard::{Built, Context, Expansion, Guard};
 
 pub(crate) struct DistLock;
 
-impl Guard for DistLock {
-    const NAME: &'static str = "dist_lock";
-    const ARGS: &'static [ArgSpec] = &[
-        arg("key", Kind::Template),
-        arg("wait", Kind::Duration),
-        arg("lease", Kind::Duration),
-        arg("scope", Kind::Str),
-        arg("skip_if_held", Kind::Flag),
-        arg("hold_at_least", Kind::Duration),
-        arg("on_lost", Kind::Str),
-        arg("permits", Kind::Int),
-        arg("read", Kind::Flag),
-        arg("write", Kind::Flag),
-        arg("fair", Kind::Flag),
-    ];
+arguments! {
+    /// `#[dist_lock(key = "..", wait = "..", lease = "..", scope = "..", skip_if_held,
+    /// hold_at_least = "..", on_lost = "..", permits = n | read | write | fair)]`
+    LockArgs for "dist_lock" {
+        key: Template,
+        wait: Duration,
+        lease: Duration,
+        scope: Str,
+        skip_if_held: Flag,
+        hold_at_least: Duration,
+        on_lost: Str,
+        permits: Int,
+        read: Flag,
+        write: Flag,
+        fair: Flag,
+    }
+}
 
-    fn check(args: Args, _item: &ItemFn, errors: &mut Errors) -> Option<Box<dyn Expansion>> {
+/// Checks a duration argument with the runtime's own check.
+fn checked<'a>(
+    name: &str,
+    value: &'a Option<Spanned<Duration>>,
+    check: fn(Duration) -> Result<(), String>,
+    errors: &mut Errors,
+) -> Option<&'a Spanned<Duration>> {
+    let value = value.as_ref()?;
+    if let Err(why) = check(value.value) {
+        errors.push(
+            value.span,
+            format!("invalid `{name}` of `#[dist_lock]`: {why}"),
+        );
+    }
+    Some(value)
+}
+
+impl Guard for DistLock {
+    type Args = LockArgs;
+
+    fn check(args: LockArgs, errors: &mut Errors) -> Option<Built> {
         // Why each bound exists is in the runtime's message: a lock guards a short section
         // (no unbounded wait), renewal needs room within the lease, and a crashed holder
         // blocks the key for a whole lease.
-        let checked =
-            |name: &str, check: fn(Duration) -> Result<(), String>, errors: &mut Errors| {
-                let value = args.duration(name)?;
-                if let Err(why) = check(value.value) {
-                    errors.push(
-                        value.span,
-                        format!("invalid `{name}` of `#[dist_lock]`: {why}"),
-                    );
-                }
-                Some(value)
-            };
-        let wait = checked("wait", grammar::wait, errors);
-        let lease = checked("lease", grammar::lease, errors);
-        let hold = checked("hold_at_least", grammar::hold_at_least, errors);
-        let skip_if_held = args.flag("skip_if_held");
+        let wait = checked("wait", &args.wait, grammar::wait, errors);
+        let lease = checked("lease", &args.lease, grammar::lease, errors);
+        let hold = checked(
+            "hold_at_least",
+            &args.hold_at_least,
+            grammar::hold_at_least,
+            errors,
+        );
+        let skip_if_held = args.skip_if_held;
         if let (Some(_), Some(wait)) = (skip_if_held, wait) {
             // Why: the two contradict; silently ignoring one would surprise.
             errors.push(
@@ -67,7 +83,7 @@ impl Guard for DistLock {
                  skips the run at once; remove one of them",
             );
         }
-        let continue_on_lost = match args.str("on_lost") {
+        let continue_on_lost = match &args.on_lost {
             None => Some(false),
             Some(lit) => match lit.value().as_str() {
                 "cancel" => Some(false),
@@ -85,7 +101,7 @@ impl Guard for DistLock {
                 }
             },
         };
-        let permits = args.int("permits");
+        let permits = args.permits.as_ref();
         if let Some(permits) = permits
             && let Err(why) = grammar::permits(permits.value)
         {
@@ -102,7 +118,7 @@ impl Guard for DistLock {
                 "`hold_at_least` applies to exclusive locks, not to a semaphore (`permits`)",
             );
         }
-        let (read, write) = (args.flag("read"), args.flag("write"));
+        let (read, write) = (args.read, args.write);
         if let (Some(_), Some(write)) = (read, write) {
             errors.push(
                 write,
@@ -123,14 +139,14 @@ impl Guard for DistLock {
                 "`hold_at_least` applies to exclusive locks, not to a read/write lock",
             );
         }
-        let fair = args.flag("fair");
+        let fair = args.fair;
         if let (Some(fair), true) = (fair, rw_span.is_some() || permits.is_some()) {
             errors.push(
                 fair,
                 "`fair` applies to exclusive locks, not to a read/write lock or a semaphore",
             );
         }
-        let key = args.template("key")?;
+        let key = args.key.clone()?;
         let kind = match (permits, read, write, fair) {
             (Some(permits), ..) => Some(LockKind::Semaphore(
                 u32::try_from(permits.value).unwrap_or(u32::MAX),
@@ -140,19 +156,16 @@ impl Guard for DistLock {
             (None, None, None, Some(_)) => Some(LockKind::Fair),
             (None, None, None, None) => None,
         };
-        Some(Box::new(LockExpansion {
-            key: TemplateArg {
-                lit: key.lit.clone(),
-                segments: key.segments.clone(),
-            },
-            scope: args.str("scope").cloned(),
+        Some(Built::Wrapper(Box::new(LockExpansion {
+            key,
+            scope: args.scope.clone(),
             kind,
             wait: wait.map(|w| w.value),
             lease: lease.map(|l| l.value),
             skip_if_held: skip_if_held.is_some(),
             hold_at_least: hold.map(|h| h.value),
             continue_on_lost: continue_on_lost?,
-        }))
+        })))
     }
 }
 
@@ -186,8 +199,9 @@ impl Expansion for LockExpansion {
     /// `LockBuilder` with the key rendered while the parameters are still borrowable, and one
     /// call per argument written (the kind first: it decides which calls exist).
     fn prelude(&self, cx: &Context) -> TokenStream {
+        let krate = &cx.krate;
         let scope = expand::scope(self.scope.as_ref(), cx);
-        let key = expand::key(&self.key);
+        let key = expand::key(krate, &self.key);
         let mut calls = Vec::new();
         match &self.kind {
             None => {}
@@ -212,13 +226,14 @@ impl Expansion for LockExpansion {
             calls.push(quote!(.hold_at_least(#hold)));
         }
         if self.continue_on_lost {
-            calls.push(quote!(.on_lost(::redguard::__private::OnLost::Continue)));
+            calls.push(quote!(.on_lost(#krate::__private::OnLost::Continue)));
         }
-        quote!(::redguard::__private::dist_lock_builder(#scope, #key) #(#calls)*)
+        quote!(#krate::__private::dist_lock_builder(#scope, #key) #(#calls)*)
     }
 
     /// Input: the body future. Output: `::redguard::__private::dist_lock(builder, body)`.
-    fn wrap(&self, _cx: &Context, binding: &Ident, inner: TokenStream) -> TokenStream {
-        quote!(::redguard::__private::dist_lock(#binding, #inner))
+    fn wrap(&self, cx: &Context, binding: &Ident, inner: TokenStream) -> TokenStream {
+        let krate = &cx.krate;
+        quote!(#krate::__private::dist_lock(#binding, #inner))
     }
 }

@@ -151,3 +151,16 @@ where
 {
     lock.run(body).await
 }
+
+/// Warnings about stacks that contradict the recommended order, raised through deprecation
+/// (the one warning an expansion can raise on stable Rust).
+pub mod stack_order {
+    /// `#[dist_lock]` written above `#[idempotent]`.
+    #[deprecated(
+        note = "`#[dist_lock]` is above `#[idempotent]` on this fn, so every replay of a \
+                finished intent takes the lock too: put `#[idempotent]` above `#[dist_lock]` \
+                (guards apply outside-in in the order written), or `#[allow(deprecated)]` on \
+                the fn if the lock must cover the whole call"
+    )]
+    pub fn dist_lock_above_idempotent() {}
+}
