@@ -46,6 +46,8 @@ async fn guard_operations(h: &mut Harness) {
     h.sweep("idempotent call", |at| idempotent(at, false)).await;
     h.sweep("idempotent call with a token", |at| idempotent(at, true))
         .await;
+    h.sweep("idempotent call with a used token", used_token)
+        .await;
     h.sweep("token consume", consume).await;
     h.sweep("rate check with wait", rate_wait).await;
 }
@@ -172,6 +174,51 @@ async fn idempotent(at: Attempt, with_token: bool) -> Verdict {
             format!("{phase:?}: after the runs, consuming the token gave {again:?}")
         });
     }
+    v
+}
+
+/// A call carrying a token already used is refused, and the record begun for it goes, so the
+/// same key with a valid token runs at once: also when the refused call is dropped on its way.
+async fn used_token(at: Attempt) -> Verdict {
+    let key = at.key("used");
+    let used = issue(&at.rg).await;
+    at.rg
+        .tokens()
+        .consume(SCENE, &used)
+        .await
+        .expect("use the token");
+    let first = Arc::new(Body::default());
+    let outcome = at
+        .drive(call(&at.rg, &key, Some(&used), first.clone()))
+        .await;
+    at.settle().await;
+    let mut v = Verdict::new(outcome.is_some());
+    v.landed(if outcome.is_some() {
+        "completed"
+    } else {
+        "dropped"
+    });
+    v.check(
+        matches!(
+            outcome,
+            None | Some(Err(Error::TokenUsed | Error::Backend(_)))
+        ),
+        || format!("a call with a used token gave {outcome:?}"),
+    );
+    if let Some(view) = at.view() {
+        let record = format!("redguard:idem:{{{SCOPE}:{key}}}");
+        let status = view.field(&record, "status").await;
+        v.check(status.is_none(), || {
+            format!("the record begun for a refused token is still there: {status:?}")
+        });
+    }
+    let valid = issue(&at.rg).await;
+    let second = Arc::new(Body::default());
+    let retry = call(&at.rg, &key, Some(&valid), second.clone()).await;
+    let runs = first.runs.load(Ordering::SeqCst) + second.runs.load(Ordering::SeqCst);
+    v.check(matches!(retry, Ok(7)) && runs == 1, || {
+        format!("with a valid token the same key gave {retry:?}, the body ran {runs} times")
+    });
     v
 }
 
