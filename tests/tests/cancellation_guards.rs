@@ -12,6 +12,10 @@
 //! | after the body, finish unanswered| SUCCESS or PROCESSING | replays or `InProgress` | used    |
 //! | never (completed)                | SUCCESS               | replays                 | used    |
 //!
+//! A detached body, once begun, runs to its end whenever its caller is dropped: the record is
+//! then SUCCESS and the retry replays; before that, the begin is undone and the retry runs. A
+//! call refused for a used token leaves no record, however it is dropped.
+//!
 //! The body runs once in all, original and retry together. A token consumption dropped (or
 //! failed with a backend error) gives the token back. A rate check dropped before its second
 //! check was sent is not charged; one whose check is unanswered may have been charged, at
@@ -48,6 +52,7 @@ async fn guard_operations(h: &mut Harness) {
         .await;
     h.sweep("idempotent call with a used token", used_token)
         .await;
+    h.sweep("idempotent call, detached", detached).await;
     h.sweep("token consume", consume).await;
     h.sweep("rate check with wait", rate_wait).await;
 }
@@ -218,6 +223,54 @@ async fn used_token(at: Attempt) -> Verdict {
     let runs = first.runs.load(Ordering::SeqCst) + second.runs.load(Ordering::SeqCst);
     v.check(matches!(retry, Ok(7)) && runs == 1, || {
         format!("with a valid token the same key gave {retry:?}, the body ran {runs} times")
+    });
+    v
+}
+
+/// A detached body runs to its end in its own task once begun, whenever its caller is
+/// dropped: the intent is either not begun (undone: the retry runs it) or done (the retry
+/// replays it).
+async fn detached(at: Attempt) -> Verdict {
+    let key = at.key("detached");
+    let first = Arc::new(Body::default());
+    let body = first.clone();
+    let idem = Idempotency::new(SCOPE, KeyBuilder::new().text(&key).finish().expect("key"))
+        .expire(EXPIRE)
+        .detach();
+    let outcome = at
+        .drive(at.rg.scope(idem.run(async move {
+            body.runs.fetch_add(1, Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            Ok::<_, Error>(7)
+        })))
+        .await;
+    // The detached body, if it started, finishes on its own.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    at.settle().await;
+    let mut v = Verdict::new(outcome.is_some());
+    let ran = first.runs.load(Ordering::SeqCst) == 1;
+    v.landed(match (&outcome, ran) {
+        (Some(_), _) => "completed",
+        (None, true) => "dropped, body ran",
+        (None, false) => "dropped, not begun",
+    });
+    v.check(
+        matches!(outcome, None | Some(Ok(7)) | Some(Err(Error::Backend(_)))),
+        || format!("the call ended with {outcome:?}"),
+    );
+    if let Some(view) = at.view() {
+        let record = format!("redguard:idem:{{{SCOPE}:{key}}}");
+        let status = view.field(&record, "status").await;
+        let documented = if ran { Some("S") } else { None };
+        v.check(status.as_deref() == documented, || {
+            format!("body ran: {ran}, record status {status:?}, documented {documented:?}")
+        });
+    }
+    let second = Arc::new(Body::default());
+    let retry = call(&at.rg, &key, None, second.clone()).await;
+    let runs = first.runs.load(Ordering::SeqCst) + second.runs.load(Ordering::SeqCst);
+    v.check(matches!(retry, Ok(7)) && runs == 1, || {
+        format!("the retry gave {retry:?}, the body ran {runs} times in all")
     });
     v
 }
