@@ -357,11 +357,13 @@ impl Undo {
         ))
     }
 
-    /// Undoes now, waiting for it.
+    /// Undoes now, waiting for it. Armed until it is done: a caller dropped meanwhile leaves
+    /// the undo to `Drop`, which sends it again (each step names its owner, so a second
+    /// undo changes nothing).
     async fn now(mut self) {
-        if let Some((handle, owner, record, token)) = self.disarm() {
-            undo(handle, owner, record, token).await;
-        }
+        let (handle, owner) = (self.handle.clone(), self.owner.clone());
+        undo(handle, owner, self.record.clone(), self.token.clone()).await;
+        self.disarm();
     }
 }
 
