@@ -195,7 +195,7 @@ impl Redguard {
     /// // With neither variable set, this is the in-memory store.
     /// # unsafe { std::env::remove_var("REDGUARD_REDIS_URL"); std::env::remove_var("REDIS_URL"); }
     /// let rg = redguard::Redguard::from_env().await?;
-    /// assert_eq!(rg.store().kind(), redguard::StoreKind::Memory);
+    /// assert_eq!(rg.store().kind(), redguard::store::StoreKind::Memory);
     /// # Ok(()) }
     /// ```
     pub async fn from_env() -> Result<Redguard> {

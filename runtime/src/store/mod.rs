@@ -42,7 +42,8 @@ pub use crate::error::StoreFailure;
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> redguard::Result<()> {
-/// use redguard::{Redguard, StoreKind};
+/// use redguard::Redguard;
+/// use redguard::store::StoreKind;
 ///
 /// let rg = Redguard::memory();
 /// assert_eq!(rg.store().kind(), StoreKind::Memory);

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use redguard::LockKind as Kind;
 use redguard::{Error, LockBuilder, LockGuard, Redguard};
 
 /// Lease of the locks under test: far longer than a settle, so a lock left behind by a drop
@@ -52,15 +53,15 @@ impl LockKind {
     }
 
     /// A builder of this kind at `key` (default scope), leased for [`LEASE`].
-    pub fn builder(self, rg: &Redguard, key: &str) -> LockBuilder {
-        let builder = rg.lock(key).lease(LEASE);
-        match self {
-            LockKind::Exclusive => builder,
-            LockKind::Fair => builder.fair(),
-            LockKind::Semaphore => builder.permits(PERMITS),
-            LockKind::Read => builder.read(),
-            LockKind::Write => builder.write(),
-        }
+    pub fn builder(self, rg: &Redguard, key: &str) -> LockBuilder<Kind> {
+        let kind = match self {
+            LockKind::Exclusive => Kind::Exclusive,
+            LockKind::Fair => Kind::Fair,
+            LockKind::Semaphore => Kind::Semaphore { permits: PERMITS },
+            LockKind::Read => Kind::Read,
+            LockKind::Write => Kind::Write,
+        };
+        rg.lock(key).kind(kind).lease(LEASE)
     }
 
     /// The Redis hash holding `owner`, `depth` and `fence` of a reentrant lock at `key`.
