@@ -12,6 +12,7 @@
 //! ```
 
 pub mod metrics;
+pub mod proxy;
 pub mod rate;
 
 use std::io::{Read, Write};
