@@ -11,6 +11,7 @@
 //! # let _ = url;
 //! ```
 
+pub mod history;
 pub mod metrics;
 pub mod proxy;
 pub mod rate;
