@@ -319,14 +319,16 @@ async fn main() {
     let process: u64 = process.parse().expect("process number");
     let seed: u64 = seed.parse().expect("seed");
     let rg = connect(target).await;
-    let register = redis::Client::open(register_url.as_str()).expect("register url");
-    let register = tokio::time::timeout(
-        REGISTER_TIMEOUT,
-        register.get_multiplexed_async_connection(),
-    )
-    .await
-    .expect("the register's Redis answers")
-    .expect("connect to the register's Redis");
+    // The client's own bounds too: its default 500 ms reply timeout is shorter than what a
+    // loaded machine can take, and a write whose outcome is unknown would blur the effects.
+    let config = redis::AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(REGISTER_TIMEOUT))
+        .set_response_timeout(Some(REGISTER_TIMEOUT));
+    let register = redis::Client::open(register_url.as_str())
+        .expect("register url")
+        .get_multiplexed_async_connection_with_config(&config)
+        .await
+        .expect("connect to the register's Redis");
     let limits = limits()
         .into_iter()
         .map(|limit| {
