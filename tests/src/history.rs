@@ -13,8 +13,10 @@
 //! - **mutual exclusion**: two critical sections on one key, both of holders whose leases
 //!   were valid, that overlap. A section is *valid* when it ended within the lease counted
 //!   from the acquiring call's invoke (the earliest the key can expire: renewals only extend
-//!   it) and no fault that loses Redis's data struck between that invoke and its end. Any
-//!   other section may overlap; fencing must then keep its effects out;
+//!   it) and no fault that may lose the writes of the key's hash slot ([`Loss`]) overlaps
+//!   that invoke to its end. Any other section may overlap another (its holder was paused
+//!   past its lease, or its key vanished with a kill or a failover); fencing must then keep
+//!   its effects out;
 //! - **fencing order**: an acquisition that completed before another was invoked must carry
 //!   the smaller token (per key, across every fault, failovers included); valid sections, in
 //!   the order they ran, carry increasing tokens;
@@ -22,13 +24,18 @@
 //!   which means a later holder reached the register during its lease;
 //! - **lost or doubled effects**: each register's final value equals the number of writes
 //!   it accepted, and no value was written twice;
-//! - **double executions**: an intent whose body ran twice without a data-losing fault
-//!   between the first call's invoke and the second execution (records expire long after
-//!   the run, so nothing else may free an intent); a reply other than the intent's value;
+//! - **double executions**: an intent whose body ran twice without a fault that may lose
+//!   its record between the first call's invoke and the second execution (records expire
+//!   long after the run, so nothing else may free an intent); a reply other than the
+//!   intent's value, or a replay of an intent that never ran;
 //! - **rate bounds**: what each algorithm admitted (by Redis's time) within its documented
-//!   bound ([`rate::verdict`](crate::rate::verdict)), over each stretch between data-losing
-//!   faults (a Redis that lost its state starts the count afresh);
-//! - **unexpected outcomes**: an error a guard should never return here (`Corrupt`, …).
+//!   bound ([`rate::verdict`](crate::rate::verdict)), over each stretch between faults that
+//!   may lose its key's state (a Redis that lost its state starts the count afresh; what was
+//!   admitted during such a fault is left out, as it may or may not be remembered after);
+//! - **unexpected outcomes**: an error a guard should never return here (`Corrupt`, …);
+//! - **lock progress**: while no fault is active, each lock key changes hands at least once
+//!   a second (a lock that is never released or a waiter never woken breaks no safety
+//!   property, only this).
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::{self, Write as _};
@@ -423,6 +430,8 @@ pub enum Loss {
 /// What a run left: the workers' events, the faults, and each register's final value.
 #[derive(Debug, Default)]
 pub struct History {
+    /// When the workers started and were told to stop ([`now_us`]).
+    pub run: (u64, u64),
     pub events: Vec<Event>,
     pub faults: Vec<FaultSpan>,
     /// Final value of each lock key's register (0 when never written).
@@ -704,6 +713,7 @@ fn check_locks(history: &History, losses: &mut Losses<'_>, report: &mut Report) 
         fencing_order(key, sections, report);
     }
     fenced_out(history, &sections, report);
+    progress(history, &sections, report);
     effects(history, report);
 }
 
@@ -771,6 +781,61 @@ fn fencing_order(key: &str, sections: &[Section<'_>], report: &mut Report) {
             ));
         }
     }
+}
+
+/// How long after a fault ends the guards may still be catching up (reconnecting, waiting
+/// out a lease that a stall let run out).
+const RECOVERY: Duration = Duration::from_millis(500);
+/// The fewest sections per second each lock key must complete while no fault is active; a
+/// healthy run does ten times more, a lock that is never released (each holder's key freed
+/// only when its lease ends) at most 1/[`LEASE`].
+const MIN_PROGRESS_PER_SEC: f64 = 1.0;
+
+/// Each lock key keeps changing hands while nothing is broken: a lock that safety alone
+/// cannot fault (never released, a waiter never woken) shows here.
+fn progress(history: &History, sections: &BTreeMap<&str, Vec<Section<'_>>>, report: &mut Report) {
+    let recovery = u64::try_from(RECOVERY.as_micros()).expect("µs");
+    let mut busy: Vec<(u64, u64)> = history
+        .faults
+        .iter()
+        .map(|fault| (fault.start, fault.end + recovery))
+        .collect();
+    busy.sort_unstable();
+    // The stretches of the run with no fault active, nor just healed.
+    let mut free = Vec::new();
+    let mut from = history.run.0;
+    for (start, end) in busy {
+        if start > from {
+            free.push((from, start.min(history.run.1)));
+        }
+        from = from.max(end);
+    }
+    if from < history.run.1 {
+        free.push((from, history.run.1));
+    }
+    let free_secs = free.iter().map(|(a, b)| b - a).sum::<u64>() as f64 / 1e6;
+    let mut figures = Vec::new();
+    for (key, _) in LOCK_KEYS {
+        let done = sections.get(key).map_or(0, |sections| {
+            sections
+                .iter()
+                .filter(|s| free.iter().any(|(a, b)| (*a..*b).contains(&s.entered)))
+                .count()
+        });
+        let rate = done as f64 / free_secs;
+        figures.push(format!("{key} {rate:.1}/s"));
+        // Too short a stretch says nothing either way.
+        if free_secs >= 2.0 && rate < MIN_PROGRESS_PER_SEC {
+            report.violations.push(format!(
+                "lock progress: {key}: {done} sections in {free_secs:.1} s without faults \
+                 ({rate:.2}/s, expected at least {MIN_PROGRESS_PER_SEC}/s)"
+            ));
+        }
+    }
+    report.figures.push(format!(
+        "lock progress without faults ({free_secs:.1} s): {}",
+        figures.join(", ")
+    ));
 }
 
 /// No call of a valid section to its register is refused.

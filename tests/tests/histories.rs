@@ -217,6 +217,7 @@ fn span(kind: &str, loss: Loss, during: impl FnOnce()) -> FaultSpan {
 /// Collects, checks and prints a run; fails the test on any violation.
 fn check(
     name: &str,
+    run: (u64, u64),
     mut workers: Workers,
     dir: tempfile::TempDir,
     register: &RedisServer,
@@ -225,6 +226,7 @@ fn check(
 ) {
     let ops = workers.finish();
     let history = History {
+        run,
         events: workers.events(),
         faults,
         registers: registers(register),
@@ -255,7 +257,8 @@ fn single_node_through_process_and_network_faults() {
     let dir = tempfile::tempdir().expect("temp dir");
     let mut workers = Workers::spawn(&proxy.url(), &register, dir.path(), seed);
     let started = Instant::now();
-    let end = now_us() + u64::try_from(run_length().as_micros()).expect("µs");
+    let start = now_us();
+    let end = start + u64::try_from(run_length().as_micros()).expect("µs");
     workers.go(end);
     // Each round injects every kind once, in a new order.
     let mut round: Vec<usize> = Vec::new();
@@ -310,7 +313,15 @@ fn single_node_through_process_and_network_faults() {
             _ => span("proxy-reset", Loss::Nothing, || proxy.reset()),
         }
     });
-    check("single node", workers, dir, &register, faults, started);
+    check(
+        "single node",
+        (start, end),
+        workers,
+        dir,
+        &register,
+        faults,
+        started,
+    );
     server.assert_every_key_has_ttl();
 }
 
@@ -375,7 +386,8 @@ fn cluster_through_failovers() {
     let dir = tempfile::tempdir().expect("temp dir");
     let mut workers = Workers::spawn(&target, &register, dir.path(), seed);
     let started = Instant::now();
-    let end = now_us() + u64::try_from(run_length().as_micros()).expect("µs");
+    let start = now_us();
+    let end = start + u64::try_from(run_length().as_micros()).expect("µs");
     workers.go(end);
     let mut round: Vec<usize> = Vec::new();
     let faults = schedule(end, &mut rng, |rng| {
@@ -444,6 +456,14 @@ fn cluster_through_failovers() {
             ..fault
         }
     });
-    check("cluster", workers, dir, &register, faults, started);
+    check(
+        "cluster",
+        (start, end),
+        workers,
+        dir,
+        &register,
+        faults,
+        started,
+    );
     cluster.assert_every_key_has_ttl();
 }
