@@ -12,7 +12,9 @@
 //! ```
 
 pub mod cancel;
+pub mod history;
 pub mod metrics;
+pub mod proxy;
 pub mod rate;
 
 use std::io::{Read, Write};

@@ -80,7 +80,10 @@ impl Watchdog {
         spec: Spec,
         tenure: Tenure,
     ) -> (Watchdog, watch::Receiver<bool>) {
-        let (lost_tx, lost_rx) = watch::channel(false);
+        // An acquisition answered after its lease ran out (a call timeout longer than the
+        // lease, a slow network) may hand over a key that is someone else's by now: lost
+        // from the start, so `run` never starts the body.
+        let (lost_tx, lost_rx) = watch::channel(Instant::now() >= tenure.valid_until);
         let live = Live::new();
         let task = tokio::spawn(async move {
             let _live = live;
