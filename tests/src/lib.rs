@@ -12,7 +12,10 @@
 //! ```
 
 pub mod metrics;
+pub mod model;
+pub mod props;
 pub mod rate;
+pub mod vclock;
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
