@@ -3,6 +3,61 @@
 //! memory on a `ManualClock`, Redis and a Redis Cluster with the scripts on the same virtual
 //! clock (`redguard_tests::vclock`) — and compared exactly. A disagreement is shrunk to a
 //! short sequence and printed step by step.
+//!
+//! Each test runs a few dozen cases so the file stays within CI's budget; `PROPTEST_CASES`
+//! sets the number of cases of every test (e.g. `PROPTEST_CASES=2000` for a long run).
+//! `MODEL_MUTATION` runs the Redis scripts with a known bug put back (see [`mutation`]), to
+//! watch a test catch it; TESTING.md lists the names.
+
+#[path = "models/rate.rs"]
+mod rate;
+
+use redguard_tests::props::run;
+use redguard_tests::vclock::Backend;
+
+/// Cases per test and store, unless `PROPTEST_CASES` says otherwise.
+const CASES: u32 = 48;
+/// Operations per case, at most.
+const STEPS: usize = 40;
+
+/// A script mutation named by `MODEL_MUTATION`, applied to every Redis script on top of the
+/// virtual clock, or none.
+fn mutation() -> Option<fn(&str) -> String> {
+    let name = std::env::var("MODEL_MUTATION").ok()?;
+    let mutate: fn(&str) -> String = match name.as_str() {
+        // rate_check.lua before 0.1: GCRA intervals rounded up to whole µs.
+        "gcra-whole-us" => |s| {
+            s.replace("local fine = interval % 1000 ~= 0", "local fine = false")
+                .replace(
+                    "local T = interval / 1000",
+                    "local T = math.ceil(interval / 1000)",
+                )
+        },
+        other => panic!("unknown MODEL_MUTATION {other:?}"),
+    };
+    Some(mutate)
+}
+
+macro_rules! on_every_store {
+    ($($name:ident: $machine:ty, $cases:expr;)*) => {
+        mod memory {
+            use super::*;
+            $(#[test] fn $name() { run::<$machine>(Backend::Memory, $cases, STEPS); })*
+        }
+        mod redis {
+            use super::*;
+            $(#[test] fn $name() { run::<$machine>(Backend::Redis, $cases, STEPS); })*
+        }
+        mod cluster {
+            use super::*;
+            $(#[test] fn $name() { run::<$machine>(Backend::Cluster, $cases / 2, STEPS); })*
+        }
+    };
+}
+
+on_every_store! {
+    rate_limits: rate::Machine, CASES;
+}
 
 /// Disagreements the models found, kept as plain cases on every store (each was a store
 /// bug, fixed in the commit that added it here).
