@@ -64,7 +64,10 @@ on_every_store! {
 mod regressions {
     use std::time::Duration;
 
-    use redguard::{Algorithm, GuardKind, KeyBuilder, Limit, Rate, RateCheck, RateMode};
+    use redguard::{
+        Algorithm, GuardKind, KeyBuilder, Limit, LockAcquire, LockRelease, Rate, RateCheck,
+        RateMode,
+    };
     use redguard_tests::vclock::{Backend, Expiry, World, with_backend};
 
     /// (allowed, remaining, reset µs, retry µs) of one check of `limit` on key `k`.
@@ -156,6 +159,56 @@ mod regressions {
                 (false, 500, 1_768_314, 770_311),
                 "{backend:?}"
             );
+        });
+    }
+
+    /// A semaphore holder (or a reader) whose lease ran out lost its slot: its release says
+    /// so, as a lock's does, even while another holder keeps the set alive. It said
+    /// "released".
+    #[test]
+    fn semaphore_release_after_the_lease_is_not_the_owner() {
+        on_every_store(|backend| {
+            let world = World::new(Expiry::AtInstant, 0, None);
+            let store = world.rg.store().clone();
+            let key = |name: &str| {
+                let body = KeyBuilder::new().text(name).finish().unwrap();
+                world.rg.key(GuardKind::Lock, "regression", &body).unwrap()
+            };
+            let (key, rw) = (key("sem"), key("rw"));
+            let s = Duration::from_secs;
+            let acquire =
+                |owner, lease| world.block_on(store.semaphore_acquire(&key, owner, 2, lease));
+            assert!(matches!(
+                acquire("long", s(2)).unwrap(),
+                LockAcquire::Acquired { .. }
+            ));
+            assert!(matches!(
+                acquire("short", s(1)).unwrap(),
+                LockAcquire::Acquired { .. }
+            ));
+            let read =
+                |owner, lease| world.block_on(store.rw_acquire(&rw, owner, false, lease, false));
+            assert!(matches!(
+                read("long", s(2)).unwrap(),
+                LockAcquire::Acquired { .. }
+            ));
+            assert!(matches!(
+                read("short", s(1)).unwrap(),
+                LockAcquire::Acquired { .. }
+            ));
+            world.advance(1_000_000);
+            let released = world
+                .block_on(store.semaphore_release(&key, "short"))
+                .unwrap();
+            assert_eq!(released, LockRelease::NotOwner, "{backend:?}");
+            let released = world
+                .block_on(store.rw_release_read(&key, "short"))
+                .unwrap();
+            assert_eq!(released, LockRelease::NotOwner, "{backend:?}");
+            let released = world
+                .block_on(store.semaphore_release(&key, "long"))
+                .unwrap();
+            assert_eq!(released, LockRelease::Released, "{backend:?}");
         });
     }
 }
