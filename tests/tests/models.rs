@@ -9,6 +9,10 @@
 //! `MODEL_MUTATION` runs the Redis scripts with a known bug put back (see [`mutation`]), to
 //! watch a test catch it; TESTING.md lists the names.
 
+#[path = "models/idem.rs"]
+mod idem;
+#[path = "models/lock.rs"]
+mod lock;
 #[path = "models/rate.rs"]
 mod rate;
 
@@ -57,6 +61,8 @@ macro_rules! on_every_store {
 
 on_every_store! {
     rate_limits: rate::Machine, CASES;
+    locks: lock::Machine, CASES;
+    records_and_tokens: idem::Machine, CASES;
 }
 
 /// Disagreements the models found, kept as plain cases on every store (each was a store
