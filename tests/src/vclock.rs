@@ -213,6 +213,11 @@ impl World {
             .expect("PEXPIREAT");
     }
 
+    /// The Redis masters' URLs (none on the memory store).
+    pub fn node_urls(&self) -> &[String] {
+        &self.nodes
+    }
+
     fn node_of(&self, key: &str) -> Option<String> {
         self.nodes
             .iter()

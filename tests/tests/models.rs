@@ -13,6 +13,8 @@
 mod idem;
 #[path = "models/lock.rs"]
 mod lock;
+#[path = "models/nested.rs"]
+mod nested;
 #[path = "models/rate.rs"]
 mod rate;
 
@@ -36,6 +38,14 @@ fn mutation() -> Option<fn(&str) -> String> {
                     "local T = interval / 1000",
                     "local T = math.ceil(interval / 1000)",
                 )
+        },
+        // lock_release.lua before levels were named: a nested release counts the depth down,
+        // and frees the key at zero.
+        "release-decrements" => |s| {
+            s.replace(
+                "  local depth = tonumber(h[2]) or 1\n  if depth >= level then\n    depth = level - 1\n    redis.call('HSET', KEYS[1], 'depth', depth)\n  end\n  return depth\n",
+                "  local depth = (tonumber(h[2]) or 1) - 1\n  if depth > 0 then\n    redis.call('HSET', KEYS[1], 'depth', depth)\n    return depth\n  end\n",
+            )
         },
         other => panic!("unknown MODEL_MUTATION {other:?}"),
     };
@@ -63,6 +73,7 @@ on_every_store! {
     rate_limits: rate::Machine, CASES;
     locks: lock::Machine, CASES;
     records_and_tokens: idem::Machine, CASES;
+    nested_levels: nested::Machine, CASES;
 }
 
 /// Disagreements the models found, kept as plain cases on every store (each was a store
