@@ -9,6 +9,8 @@
 //! `MODEL_MUTATION` runs the Redis scripts with a known bug put back (see [`mutation`]), to
 //! watch a test catch it; TESTING.md lists the names.
 
+#[path = "models/calls.rs"]
+mod calls;
 #[path = "models/idem.rs"]
 mod idem;
 #[path = "models/lock.rs"]
@@ -74,6 +76,7 @@ on_every_store! {
     locks: lock::Machine, CASES;
     records_and_tokens: idem::Machine, CASES;
     nested_levels: nested::Machine, CASES;
+    idempotent_calls: calls::Machine, CASES;
 }
 
 /// Disagreements the models found, kept as plain cases on every store (each was a store

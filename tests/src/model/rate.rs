@@ -241,7 +241,7 @@ fn debt(
 ) -> (Verdict, Option<State>) {
     let t = limit.interval();
     let now_ns = u128::from(now) * 1000;
-    let resolution = if t % 1000 == 0 { 1000 } else { 1 };
+    let resolution = if t.is_multiple_of(1000) { 1000 } else { 1 };
     let debt = match state {
         Some(State::Debt { tat, interval, .. }) if *tat > now_ns => {
             let d = tat - now_ns;
