@@ -19,6 +19,8 @@ mod lock;
 mod nested;
 #[path = "models/rate.rs"]
 mod rate;
+#[path = "models/scopes.rs"]
+mod scopes;
 
 use redguard_tests::props::run;
 use redguard_tests::vclock::Backend;
@@ -77,6 +79,7 @@ on_every_store! {
     records_and_tokens: idem::Machine, CASES;
     nested_levels: nested::Machine, CASES;
     idempotent_calls: calls::Machine, CASES;
+    same_named_methods: scopes::Machine, CASES;
 }
 
 /// Disagreements the models found, kept as plain cases on every store (each was a store
