@@ -234,4 +234,40 @@ mod regressions {
             assert_eq!(released, LockRelease::Released, "{backend:?}");
         });
     }
+
+    /// A fair waiter that stopped retrying for longer than its registration lost its place:
+    /// coming back, it queues behind the waiters that kept theirs. Redis kept its old ticket
+    /// until the queue itself expired (4 s) and handed it the lock first.
+    #[test]
+    fn fair_waiter_whose_place_lapsed_rejoins_at_the_tail() {
+        on_every_store(|backend| {
+            let world = World::new(Expiry::AtInstant, 0, None);
+            let store = world.rg.store().clone();
+            let body = KeyBuilder::new().text("fair").finish().unwrap();
+            let key = world.rg.key(GuardKind::Lock, "regression", &body).unwrap();
+            let lease = Duration::from_secs(30);
+            let attempt = |owner| world.block_on(store.fair_acquire(&key, owner, lease, 1, true));
+            assert!(matches!(
+                attempt("holder").unwrap(),
+                LockAcquire::Acquired { .. }
+            ));
+            assert!(matches!(
+                attempt("lapsed").unwrap(),
+                LockAcquire::Held { .. }
+            ));
+            world.advance(2_500_000);
+            assert!(matches!(attempt("kept").unwrap(), LockAcquire::Held { .. }));
+            assert!(matches!(
+                attempt("lapsed").unwrap(),
+                LockAcquire::Held { .. }
+            ));
+            let released = world.block_on(store.fair_release(&key, "holder", 1, Duration::ZERO));
+            assert_eq!(released.unwrap(), LockRelease::Released);
+            let kept = attempt("kept").unwrap();
+            assert!(
+                matches!(kept, LockAcquire::Acquired { .. }),
+                "{backend:?}: {kept:?}"
+            );
+        });
+    }
 }
