@@ -104,47 +104,57 @@ impl fmt::Debug for Op {
 
 pub(crate) struct Machine;
 
-fn kind() -> impl Strategy<Value = Kind> {
-    prop_oneof![
-        3 => Just(Kind::Exclusive),
-        2 => Just(Kind::Fair),
-        // One semaphore key: its permits stay the same within a case.
-        1 => Just(Kind::Semaphore(2)),
-        2 => any::<bool>().prop_map(Kind::Rw),
-    ]
+/// The lock kinds a case uses: mostly its own kind (so a case goes deep into one, a fair
+/// queue's waiters coming and going, say), sometimes any.
+fn kind(focus: usize) -> impl Strategy<Value = Kind> {
+    let kinds = [
+        Kind::Exclusive,
+        Kind::Fair,
+        Kind::Semaphore(2),
+        Kind::Rw(true),
+        Kind::Rw(false),
+    ];
+    let focused = match kinds[focus] {
+        Kind::Rw(_) => any::<bool>().prop_map(Kind::Rw).boxed(),
+        kind => Just(kind).boxed(),
+    };
+    // One semaphore key: its permits stay the same within a case.
+    prop_oneof![4 => focused, 1 => prop::sample::select(kinds.to_vec())]
 }
 
 impl ReferenceStateMachine for Machine {
-    /// Where the clock starts past the epoch, in whole ms.
-    type State = u64;
+    /// Where the clock starts past the epoch (whole ms), and the case's kind of lock.
+    type State = (u64, usize);
     type Transition = Op;
 
-    fn init_state() -> BoxedStrategy<u64> {
-        (0u64..86_400_000).prop_map(|ms| ms * 1000).boxed()
+    fn init_state() -> BoxedStrategy<(u64, usize)> {
+        (0u64..86_400_000, 0usize..4)
+            .prop_map(|(ms, focus)| (ms * 1000, focus))
+            .boxed()
     }
 
-    fn transitions(_: &u64) -> BoxedStrategy<Op> {
+    fn transitions(&(_, focus): &(u64, usize)) -> BoxedStrategy<Op> {
         let owner = 0..OWNERS.len();
         let lease = prop::sample::select(vec![1000u64, 2000, 5000, 30_000]);
         let level = prop_oneof![3 => Just(1u32), 2 => 2u32..=4];
         let keep = prop_oneof![4 => Just(0u64), 1 => prop::sample::select(vec![500u64, 3000])];
         prop_oneof![
-            5 => (kind(), owner.clone(), lease.clone(), level.clone(), any::<bool>()).prop_map(
+            5 => (kind(focus), owner.clone(), lease.clone(), level.clone(), any::<bool>()).prop_map(
                 |(kind, owner, lease_ms, level, join)| Op::Acquire { kind, owner, lease_ms, level, join }
             ),
-            1 => (kind(), owner.clone(), lease).prop_map(|(kind, owner, lease_ms)| Op::Renew { kind, owner, lease_ms }),
-            4 => (kind(), owner.clone(), level, keep).prop_map(|(kind, owner, level, keep_ms)| {
+            1 => (kind(focus), owner.clone(), lease).prop_map(|(kind, owner, lease_ms)| Op::Renew { kind, owner, lease_ms }),
+            4 => (kind(focus), owner.clone(), level, keep).prop_map(|(kind, owner, level, keep_ms)| {
                 Op::Release { kind, owner, level, keep_ms }
             }),
             1 => owner.prop_map(|owner| Op::Leave { owner }),
-            3 => prop::sample::select(vec![1u64, 199, 200, 500, 999, 1000, 1001, 2000, 3000, 5000, 30_000])
+            3 => prop::sample::select(vec![1u64, 199, 200, 500, 999, 1000, 1001, 2000, 2500, 3000, 5000, 30_000])
                 .prop_map(|ms| Op::Advance { ms }),
         ]
         .boxed()
     }
 
-    fn apply(start: u64, _: &Op) -> u64 {
-        start
+    fn apply(state: (u64, usize), _: &Op) -> (u64, usize) {
+        state
     }
 }
 
@@ -196,8 +206,8 @@ impl StateMachineTest for Machine {
     type SystemUnderTest = Sut;
     type Reference = Machine;
 
-    fn init_test(start: &u64) -> Sut {
-        let world = World::new(Expiry::AtInstant, *start, super::mutation());
+    fn init_test(&(start, _): &(u64, usize)) -> Sut {
+        let world = World::new(Expiry::AtInstant, start, super::mutation());
         let key = |body: &str| {
             let body = KeyBuilder::new().text(body).finish().unwrap();
             world.rg.key(GuardKind::Lock, "lock-model", &body).unwrap()
@@ -213,7 +223,7 @@ impl StateMachineTest for Machine {
         }
     }
 
-    fn apply(mut sut: Sut, _: &u64, op: Op) -> Sut {
+    fn apply(mut sut: Sut, _: &(u64, usize), op: Op) -> Sut {
         let now = sut.world.now();
         let ms = std::time::Duration::from_millis;
         let store = sut.world.rg.store().clone();
