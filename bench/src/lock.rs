@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use redguard::{KeyBuilder, LockGuard, Redguard, dist_lock};
+use redguard::{KeyBuilder, LockGuard, LockKind, Redguard, dist_lock};
 
 use crate::raw;
 use crate::{Bench, Ways};
@@ -108,11 +108,16 @@ async fn contended(
     let case = contended_case(fair);
     let rg = rg.clone();
     let acquire = move || {
+        let kind = if fair {
+            LockKind::Fair
+        } else {
+            LockKind::Exclusive
+        };
         let lock = rg
             .lock("contended")
+            .kind(kind)
             .scope("bench")
             .wait(Duration::from_secs(30));
-        let lock = if fair { lock.fair() } else { lock };
         async move { lock.acquire().await.expect("acquire") }
     };
     let release = |guard: LockGuard| async move { guard.release().await.expect("release") };

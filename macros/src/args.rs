@@ -10,11 +10,10 @@ use proc_macro2::{Span, TokenStream};
 use syn::parse::Parser;
 use syn::punctuated::Punctuated;
 use syn::spanned::Spanned as _;
-use syn::{Expr, ExprLit, Ident, Lit, LitInt, LitStr, Meta, Token};
+use syn::{Expr, ExprLit, Lit, LitInt, LitStr, Meta, Token};
 
 use crate::errors::Errors;
 use crate::template::{self, Segment};
-use crate::value;
 
 /// The shape an argument's value must have.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,6 +40,7 @@ pub(crate) struct ArgSpec {
 }
 
 /// A parsed key template with the literal it came from (for spans).
+#[derive(Clone)]
 pub(crate) struct TemplateArg {
     pub(crate) lit: LitStr,
     pub(crate) segments: Vec<Segment>,
@@ -74,86 +74,135 @@ pub(crate) enum Value {
     Flag(Span),
 }
 
-/// The arguments of one attribute, in the order written.
-pub(crate) struct Args {
-    values: Vec<(Ident, Value)>,
-    written: Vec<Ident>,
-}
-
-impl Args {
+/// An attribute's arguments as a struct of typed values: declared with [`arguments!`], filled
+/// by [`parse`].
+pub(crate) trait Arguments: Default {
+    /// The attribute's name, for messages.
+    const ATTR: &'static str;
+    /// The arguments it accepts.
+    const SPECS: &'static [ArgSpec];
+    /// Stores a parsed value of the argument `name` (of the shape its spec gives).
+    fn set(&mut self, name: &str, value: Value);
+    /// Remembers that `name` was written, valid or not.
+    fn mark_written(&mut self, name: &'static str);
     /// Whether the user wrote `name`, valid or not (so a bad value is not also "missing").
-    pub(crate) fn written(&self, name: &str) -> bool {
-        self.written.iter().any(|ident| ident == name)
-    }
+    fn written(&self, name: &str) -> bool;
+    /// Every key template among the arguments.
+    fn templates(&self) -> Vec<&TemplateArg>;
+    /// `crate = "path"`: where a re-exporting crate put the runtime (every attribute takes it).
+    fn krate(&self) -> Option<&LitStr>;
+}
 
-    fn get(&self, name: &str) -> Option<&Value> {
-        self.values
-            .iter()
-            .find(|(ident, _)| ident == name)
-            .map(|(_, value)| value)
-    }
+/// The Rust type of an argument's value, by [`Kind`].
+macro_rules! arg_type {
+    (Template) => { $crate::args::TemplateArg };
+    (Duration) => { $crate::args::Spanned<::std::time::Duration> };
+    (Expr) => { ::syn::Expr };
+    (Str) => { ::syn::LitStr };
+    (Int) => { $crate::args::Spanned<u64> };
+    (Flag) => { ::proc_macro2::Span };
+}
+pub(crate) use arg_type;
 
-    pub(crate) fn template(&self, name: &str) -> Option<&TemplateArg> {
-        match self.get(name)? {
-            Value::Template(value) => Some(value),
-            _ => None,
+/// Declares an attribute's arguments: a struct with one optional field per argument, and the
+/// table [`parse`] checks names and shapes against. Every attribute also takes
+/// `crate = "path"` (the `krate` field).
+macro_rules! arguments {
+    (
+        $(#[$doc:meta])*
+        $name:ident for $attr:literal {
+            $($field:ident : $kind:ident),* $(,)?
         }
-    }
-
-    pub(crate) fn duration(&self, name: &str) -> Option<&Spanned<Duration>> {
-        match self.get(name)? {
-            Value::Duration(value) => Some(value),
-            _ => None,
+    ) => {
+        $(#[$doc])*
+        #[derive(Default)]
+        pub(crate) struct $name {
+            $(pub(crate) $field: Option<$crate::args::arg_type!($kind)>,)*
+            krate: Option<::syn::LitStr>,
+            written: Vec<&'static str>,
         }
-    }
 
-    pub(crate) fn expr(&self, name: &str) -> Option<&Expr> {
-        match self.get(name)? {
-            Value::Expr(value) => Some(value),
-            _ => None,
+        impl $crate::args::Arguments for $name {
+            const ATTR: &'static str = $attr;
+            const SPECS: &'static [$crate::args::ArgSpec] = &[
+                $(
+                    $crate::args::ArgSpec {
+                        name: stringify!($field),
+                        kind: $crate::args::Kind::$kind,
+                    },
+                )*
+                $crate::args::ArgSpec {
+                    name: "crate",
+                    kind: $crate::args::Kind::Str,
+                },
+            ];
+
+            fn set(&mut self, name: &str, value: $crate::args::Value) {
+                $(
+                    if name == stringify!($field)
+                        && let $crate::args::Value::$kind(value) = value
+                    {
+                        self.$field = Some(value);
+                        return;
+                    }
+                )*
+                if name == "crate"
+                    && let $crate::args::Value::Str(value) = value
+                {
+                    self.krate = Some(value);
+                }
+            }
+
+            fn krate(&self) -> Option<&::syn::LitStr> {
+                self.krate.as_ref()
+            }
+
+            fn mark_written(&mut self, name: &'static str) {
+                self.written.push(name);
+            }
+
+            fn written(&self, name: &str) -> bool {
+                self.written.contains(&name)
+            }
+
+            fn templates(&self) -> Vec<&$crate::args::TemplateArg> {
+                let mut templates = Vec::new();
+                $(
+                    if let Some(template) = self.$field.as_ref().and_then($crate::args::AsTemplate::as_template) {
+                        templates.push(template);
+                    }
+                )*
+                templates
+            }
         }
-    }
+    };
+}
+pub(crate) use arguments;
 
-    pub(crate) fn str(&self, name: &str) -> Option<&LitStr> {
-        match self.get(name)? {
-            Value::Str(value) => Some(value),
-            _ => None,
-        }
-    }
-
-    pub(crate) fn int(&self, name: &str) -> Option<&Spanned<u64>> {
-        match self.get(name)? {
-            Value::Int(value) => Some(value),
-            _ => None,
-        }
-    }
-
-    pub(crate) fn flag(&self, name: &str) -> Option<Span> {
-        match self.get(name)? {
-            Value::Flag(span) => Some(*span),
-            _ => None,
-        }
-    }
-
-    pub(crate) fn templates(&self) -> impl Iterator<Item = &TemplateArg> {
-        self.values.iter().filter_map(|(_, value)| match value {
-            Value::Template(template) => Some(template),
-            _ => None,
-        })
+/// The template inside an argument value, if it is one.
+pub(crate) trait AsTemplate {
+    fn as_template(&self) -> Option<&TemplateArg> {
+        None
     }
 }
 
-/// Parses `tokens` against `specs`. Syntax errors end parsing; everything else is pushed to
-/// `errors` and parsing goes on.
-pub(crate) fn parse(
-    attr: &str,
-    specs: &[ArgSpec],
-    tokens: TokenStream,
-    errors: &mut Errors,
-) -> syn::Result<Args> {
+impl AsTemplate for TemplateArg {
+    fn as_template(&self) -> Option<&TemplateArg> {
+        Some(self)
+    }
+}
+impl AsTemplate for Spanned<Duration> {}
+impl AsTemplate for Spanned<u64> {}
+impl AsTemplate for Expr {}
+impl AsTemplate for LitStr {}
+impl AsTemplate for Span {}
+
+/// Parses `tokens` into `A`. Syntax errors end parsing; everything else is pushed to `errors`
+/// and parsing goes on.
+pub(crate) fn parse<A: Arguments>(tokens: TokenStream, errors: &mut Errors) -> syn::Result<A> {
+    let (attr, specs) = (A::ATTR, A::SPECS);
     let metas = Punctuated::<Meta, Token![,]>::parse_terminated.parse2(tokens)?;
-    let mut values: Vec<(Ident, Value)> = Vec::new();
-    let mut written: Vec<Ident> = Vec::new();
+    let mut args = A::default();
     for meta in metas {
         let Some(ident) = meta.path().get_ident().cloned() else {
             errors.push(
@@ -164,28 +213,60 @@ pub(crate) fn parse(
         };
         let Some(spec) = specs.iter().find(|spec| ident == spec.name) else {
             let names: Vec<String> = specs.iter().map(|s| format!("`{}`", s.name)).collect();
+            let guess = closest(&ident.to_string(), specs)
+                .map(|name| format!("did you mean `{name}`? "))
+                .unwrap_or_default();
             errors.push(
                 ident.span(),
                 format!(
-                    "unknown argument `{ident}` of `#[{attr}]`; expected one of {}",
+                    "unknown argument `{ident}` of `#[{attr}]`; {guess}expected one of {}",
                     names.join(", ")
                 ),
             );
             continue;
         };
-        if written.contains(&ident) {
+        if args.written(spec.name) {
             errors.push(
                 ident.span(),
                 format!("duplicate argument `{ident}` of `#[{attr}]`"),
             );
             continue;
         }
-        written.push(ident.clone());
+        args.mark_written(spec.name);
         if let Some(value) = parse_value(attr, spec, meta, errors) {
-            values.push((ident, value));
+            args.set(spec.name, value);
         }
     }
-    Ok(Args { values, written })
+    Ok(args)
+}
+
+/// The accepted name closest to a misspelt one, if close enough to be what was meant (at most
+/// two edits, and fewer than half its letters).
+fn closest(written: &str, specs: &[ArgSpec]) -> Option<&'static str> {
+    specs
+        .iter()
+        .map(|spec| (edit_distance(written, spec.name), spec.name))
+        .filter(|(distance, name)| *distance <= 2 && *distance * 2 < name.len())
+        .min_by_key(|(distance, _)| *distance)
+        .map(|(_, name)| name)
+}
+
+/// Levenshtein distance, with a swap of two neighbours counted as one edit (`brust`).
+fn edit_distance(a: &str, b: &str) -> usize {
+    let (a, b): (Vec<char>, Vec<char>) = (a.chars().collect(), b.chars().collect());
+    let mut rows = vec![(0..=b.len()).collect::<Vec<usize>>()];
+    for i in 1..=a.len() {
+        let mut row = vec![i; b.len() + 1];
+        for j in 1..=b.len() {
+            let substitute = rows[i - 1][j - 1] + usize::from(a[i - 1] != b[j - 1]);
+            row[j] = substitute.min(rows[i - 1][j] + 1).min(row[j - 1] + 1);
+            if i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] {
+                row[j] = row[j].min(rows[i - 2][j - 2] + 1);
+            }
+        }
+        rows.push(row);
+    }
+    rows[a.len()][b.len()]
 }
 
 fn parse_value(attr: &str, spec: &ArgSpec, meta: Meta, errors: &mut Errors) -> Option<Value> {
@@ -215,16 +296,18 @@ fn parse_value(attr: &str, spec: &ArgSpec, meta: Meta, errors: &mut Errors) -> O
     let value = match (spec.kind, lit) {
         (Kind::Expr, _) => Value::Expr(expr),
         (Kind::Template, Some(Lit::Str(lit))) => template_arg(lit, errors)?,
-        (Kind::Duration, Some(Lit::Str(lit))) => match value::parse_duration(&lit.value()) {
-            Ok(value) => Value::Duration(Spanned {
-                value,
-                span: lit.span(),
-            }),
-            Err(message) => {
-                errors.push(lit.span(), format!("invalid `{name}`: {message}"));
-                return None;
+        (Kind::Duration, Some(Lit::Str(lit))) => {
+            match redguard_grammar::duration::parse(&lit.value()) {
+                Ok(value) => Value::Duration(Spanned {
+                    value,
+                    span: lit.span(),
+                }),
+                Err(message) => {
+                    errors.push(lit.span(), format!("invalid `{name}`: {message}"));
+                    return None;
+                }
             }
-        },
+        }
         (Kind::Duration, Some(Lit::Int(lit))) => {
             let secs = int(&lit, name, errors)?;
             Value::Duration(Spanned {

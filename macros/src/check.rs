@@ -1,25 +1,24 @@
 //! Cross-checks between an attribute's arguments and the fn it is on.
 
-use syn::{FnArg, ItemFn, LitStr, Pat};
+use syn::{FnArg, LitStr, Pat, Signature};
 
-use crate::args::{Args, TemplateArg};
+use crate::args::TemplateArg;
 use crate::errors::Errors;
 use crate::template::Segment;
 
 /// Why: every guard wraps the body in a future, so only `async fn` can be guarded.
-pub(crate) fn is_async(attr: &str, item: &ItemFn, errors: &mut Errors) {
-    if item.sig.asyncness.is_none() {
+pub(crate) fn is_async(attr: &str, sig: &Signature, errors: &mut Errors) {
+    if sig.asyncness.is_none() {
         errors.push(
-            item.sig.fn_token.span,
+            sig.fn_token.span,
             format!("`#[{attr}]` can only be used on an `async fn`"),
         );
     }
 }
 
 /// The names a placeholder root may refer to: the fn's parameters bound by plain identifiers.
-fn parameter_names(item: &ItemFn) -> Vec<String> {
-    item.sig
-        .inputs
+fn parameter_names(sig: &Signature) -> Vec<String> {
+    sig.inputs
         .iter()
         .filter_map(|input| match input {
             FnArg::Receiver(_) => Some("self".to_owned()),
@@ -33,9 +32,14 @@ fn parameter_names(item: &ItemFn) -> Vec<String> {
 
 /// Why: a placeholder that names no parameter would otherwise resolve to whatever is in scope
 /// (a constant, a static), silently giving every call the same key.
-pub(crate) fn placeholders(attr: &str, args: &Args, item: &ItemFn, errors: &mut Errors) {
-    let params = parameter_names(item);
-    for template in args.templates() {
+pub(crate) fn placeholders(
+    attr: &str,
+    templates: &[&TemplateArg],
+    sig: &Signature,
+    errors: &mut Errors,
+) {
+    let params = parameter_names(sig);
+    for template in templates {
         check_template(attr, template, &params, errors);
     }
 }
@@ -65,14 +69,14 @@ fn check_template(attr: &str, template: &TemplateArg, params: &[String], errors:
 /// Why: a guard's refusal (in progress, rate limited, lock timeout) is returned as the fn's
 /// error, so the fn must return `Result<T, E>` with `E: From<redguard::Error>`. The trait
 /// bound is checked by the expansion at the return type; a missing return type is caught here.
-pub(crate) fn return_type(attr: &str, item: &ItemFn, errors: &mut Errors) -> Option<syn::Type> {
-    let ret = match &item.sig.output {
+pub(crate) fn return_type(attr: &str, sig: &Signature, errors: &mut Errors) -> Option<syn::Type> {
+    let ret = match &sig.output {
         syn::ReturnType::Type(_, ty) => Some((**ty).clone()),
         syn::ReturnType::Default => None,
     };
     if ret.is_none() {
         errors.push(
-            item.sig.ident.span(),
+            sig.ident.span(),
             format!(
                 "`#[{attr}]` needs the fn to return `Result<T, E>` where \
                  `E: From<redguard::Error>`, so a refusal can be returned"

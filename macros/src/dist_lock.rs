@@ -6,79 +6,75 @@
 //!             permits = 3 | read | write | fair)]
 //! ```
 //!
-//! Bounds are checked here so a wrong value fails the build rather than every call; they
-//! mirror the runtime's `redguard::lock::{MAX_WAIT, MIN_LEASE, MAX_LEASE, MAX_HOLD_AT_LEAST}`.
+//! Bounds are checked here, by the runtime's own checks (`redguard_grammar::lock`), so a wrong
+//! value fails the build rather than every call.
 
 use std::time::Duration;
 
 use proc_macro2::TokenStream;
 use quote::quote;
-use syn::{Ident, ItemFn, LitStr};
+use syn::{Ident, LitStr};
 
-use crate::args::{ArgSpec, Args, Kind, TemplateArg};
+use redguard_grammar::lock as grammar;
+
+use crate::args::{Spanned, TemplateArg, arguments};
 use crate::errors::Errors;
 use crate::expand;
-use crate::guard::{Context, Expansion, Guard, arg};
-
-const MAX_WAIT: Duration = Duration::from_secs(60);
-const MIN_LEASE: Duration = Duration::from_secs(1);
-const MAX_LEASE: Duration = Duration::from_secs(3600);
-const DEFAULT_LEASE: Duration = Duration::from_secs(30);
-const MAX_HOLD_AT_LEAST: Duration = Duration::from_secs(24 * 3600);
+use crate::guard::{Built, Context, Expansion, Guard};
 
 pub(crate) struct DistLock;
 
-impl Guard for DistLock {
-    const NAME: &'static str = "dist_lock";
-    const ARGS: &'static [ArgSpec] = &[
-        arg("key", Kind::Template),
-        arg("wait", Kind::Duration),
-        arg("lease", Kind::Duration),
-        arg("scope", Kind::Str),
-        arg("skip_if_held", Kind::Flag),
-        arg("hold_at_least", Kind::Duration),
-        arg("on_lost", Kind::Str),
-        arg("permits", Kind::Int),
-        arg("read", Kind::Flag),
-        arg("write", Kind::Flag),
-        arg("fair", Kind::Flag),
-    ];
+arguments! {
+    /// `#[dist_lock(key = "..", wait = "..", lease = "..", scope = "..", skip_if_held,
+    /// hold_at_least = "..", on_lost = "..", permits = n | read | write | fair)]`
+    LockArgs for "dist_lock" {
+        key: Template,
+        wait: Duration,
+        lease: Duration,
+        scope: Str,
+        skip_if_held: Flag,
+        hold_at_least: Duration,
+        on_lost: Str,
+        permits: Int,
+        read: Flag,
+        write: Flag,
+        fair: Flag,
+    }
+}
 
-    fn check(args: Args, _item: &ItemFn, errors: &mut Errors) -> Option<Box<dyn Expansion>> {
-        let wait = args.duration("wait");
-        if let Some(wait) = wait
-            && wait.value > MAX_WAIT
-        {
-            // Why: a lock guards a short section; a caller queueing for minutes holds a
-            // request (and its resources) hostage. No unbounded wait exists.
-            errors.push(
-                wait.span,
-                "`wait` of `#[dist_lock]` must be at most 60s: waiting is always bounded; \
-                 if the section is busy for longer, use `skip_if_held` or retry later",
-            );
-        }
-        let lease = args.duration("lease");
-        if let Some(lease) = lease
-            && (lease.value < MIN_LEASE || lease.value > MAX_LEASE)
-        {
-            // Why: renewal every lease/3 needs room for store round trips; a crashed holder
-            // blocks the key for a whole lease.
-            errors.push(
-                lease.span,
-                "`lease` of `#[dist_lock]` must be between 1s and 1h: it is how long a crashed \
-                 holder blocks the key, and it is renewed every lease/3 while held",
-            );
-        }
-        let hold = args.duration("hold_at_least");
-        if let Some(hold) = hold
-            && hold.value > MAX_HOLD_AT_LEAST
-        {
-            errors.push(
-                hold.span,
-                "`hold_at_least` of `#[dist_lock]` must be at most 24h",
-            );
-        }
-        let skip_if_held = args.flag("skip_if_held");
+/// Checks a duration argument with the runtime's own check.
+fn checked<'a>(
+    name: &str,
+    value: &'a Option<Spanned<Duration>>,
+    check: fn(Duration) -> Result<(), String>,
+    errors: &mut Errors,
+) -> Option<&'a Spanned<Duration>> {
+    let value = value.as_ref()?;
+    if let Err(why) = check(value.value) {
+        errors.push(
+            value.span,
+            format!("invalid `{name}` of `#[dist_lock]`: {why}"),
+        );
+    }
+    Some(value)
+}
+
+impl Guard for DistLock {
+    type Args = LockArgs;
+
+    fn check(args: LockArgs, errors: &mut Errors) -> Option<Built> {
+        // Why each bound exists is in the runtime's message: a lock guards a short section
+        // (no unbounded wait), renewal needs room within the lease, and a crashed holder
+        // blocks the key for a whole lease.
+        let wait = checked("wait", &args.wait, grammar::wait, errors);
+        let lease = checked("lease", &args.lease, grammar::lease, errors);
+        let hold = checked(
+            "hold_at_least",
+            &args.hold_at_least,
+            grammar::hold_at_least,
+            errors,
+        );
+        let skip_if_held = args.skip_if_held;
         if let (Some(_), Some(wait)) = (skip_if_held, wait) {
             // Why: the two contradict; silently ignoring one would surprise.
             errors.push(
@@ -87,7 +83,7 @@ impl Guard for DistLock {
                  skips the run at once; remove one of them",
             );
         }
-        let continue_on_lost = match args.str("on_lost") {
+        let continue_on_lost = match &args.on_lost {
             None => Some(false),
             Some(lit) => match lit.value().as_str() {
                 "cancel" => Some(false),
@@ -105,13 +101,13 @@ impl Guard for DistLock {
                 }
             },
         };
-        let permits = args.int("permits");
+        let permits = args.permits.as_ref();
         if let Some(permits) = permits
-            && (permits.value == 0 || permits.value > u64::from(u32::MAX))
+            && let Err(why) = grammar::permits(permits.value)
         {
             errors.push(
                 permits.span,
-                "`permits` of `#[dist_lock]` must be at least 1 (a semaphore of N holders)",
+                format!("invalid `permits` of `#[dist_lock]`: {why}"),
             );
         }
         if let (Some(_), Some(hold)) = (permits, hold) {
@@ -122,7 +118,7 @@ impl Guard for DistLock {
                 "`hold_at_least` applies to exclusive locks, not to a semaphore (`permits`)",
             );
         }
-        let (read, write) = (args.flag("read"), args.flag("write"));
+        let (read, write) = (args.read, args.write);
         if let (Some(_), Some(write)) = (read, write) {
             errors.push(
                 write,
@@ -143,47 +139,53 @@ impl Guard for DistLock {
                 "`hold_at_least` applies to exclusive locks, not to a read/write lock",
             );
         }
-        let fair = args.flag("fair");
+        let fair = args.fair;
         if let (Some(fair), true) = (fair, rw_span.is_some() || permits.is_some()) {
             errors.push(
                 fair,
                 "`fair` applies to exclusive locks, not to a read/write lock or a semaphore",
             );
         }
-        let key = args.template("key")?;
-        Some(Box::new(LockExpansion {
-            key: TemplateArg {
-                lit: key.lit.clone(),
-                segments: key.segments.clone(),
-            },
-            scope: args.str("scope").cloned(),
-            wait: wait.map_or(Duration::ZERO, |w| w.value),
-            lease: lease.map_or(DEFAULT_LEASE, |l| l.value),
+        let key = args.key.clone()?;
+        let kind = match (permits, read, write, fair) {
+            (Some(permits), ..) => Some(LockKind::Semaphore(
+                u32::try_from(permits.value).unwrap_or(u32::MAX),
+            )),
+            (None, Some(_), ..) => Some(LockKind::Read),
+            (None, None, Some(_), _) => Some(LockKind::Write),
+            (None, None, None, Some(_)) => Some(LockKind::Fair),
+            (None, None, None, None) => None,
+        };
+        Some(Built::Wrapper(Box::new(LockExpansion {
+            key,
+            scope: args.scope.clone(),
+            kind,
+            wait: wait.map(|w| w.value),
+            lease: lease.map(|l| l.value),
             skip_if_held: skip_if_held.is_some(),
-            hold_at_least: hold.map_or(Duration::ZERO, |h| h.value),
+            hold_at_least: hold.map(|h| h.value),
             continue_on_lost: continue_on_lost?,
-            permits: permits.map_or(0, |p| u32::try_from(p.value).unwrap_or(u32::MAX)),
-            read_write: match (read, write) {
-                (Some(_), _) => 1,
-                (None, Some(_)) => 2,
-                (None, None) => 0,
-            },
-            fair: fair.is_some(),
-        }))
+        })))
     }
+}
+
+/// The kind of lock, when not the default exclusive one.
+enum LockKind {
+    Semaphore(u32),
+    Read,
+    Write,
+    Fair,
 }
 
 struct LockExpansion {
     key: TemplateArg,
     scope: Option<LitStr>,
-    wait: Duration,
-    lease: Duration,
+    kind: Option<LockKind>,
+    wait: Option<Duration>,
+    lease: Option<Duration>,
     skip_if_held: bool,
-    hold_at_least: Duration,
+    hold_at_least: Option<Duration>,
     continue_on_lost: bool,
-    permits: u32,
-    read_write: u8,
-    fair: bool,
 }
 
 fn duration(d: Duration) -> TokenStream {
@@ -192,27 +194,46 @@ fn duration(d: Duration) -> TokenStream {
 }
 
 impl Expansion for LockExpansion {
-    /// Input: `key = "stock:{sku}", wait = "300ms"`.
-    /// Output: `::redguard::__private::dist_lock_builder(scope, <key>, 300ms, 30s, ..)`, a
-    /// `LockBuilder` with the key rendered while the parameters are still borrowable.
+    /// Input: `key = "stock:{sku}", wait = "300ms", fair`.
+    /// Output: `::redguard::__private::dist_lock_builder(scope, <key>).fair().wait(300ms)`, a
+    /// `LockBuilder` with the key rendered while the parameters are still borrowable, and one
+    /// call per argument written (the kind first: it decides which calls exist).
     fn prelude(&self, cx: &Context) -> TokenStream {
+        let krate = &cx.krate;
         let scope = expand::scope(self.scope.as_ref(), cx);
-        let key = expand::key(&self.key);
-        let wait = duration(self.wait);
-        let lease = duration(self.lease);
-        let hold = duration(self.hold_at_least);
-        let skip = self.skip_if_held;
-        let cont = self.continue_on_lost;
-        let permits = self.permits;
-        let read_write = self.read_write;
-        let fair = self.fair;
-        quote!(::redguard::__private::dist_lock_builder(
-            #scope, #key, #wait, #lease, #skip, #hold, #cont, #permits, #read_write, #fair
-        ))
+        let key = expand::key(krate, &self.key);
+        let mut calls = Vec::new();
+        match &self.kind {
+            None => {}
+            Some(LockKind::Semaphore(permits)) => calls.push(quote!(.permits(#permits))),
+            Some(LockKind::Read) => calls.push(quote!(.read())),
+            Some(LockKind::Write) => calls.push(quote!(.write())),
+            Some(LockKind::Fair) => calls.push(quote!(.fair())),
+        }
+        if let Some(wait) = self.wait {
+            let wait = duration(wait);
+            calls.push(quote!(.wait(#wait)));
+        }
+        if let Some(lease) = self.lease {
+            let lease = duration(lease);
+            calls.push(quote!(.lease(#lease)));
+        }
+        if self.skip_if_held {
+            calls.push(quote!(.skip_if_held()));
+        }
+        if let Some(hold) = self.hold_at_least {
+            let hold = duration(hold);
+            calls.push(quote!(.hold_at_least(#hold)));
+        }
+        if self.continue_on_lost {
+            calls.push(quote!(.on_lost(#krate::__private::OnLost::Continue)));
+        }
+        quote!(#krate::__private::dist_lock_builder(#scope, #key) #(#calls)*)
     }
 
     /// Input: the body future. Output: `::redguard::__private::dist_lock(builder, body)`.
-    fn wrap(&self, _cx: &Context, binding: &Ident, inner: TokenStream) -> TokenStream {
-        quote!(::redguard::__private::dist_lock(#binding, #inner))
+    fn wrap(&self, cx: &Context, binding: &Ident, inner: TokenStream) -> TokenStream {
+        let krate = &cx.krate;
+        quote!(#krate::__private::dist_lock(#binding, #inner))
     }
 }

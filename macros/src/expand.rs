@@ -12,7 +12,7 @@ use crate::template::Segment;
 /// Output: an expression of type `redguard::Result<KeyBody>`:
 /// `KeyBuilder::new().text("stock:").part("sku", key_part(&sku)).finish()`, each `key_part`
 /// spanned at its placeholder so a value that is not `KeyPart` is reported there.
-pub(crate) fn key(template: &TemplateArg) -> TokenStream {
+pub(crate) fn key(krate: &TokenStream, template: &TemplateArg) -> TokenStream {
     let steps = template.segments.iter().map(|segment| match segment {
         Segment::Text { text, .. } => quote!(.text(#text)),
         Segment::Placeholder {
@@ -38,12 +38,15 @@ pub(crate) fn key(template: &TemplateArg) -> TokenStream {
                 }
             });
             let name = template.lit.value()[range.start + 1..range.end - 1].to_owned();
+            // The runtime's path at the placeholder too, so the whole call is spanned there and
+            // a type error is reported once, under the placeholder.
+            let krate = respan(krate, span);
             quote_spanned!(span=>
-                .part(#name, ::redguard::__private::key_part(&#root #(#fields)*))
+                .part(#name, #krate::__private::key_part(&#root #(#fields)*))
             )
         }
     });
-    quote!(::redguard::__private::KeyBuilder::new() #(#steps)* .finish())
+    quote!(#krate::__private::KeyBuilder::new() #(#steps)* .finish())
 }
 
 /// The `scope = "..."` the user wrote, or the fn's path (impl type and trait included).
@@ -52,4 +55,16 @@ pub(crate) fn scope(written: Option<&LitStr>, cx: &Context) -> TokenStream {
         Some(lit) => quote!(#lit),
         None => cx.default_scope.clone(),
     }
+}
+
+/// `tokens` with every token at `span`.
+fn respan(tokens: &TokenStream, span: proc_macro2::Span) -> TokenStream {
+    tokens
+        .clone()
+        .into_iter()
+        .map(|mut token| {
+            token.set_span(span);
+            token
+        })
+        .collect()
 }

@@ -1,15 +1,15 @@
 //! What every attribute shares: the parse → check → expand pipeline, and stacking.
 //!
 //! Each attribute is a [`Guard`] in its own module (`idempotent.rs`, `dist_lock.rs`,
-//! `rate_limit.rs`): an argument table, a check that turns the parsed arguments into an
-//! [`Expansion`] (pushing every problem to [`Errors`]), and the expansion itself, which cannot
-//! fail.
+//! `rate_limit.rs`): its arguments as a typed struct (`args::arguments!`), a check that turns
+//! them into an [`Expansion`] (pushing every problem to [`Errors`]), and the expansion itself,
+//! which cannot fail.
 //!
 //! Stacking: attribute macros expand top-down, each seeing the attributes below it. Left to
 //! itself each would wrap the body in turn, so the *last* written guard would run first. To
 //! make guards apply outside-in in the order written, the topmost guard expands the whole
 //! stack: it takes the redguard attributes below it off the fn and composes every guard's
-//! wrapper itself.
+//! wrapper itself. Adjacent `#[rate_limit]`s become one wrapper deciding all their limits.
 //!
 //! ```text
 //! #[rate_limit(..)]            async fn f(x: X) -> Result<T, E> {
@@ -19,38 +19,49 @@
 //!                                  wrap_0(wrap_1(__redguard_body)).await
 //!                              }
 //! ```
+//!
+//! A guard attribute the stack does not recognise (imported under another name) would expand
+//! later, around the already expanded fn, reversing the order; the expansion leaves a marker
+//! in the body, and a guard that finds it refuses with an explanation instead.
 
-use proc_macro2::{Span, TokenStream};
-use quote::{format_ident, quote, quote_spanned};
+use proc_macro2::{Span, TokenStream, TokenTree};
+use quote::{ToTokens, format_ident, quote, quote_spanned};
+use syn::parse::{Parse, ParseStream};
 use syn::spanned::Spanned as _;
-use syn::{Attribute, Ident, ItemFn, Type};
+use syn::{Attribute, Ident, LitStr, Signature, Type, Visibility};
 
-use crate::args::{self, ArgSpec, Args};
+use crate::args::{self, Arguments};
 use crate::check;
 use crate::dist_lock::DistLock;
 use crate::errors::Errors;
 use crate::idempotent::Idempotent;
-use crate::rate_limit::RateLimit;
+use crate::rate_limit::{self, RateLimit};
 
 /// One attribute macro.
 pub(crate) trait Guard {
-    /// The attribute's name, for messages and for recognising it in a stack.
-    const NAME: &'static str;
-    /// The arguments it accepts.
-    const ARGS: &'static [ArgSpec];
+    /// Its arguments.
+    type Args: Arguments;
 
     /// Whether `key` must be written (it is, unless a guard has another way to identify the
     /// call, as `#[idempotent]`'s token mode does).
-    fn requires_key(_args: &Args) -> bool {
+    fn requires_key(_args: &Self::Args) -> bool {
         true
     }
 
     /// Checks what is specific to this guard and builds its expansion. Called after the
     /// shared checks; every problem goes to `errors`.
-    fn check(args: Args, item: &ItemFn, errors: &mut Errors) -> Option<Box<dyn Expansion>>;
+    fn check(args: Self::Args, errors: &mut Errors) -> Option<Built>;
 }
 
-/// The code one checked guard contributes.
+/// What one checked guard contributes.
+pub(crate) enum Built {
+    /// A guard with a wrapper of its own.
+    Wrapper(Box<dyn Expansion>),
+    /// A `#[rate_limit]`: adjacent ones share one wrapper.
+    Limit(Box<rate_limit::RateLimitExpansion>),
+}
+
+/// The code one guard with a wrapper of its own contributes.
 pub(crate) trait Expansion {
     /// An expression evaluated before the body is moved into its future, bound to `binding`:
     /// render keys and fingerprints here (parameters are still borrowable). Must not fail or
@@ -60,16 +71,12 @@ pub(crate) trait Expansion {
     /// An expression wrapping `inner`, a future of the fn's return type, into another future
     /// of that type. `binding` holds what `prelude` produced.
     fn wrap(&self, cx: &Context, binding: &Ident, inner: TokenStream) -> TokenStream;
-
-    /// For guards merged with adjacent ones of their kind (`#[rate_limit]`): what makes two
-    /// of them address the same key on every call, and where to point when they do.
-    fn merged_key(&self) -> Option<(String, Span)> {
-        None
-    }
 }
 
 /// What every expansion may refer to.
 pub(crate) struct Context {
+    /// The runtime crate's path: `::redguard`, or what `crate = "..."` says.
+    pub(crate) krate: TokenStream,
     /// An expression of type `&'static str`: the default scope, the fn's path with its impl
     /// type and trait (`shop::Orders::create`, `shop::PgOrders@shop::Store::create`).
     pub(crate) default_scope: TokenStream,
@@ -77,9 +84,40 @@ pub(crate) struct Context {
     pub(crate) ret: Type,
 }
 
-pub(crate) const fn arg(name: &'static str, kind: args::Kind) -> ArgSpec {
-    ArgSpec { name, kind }
+/// The fn a guard is on, with its body kept as tokens: it is only re-emitted, so it is not
+/// parsed (as tracing-attributes' `MaybeItemFn` does), which keeps compile times down.
+pub(crate) struct GuardedFn {
+    pub(crate) attrs: Vec<Attribute>,
+    pub(crate) vis: Visibility,
+    pub(crate) sig: Signature,
+    pub(crate) body: TokenStream,
 }
+
+impl Parse for GuardedFn {
+    fn parse(input: ParseStream<'_>) -> syn::Result<Self> {
+        Ok(GuardedFn {
+            attrs: input.call(Attribute::parse_outer)?,
+            vis: input.parse()?,
+            sig: input.parse()?,
+            body: input.parse()?,
+        })
+    }
+}
+
+impl ToTokens for GuardedFn {
+    fn to_tokens(&self, tokens: &mut TokenStream) {
+        let GuardedFn {
+            attrs,
+            vis,
+            sig,
+            body,
+        } = self;
+        tokens.extend(quote!(#(#attrs)* #vis #sig #body));
+    }
+}
+
+/// The guards, by name.
+const GUARDS: [&str; 3] = ["idempotent", "dist_lock", "rate_limit"];
 
 /// A guard attribute written on the fn, recognised by path: `name` or `redguard::name`.
 fn guard_name(attr: &Attribute) -> Option<&'static str> {
@@ -90,52 +128,56 @@ fn guard_name(attr: &Attribute) -> Option<&'static str> {
         [krate, name] if krate == "redguard" => name,
         _ => return None,
     };
-    [Idempotent::NAME, DistLock::NAME, RateLimit::NAME]
-        .into_iter()
-        .find(|known| name == known)
+    GUARDS.into_iter().find(|known| name == known)
 }
 
-/// Parses and checks one guard's arguments against the fn.
+/// Parses and checks one guard's arguments against the fn; also returns its `crate = ".."`.
 fn check_guard<G: Guard>(
     attr: TokenStream,
-    item: &ItemFn,
+    item: &GuardedFn,
     errors: &mut Errors,
-) -> Option<Box<dyn Expansion>> {
-    let args = match args::parse(G::NAME, G::ARGS, attr, errors) {
+) -> (Option<Built>, Option<LitStr>) {
+    let args = match args::parse::<G::Args>(attr, errors) {
         Ok(args) => args,
         Err(err) => {
             errors.push_error(err);
-            return None;
+            return (None, None);
         }
     };
-    check::placeholders(G::NAME, &args, item, errors);
+    let name = G::Args::ATTR;
+    check::placeholders(name, &args.templates(), &item.sig, errors);
     if G::requires_key(&args) && !args.written("key") {
         errors.push(
             Span::call_site(),
-            format!("`#[{}]` needs a `key = \"...\"` template", G::NAME),
+            format!("`#[{name}]` needs a `key = \"...\"` template"),
         );
     }
-    G::check(args, item, errors)
+    let krate = args.krate().cloned();
+    (G::check(args, errors), krate)
 }
 
 fn check_named(
     name: &str,
     attr: TokenStream,
-    item: &ItemFn,
+    item: &GuardedFn,
     errors: &mut Errors,
-) -> Option<Box<dyn Expansion>> {
+) -> (Option<Built>, Option<LitStr>) {
     match name {
-        Idempotent::NAME => check_guard::<Idempotent>(attr, item, errors),
-        DistLock::NAME => check_guard::<DistLock>(attr, item, errors),
+        "idempotent" => check_guard::<Idempotent>(attr, item, errors),
+        "dist_lock" => check_guard::<DistLock>(attr, item, errors),
         _ => check_guard::<RateLimit>(attr, item, errors),
     }
 }
+
+/// The name of the local the expansion binds its body to; also the marker a guard expanded
+/// around an already expanded fn finds.
+const BODY: &str = "__redguard_body";
 
 /// Runs the pipeline for the topmost guard `G` and every guard stacked below it. On any
 /// error the fn is still emitted unchanged next to the errors, so the rest of the crate
 /// type-checks and no cascade of "cannot find fn" follows.
 pub(crate) fn expand<G: Guard>(attr: TokenStream, item: TokenStream) -> TokenStream {
-    let mut item: ItemFn = match syn::parse2(item.clone()) {
+    let mut item: GuardedFn = match syn::parse2(item.clone()) {
         Ok(item) => item,
         Err(err) => {
             let err = err.to_compile_error();
@@ -143,8 +185,21 @@ pub(crate) fn expand<G: Guard>(attr: TokenStream, item: TokenStream) -> TokenStr
         }
     };
     let mut errors = Errors::new();
-    check::is_async(G::NAME, &item, &mut errors);
-    let ret = check::return_type(G::NAME, &item, &mut errors);
+    let name = G::Args::ATTR;
+    check::is_async(name, &item.sig, &mut errors);
+    let ret = check::return_type(name, &item.sig, &mut errors);
+    if contains_ident(&item.body, BODY) {
+        errors.push(
+            Span::call_site(),
+            format!(
+                "`#[{name}]` is written below a redguard guard that was already expanded, so it \
+                 would run first instead of in the order written; this happens when a guard is \
+                 imported under another name (`use redguard::{name} as ..`), which the stack \
+                 cannot recognise: write it as `#[redguard::{name}(..)]` or import it under its \
+                 own name"
+            ),
+        );
+    }
 
     let mut stacked = Vec::new();
     let mut kept = Vec::new();
@@ -156,24 +211,34 @@ pub(crate) fn expand<G: Guard>(attr: TokenStream, item: TokenStream) -> TokenStr
     }
     item.attrs = kept;
 
-    let mut expansions = Vec::new();
-    expansions.push(check_named(G::NAME, attr, &item, &mut errors));
+    let mut built = Vec::new();
+    let mut krates = Vec::new();
+    let (first, krate) = check_named(name, attr, &item, &mut errors);
+    built.push((name, first));
+    krates.extend(krate);
     for (name, attr) in &stacked {
         let tokens = match &attr.meta {
             syn::Meta::List(list) => list.tokens.clone(),
             _ => TokenStream::new(),
         };
-        expansions.push(check_named(name, tokens, &item, &mut errors));
+        let (guard, krate) = check_named(name, tokens, &item, &mut errors);
+        built.push((name, guard));
+        krates.extend(krate);
     }
-
-    crate::rate_limit::same_key_in_one_call(&expansions, &mut errors);
+    let krate = runtime_path(&krates, &mut errors);
+    let order = [name]
+        .into_iter()
+        .chain(stacked.iter().map(|(name, _)| *name))
+        .collect::<Vec<_>>();
+    rate_limit::same_key_in_one_call(&built, &mut errors);
 
     match (errors.finish(), ret) {
         (Ok(()), Some(ret)) => {
-            let expansions: Option<Vec<_>> = expansions.into_iter().collect();
-            let expansions = expansions.expect("every failed check pushed an error");
+            let built: Option<Vec<Built>> = built.into_iter().map(|(_, b)| b).collect();
+            let built = built.expect("every failed check pushed an error");
             let paths: Vec<syn::Path> = stacked.iter().map(|(_, a)| a.path().clone()).collect();
-            emit(item, ret, &expansions, &paths)
+            let warning = order_warning(&order, &krate);
+            emit(item, ret, krate, built, &paths, warning)
         }
         (Err(err), _) => {
             let err = err.to_compile_error();
@@ -186,55 +251,133 @@ pub(crate) fn expand<G: Guard>(attr: TokenStream, item: TokenStream) -> TokenStr
     }
 }
 
+/// Whether `tokens` contain the identifier `name`, at any depth.
+fn contains_ident(tokens: &TokenStream, name: &str) -> bool {
+    tokens.clone().into_iter().any(|tree| match tree {
+        TokenTree::Ident(ident) => ident == name,
+        TokenTree::Group(group) => contains_ident(&group.stream(), name),
+        _ => false,
+    })
+}
+
+/// `crate = "path"` of the stack (one path for all of it), else `::redguard`.
+fn runtime_path(written: &[LitStr], errors: &mut Errors) -> TokenStream {
+    let Some(first) = written.first() else {
+        return quote!(::redguard);
+    };
+    for other in &written[1..] {
+        if other.value() != first.value() {
+            errors.push(
+                other.span(),
+                format!(
+                    "`crate = \"{}\"` differs from `crate = \"{}\"` above: the guards of one fn \
+                     run on one runtime",
+                    other.value(),
+                    first.value()
+                ),
+            );
+        }
+    }
+    match first.parse::<syn::Path>() {
+        Ok(path) => path.into_token_stream(),
+        Err(_) => {
+            errors.push(
+                first.span(),
+                "`crate` must be a path to the redguard crate, e.g. `crate = \"::shop::redguard\"`",
+            );
+            quote!(::redguard)
+        }
+    }
+}
+
+/// A warning (through a deprecated item: the one warning a proc macro can raise on stable)
+/// when the stack contradicts the README's recipe: a lock above the idempotency guard takes
+/// the lock for replays too, and serialises retries that only need the stored result.
+fn order_warning(order: &[&str], krate: &TokenStream) -> TokenStream {
+    let lock = order.iter().position(|name| *name == "dist_lock");
+    let idem = order.iter().position(|name| *name == "idempotent");
+    match (lock, idem) {
+        (Some(lock), Some(idem)) if lock < idem => quote! {
+            #krate::__private::stack_order::dist_lock_above_idempotent();
+        },
+        _ => TokenStream::new(),
+    }
+}
+
 /// Input: a checked fn and its guards, outermost first.
 /// Output: the fn with the same signature and attributes, its body wrapped by every guard.
 fn emit(
-    item: ItemFn,
+    item: GuardedFn,
     ret: Type,
-    expansions: &[Box<dyn Expansion>],
+    krate: TokenStream,
+    built: Vec<Built>,
     stacked: &[syn::Path],
+    warning: TokenStream,
 ) -> TokenStream {
-    let ItemFn {
+    let GuardedFn {
         attrs,
         vis,
         sig,
-        block,
+        body: block,
     } = item;
     let cx = Context {
+        krate: krate.clone(),
         default_scope: quote!(__redguard_scope()),
         ret,
     };
-    let bindings: Vec<Ident> = (0..expansions.len())
-        .map(|i| format_ident!("__redguard_{}", i))
-        .collect();
-    let preludes = expansions
-        .iter()
-        .zip(&bindings)
-        .map(|(expansion, binding)| {
-            let prelude = expansion.prelude(&cx);
-            quote!(let #binding = #prelude;)
-        });
+    // Adjacent limits become one layer: one wrapper deciding them all-or-nothing.
+    let mut layers: Vec<Layer> = Vec::new();
+    for guard in built {
+        match (guard, layers.last_mut()) {
+            (Built::Limit(limit), Some(Layer::Limits(limits))) => limits.push(*limit),
+            (Built::Limit(limit), _) => layers.push(Layer::Limits(vec![*limit])),
+            (Built::Wrapper(wrapper), _) => layers.push(Layer::Wrapper(wrapper)),
+        }
+    }
+    let mut preludes = Vec::new();
+    let mut bindings: Vec<Vec<Ident>> = Vec::new();
+    for layer in &layers {
+        let mut names = Vec::new();
+        let parts: Vec<TokenStream> = match layer {
+            Layer::Wrapper(wrapper) => vec![wrapper.prelude(&cx)],
+            Layer::Limits(limits) => limits.iter().map(|limit| limit.prelude(&cx)).collect(),
+        };
+        for prelude in parts {
+            let binding = format_ident!("__redguard_{}", preludes.len());
+            preludes.push(quote!(let #binding = #prelude;));
+            names.push(binding);
+        }
+        bindings.push(names);
+    }
     let ret = &cx.ret;
     // Checked first and at the return type, so a fn returning something other than
     // `Result<T, E: From<redguard::Error>>` gets one error pointing there.
     let ret_check = quote_spanned!(ret.span()=>
-        ::redguard::__private::assert_guarded_return::<#ret>();
+        #krate::__private::assert_guarded_return::<#ret>();
     );
     // The typed `let` gives the async block the fn's return type, so `?` in the body converts
     // errors exactly as it did in the unguarded fn.
-    let body = quote_spanned!(block.span()=>
+    let body_span = block
+        .clone()
+        .into_iter()
+        .next()
+        .map_or_else(Span::call_site, |tree| tree.span());
+    let body = quote_spanned!(body_span=>
         async move {
             let __redguard_ret: #ret = #block;
             __redguard_ret
         }
     );
-    let wrapped = expansions
-        .iter()
-        .zip(&bindings)
-        .rev()
-        .fold(quote!(__redguard_body), |inner, (expansion, binding)| {
-            expansion.wrap(&cx, binding, inner)
-        });
+    let body_ident = Ident::new(BODY, Span::call_site());
+    let wrapped =
+        layers
+            .iter()
+            .zip(&bindings)
+            .rev()
+            .fold(quote!(#body_ident), |inner, (layer, names)| match layer {
+                Layer::Wrapper(wrapper) => wrapper.wrap(&cx, &names[0], inner),
+                Layer::Limits(_) => quote!(#krate::__private::rate_limit([#(#names),*], #inner)),
+            });
     quote! {
         #(#attrs)*
         #vis #sig {
@@ -245,18 +388,25 @@ fn emit(
             // compiler's name of an item declared here is the fn's full path.
             #[allow(dead_code)]
             fn __redguard_scope() -> &'static str {
-                static SCOPE: ::redguard::__private::OnceLock<::std::boxed::Box<str>> =
-                    ::redguard::__private::OnceLock::new();
-                ::redguard::__private::default_scope(
+                static SCOPE: #krate::__private::OnceLock<::std::boxed::Box<str>> =
+                    #krate::__private::OnceLock::new();
+                #krate::__private::default_scope(
                     &SCOPE,
                     ::core::any::type_name_of_val(&__redguard_scope),
                 )
             }
             #ret_check
+            #warning
             #(#preludes)*
             #[allow(clippy::let_and_return, clippy::needless_return, unreachable_code)]
-            let __redguard_body = #body;
+            let #body_ident = #body;
             #wrapped.await
         }
     }
+}
+
+/// One level of wrapping.
+enum Layer {
+    Wrapper(Box<dyn Expansion>),
+    Limits(Vec<rate_limit::RateLimitExpansion>),
 }

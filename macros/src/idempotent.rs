@@ -5,42 +5,43 @@ use std::time::Duration;
 use proc_macro2::TokenStream;
 use quote::{quote, quote_spanned};
 use syn::spanned::Spanned as _;
-use syn::{Expr, Ident, ItemFn, LitStr};
+use syn::{Expr, Ident, LitStr};
 
-use crate::args::{ArgSpec, Args, Kind};
+use redguard_grammar::idempotency as grammar;
+
+use crate::args::{Arguments, TemplateArg, arguments};
 use crate::check;
 use crate::errors::Errors;
 use crate::expand;
-use crate::guard::{Context, Expansion, Guard, arg};
-
-/// Longest `expire`; a record without a bound is a memory leak waiting for a bad client.
-const MAX_EXPIRE: Duration = Duration::from_secs(7 * 24 * 3600);
-/// Shortest `expire`, as the runtime's: a record must outlive a retry's round trip.
-const MIN_EXPIRE: Duration = Duration::from_secs(1);
+use crate::guard::{Built, Context, Expansion, Guard};
 
 pub(crate) struct Idempotent;
 
+arguments! {
+    /// `#[idempotent(key = "..", expire = .., scope = "..", payload = expr, timeout = "..",
+    /// token = "..", scene = "..", detach)]`
+    IdempotentArgs for "idempotent" {
+        key: Template,
+        expire: Duration,
+        scope: Str,
+        payload: Expr,
+        timeout: Duration,
+        token: Template,
+        scene: Str,
+        detach: Flag,
+    }
+}
+
 impl Guard for Idempotent {
-    const NAME: &'static str = "idempotent";
-    const ARGS: &'static [ArgSpec] = &[
-        arg("key", Kind::Template),
-        arg("expire", Kind::Duration),
-        arg("scope", Kind::Str),
-        arg("payload", Kind::Expr),
-        arg("timeout", Kind::Duration),
-        arg("token", Kind::Template),
-        arg("scene", Kind::Str),
-        arg("detach", Kind::Flag),
-    ];
+    type Args = IdempotentArgs;
 
     /// Token mode (`token = ..`) may stand alone: the token is then the whole guard.
-    fn requires_key(args: &Args) -> bool {
+    fn requires_key(args: &IdempotentArgs) -> bool {
         !args.written("token")
     }
 
-    fn check(args: Args, _item: &ItemFn, errors: &mut Errors) -> Option<Box<dyn Expansion>> {
-        let key = args.template("key").map(expand::key);
-        let expire = args.duration("expire");
+    fn check(args: IdempotentArgs, errors: &mut Errors) -> Option<Built> {
+        let expire = args.expire.as_ref();
         let token_only = args.written("token") && !args.written("key");
         if !args.written("expire") && !token_only {
             errors.push(
@@ -50,25 +51,19 @@ impl Guard for Idempotent {
             );
         }
         if let Some(expire) = expire
-            && (expire.value < MIN_EXPIRE || expire.value > MAX_EXPIRE)
+            && let Err(why) = grammar::expire(expire.value)
         {
-            errors.push(
-                expire.span,
-                format!(
-                    "`expire` must be between 1 s and 7 days, got {:?}",
-                    expire.value
-                ),
-            );
+            errors.push(expire.span, format!("invalid `expire`: {why}"));
         }
-        if let Some(timeout) = args.duration("timeout")
-            && timeout.value.is_zero()
+        if let Some(timeout) = &args.timeout
+            && let Err(why) = grammar::timeout(timeout.value)
         {
-            errors.push(timeout.span, "`timeout` must be greater than zero");
+            errors.push(timeout.span, format!("invalid `timeout`: {why}"));
         }
-        let token = match (args.template("token"), args.str("scene")) {
+        let token = match (&args.token, &args.scene) {
             (Some(token), Some(scene)) => {
                 check::name("scene", scene, errors);
-                Some((token, scene.clone()))
+                Some((token.clone(), scene.clone()))
             }
             (Some(token), None) => {
                 errors.push(
@@ -86,27 +81,28 @@ impl Guard for Idempotent {
             }
             _ => None,
         };
-        if let Some(scope) = args.str("scope") {
+        if let Some(scope) = &args.scope {
             check::name("scope", scope, errors);
         }
-        Some(Box::new(IdempotentExpansion {
-            key,
-            expire: expire.map_or(Duration::from_secs(24 * 3600), |e| e.value),
-            payload: args.expr("payload").cloned(),
-            timeout: args.duration("timeout").map(|t| t.value),
-            token: token.map(|(token, scene)| (expand::key(token), scene)),
-            scope: args.str("scope").cloned(),
-            detach: args.flag("detach").is_some(),
-        }))
+        let expire = expire.map_or(Duration::from_secs(24 * 3600), |e| e.value);
+        Some(Built::Wrapper(Box::new(IdempotentExpansion {
+            key: args.key,
+            expire,
+            payload: args.payload,
+            timeout: args.timeout.map(|t| t.value),
+            token,
+            scope: args.scope,
+            detach: args.detach.is_some(),
+        })))
     }
 }
 
 struct IdempotentExpansion {
-    key: Option<TokenStream>,
+    key: Option<TemplateArg>,
     expire: Duration,
     payload: Option<Expr>,
     timeout: Option<Duration>,
-    token: Option<(TokenStream, LitStr)>,
+    token: Option<(TemplateArg, LitStr)>,
     scope: Option<LitStr>,
     detach: bool,
 }
@@ -121,14 +117,17 @@ impl Expansion for IdempotentExpansion {
     /// [.payload(&expr)] [.timeout(..)] [token] }`, evaluated while the parameters are
     /// still borrowable.
     fn prelude(&self, cx: &Context) -> TokenStream {
-        let ret = &cx.ret;
+        let (ret, krate) = (&cx.ret, &cx.krate);
         let checks = quote_spanned!(ret.span()=>
-            ::redguard::__private::assert_replayable::<#ret>();
-            ::redguard::__private::assert_classified::<#ret>();
+            #krate::__private::assert_replayable::<#ret>();
+            #krate::__private::assert_classified::<#ret>();
         );
         let scope = expand::scope(self.scope.as_ref(), cx);
         let key = match &self.key {
-            Some(key) => quote!(::core::option::Option::Some(#key)),
+            Some(key) => {
+                let key = expand::key(krate, key);
+                quote!(::core::option::Option::Some(#key))
+            }
             None => quote!(::core::option::Option::None),
         };
         let expire = millis(self.expire);
@@ -141,13 +140,14 @@ impl Expansion for IdempotentExpansion {
             quote!(.timeout(#timeout))
         });
         let mut guard = quote! {
-            ::redguard::__private::idempotency(#scope, #key)
+            #krate::__private::idempotency(#scope, #key)
                 .expire(#expire)
                 #(#payload)*
                 #timeout
         };
         if let Some((token, scene)) = &self.token {
-            guard = quote!(::redguard::__private::idempotency_token(#guard, #scene, #token));
+            let token = expand::key(krate, token);
+            guard = quote!(#krate::__private::idempotency_token(#guard, #scene, #token));
         }
         quote!({ #checks #guard })
     }

@@ -15,7 +15,6 @@ mod guard;
 mod idempotent;
 mod rate_limit;
 mod template;
-mod value;
 
 use proc_macro::TokenStream;
 

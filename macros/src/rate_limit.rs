@@ -6,24 +6,22 @@
 //! `rate`, `burst` and `cost` are literals (checked here) or expressions evaluated per call
 //! (limits usually come from configuration; the runtime checks those values).
 //!
-//! Stacking: adjacent `#[rate_limit]`s are decided all-or-nothing in one store call. The
-//! pipeline wraps inside-out, so when a rate-limit wrapper finds that `inner` is itself a
-//! rate-limit call, it adds its limit to that call instead of wrapping it:
-//!
-//! ```text
-//! rate_limit([__redguard_1], body)  --outer limit-->  rate_limit([__redguard_0, __redguard_1], body)
-//! ```
+//! Stacking: adjacent `#[rate_limit]`s are decided all-or-nothing in one store call: the
+//! pipeline (`guard.rs`) gives them one wrapper, `rate_limit([__redguard_0, __redguard_1], body)`.
+
+use std::time::Duration;
 
 use proc_macro2::{Span, TokenStream};
 use quote::{quote, quote_spanned};
 use syn::spanned::Spanned as _;
-use syn::{Expr, ExprArray, ExprCall, ExprLit, ExprUnary, Ident, ItemFn, Lit, LitStr, UnOp};
+use syn::{Expr, ExprLit, ExprUnary, Ident, Lit, LitStr, UnOp};
 
-use crate::args::{ArgSpec, Args, Kind};
+use redguard_grammar::rate as grammar;
+
+use crate::args::{Arguments, Spanned, TemplateArg, arguments};
 use crate::errors::Errors;
 use crate::expand;
-use crate::guard::{Context, Expansion, Guard, arg};
-use crate::value;
+use crate::guard::{Built, Context, Guard};
 
 pub(crate) struct RateLimit;
 
@@ -37,35 +35,32 @@ const ALGORITHMS: &[(&str, &str)] = &[
     ("leaky_bucket", "LeakyBucket"),
 ];
 
-/// The runtime's bounds (`redguard::MAX_RATE_COUNT`, `MAX_RATE_PERIOD`, and `Limit::new`'s
-/// bound on burst × interval), checked early.
-const MAX_COUNT: u64 = 1_000_000_000;
-const MAX_PERIOD_MS: u128 = 30 * 86_400 * 1000;
-const MAX_BURST_SPAN_NS: u128 = 1000 << 50;
-/// `redguard::MAX_SLIDING_WINDOW_COUNT`.
-const MAX_SLIDING_WINDOW_COUNT: u64 = 10_000;
+arguments! {
+    /// `#[rate_limit(key = "..", rate = .., burst = .., algorithm = "..", cost = ..,
+    /// block = "..", wait = "..", local = bool, scope = "..")]`
+    RateArgs for "rate_limit" {
+        key: Template,
+        rate: Expr,
+        burst: Expr,
+        algorithm: Str,
+        cost: Expr,
+        block: Duration,
+        wait: Duration,
+        local: Expr,
+        scope: Str,
+    }
+}
 
 impl Guard for RateLimit {
-    const NAME: &'static str = "rate_limit";
-    const ARGS: &'static [ArgSpec] = &[
-        arg("key", Kind::Template),
-        arg("rate", Kind::Expr),
-        arg("burst", Kind::Expr),
-        arg("algorithm", Kind::Str),
-        arg("cost", Kind::Expr),
-        arg("block", Kind::Duration),
-        arg("wait", Kind::Duration),
-        arg("local", Kind::Expr),
-        arg("scope", Kind::Str),
-    ];
+    type Args = RateArgs;
 
-    fn check(args: Args, _item: &ItemFn, errors: &mut Errors) -> Option<Box<dyn Expansion>> {
+    fn check(args: RateArgs, errors: &mut Errors) -> Option<Built> {
         let algorithm = algorithm(&args, errors);
         let window = algorithm
             .is_some_and(|(name, _)| name.ends_with("window") || name == "sliding_counter");
         let rate = rate(&args, errors);
-        let burst = count(&args, "burst", errors);
-        let cost = count(&args, "cost", errors);
+        let burst = count(args.burst.as_ref(), "burst", errors);
+        let cost = count(args.cost.as_ref(), "cost", errors);
 
         if let (true, Some(Count::Literal(_, span))) = (window, &burst) {
             errors.push(
@@ -79,30 +74,16 @@ impl Guard for RateLimit {
         }
         // The sliding log keeps an entry per call, up to the count: its size is bounded.
         if let (Some(("sliding_window", _)), Some(Arg::Literal(rate)), Some(lit)) =
-            (algorithm, &rate, args.expr("rate"))
-            && rate.count > MAX_SLIDING_WINDOW_COUNT
+            (algorithm, &rate, &args.rate)
+            && let Err(why) = grammar::window_count(grammar::Shape::Log, *rate)
         {
-            errors.push(
-                lit.span(),
-                format!(
-                    "`sliding_window` keeps one entry per call, up to the count: {} is above its \
-                     maximum of {MAX_SLIDING_WINDOW_COUNT}; use `sliding_counter` or `gcra` for \
-                     larger counts",
-                    rate.count
-                ),
-            );
+            errors.push(lit.span(), format!("invalid `rate`: {why}"));
         }
         // Refilling the burst must not take longer than the runtime can count exactly.
         if let (Some(Count::Literal(n, span)), Some(Arg::Literal(rate))) = (&burst, &rate)
-            && u128::from(*n) * rate.interval_ns() > MAX_BURST_SPAN_NS
+            && let Err(why) = grammar::span(*n, *rate)
         {
-            errors.push(
-                *span,
-                format!(
-                    "`burst = {n}` takes more than 35 years to refill at this `rate`; lower the \
-                     burst or the rate's period"
-                ),
-            );
+            errors.push(*span, format!("invalid `burst`: {why}"));
         }
         // The capacity known at compile time: the burst, else the rate's count.
         let capacity = match (&burst, &rate) {
@@ -111,20 +92,13 @@ impl Guard for RateLimit {
             _ => None,
         };
         if let (Some(Count::Literal(cost, span)), Some(capacity)) = (&cost, capacity)
-            && *cost > capacity
+            && let Err(why) = grammar::cost_fits(*cost, capacity)
         {
-            errors.push(
-                *span,
-                format!(
-                    "`cost = {cost}` exceeds the burst of {capacity}: such a call could never \
-                     be admitted; raise `burst` or lower `cost`"
-                ),
-            );
+            errors.push(*span, format!("invalid `cost`: {why}"));
         }
-        let block_ms = millis(&args, "block", MAX_PERIOD_MS, "30 days", errors);
-        // A guarded call holding its caller for minutes is a bug, not a limit.
-        let wait_ms = millis(&args, "wait", 60_000, "1 minute", errors);
-        let local = match literal(&args, "local") {
+        let block_ms = millis(&args.block, "block", grammar::block, errors);
+        let wait_ms = millis(&args.wait, "wait", grammar::wait, errors);
+        let local = match literal(args.local.as_ref()) {
             None => false,
             Some((Some(Lit::Bool(b)), _)) => b.value,
             Some((_, expr)) => {
@@ -136,78 +110,52 @@ impl Guard for RateLimit {
             }
         };
 
-        let template = args.template("key")?;
-        let key = expand::key(template);
+        let key = args.key?;
         // Limits merged into one call are refused at runtime when two share a key: the same
         // template under the same written (or default) scope always does.
-        let merged_key = (
-            format!(
-                "{:?}\0{}",
-                args.str("scope").map(LitStr::value),
-                template.lit.value()
-            ),
-            template.lit.span(),
+        let merged_key = format!(
+            "{:?}\0{}",
+            args.scope.as_ref().map(LitStr::value),
+            key.lit.value()
         );
-        let rate = match rate? {
-            Arg::Literal(rate) => {
-                let count = rate.count;
-                let period_ms = u64::try_from(rate.period.as_millis()).unwrap_or(u64::MAX);
-                quote!(::redguard::__private::Rate::__checked(#count, #period_ms))
-            }
-            Arg::Expr(expr) => quote_spanned!(expr.span()=> #expr),
-        };
-        // Only what the user wrote, as calls on the spec: `.burst(..)`, `.cost(..)`, ...
-        let mut options = Vec::new();
-        for (name, count) in [("burst", burst), ("cost", cost)] {
-            let method = Ident::new(name, Span::call_site());
-            match count {
-                None => {}
-                Some(Count::Literal(n, _)) => {
-                    options.push(quote!(.#method(::core::result::Result::Ok(#n))));
-                }
-                Some(Count::Expr(expr)) => options.push(quote_spanned!(expr.span()=>
-                    .#method(::redguard::__private::rate_count(#expr, #name))
-                )),
-            }
-        }
-        if let Some((name, variant)) = algorithm
-            && name != ALGORITHMS[0].0
-        {
-            let variant = Ident::new(variant, Span::call_site());
-            options.push(quote!(.algorithm(::redguard::__private::Algorithm::#variant)));
-        }
-        if block_ms > 0 {
-            options.push(quote!(.block_ms(#block_ms)));
-        }
-        if wait_ms > 0 {
-            options.push(quote!(.wait_ms(#wait_ms)));
-        }
-        if local {
-            options.push(quote!(.local(true)));
-        }
-        Some(Box::new(RateLimitExpansion {
+        Some(Built::Limit(Box::new(RateLimitExpansion {
             key,
             merged_key,
-            scope: args.str("scope").cloned(),
-            rate,
-            options,
-        }))
+            scope: args.scope,
+            rate: rate?,
+            burst,
+            cost,
+            algorithm: algorithm
+                .filter(|(name, _)| *name != ALGORITHMS[0].0)
+                .map(|(_, variant)| Ident::new(variant, Span::call_site())),
+            block_ms,
+            wait_ms,
+            local,
+        })))
     }
 }
 
-fn millis(args: &Args, name: &str, max_ms: u128, max: &str, errors: &mut Errors) -> u64 {
-    match args.duration(name) {
-        Some(d) if d.value.as_millis() > max_ms => {
-            errors.push(d.span, format!("`{name}` must be at most {max}"));
-            0
-        }
-        Some(d) => u64::try_from(d.value.as_millis()).unwrap_or(0),
+/// A duration argument checked by the runtime's own `check`, in ms (0 when not written).
+fn millis(
+    value: &Option<Spanned<Duration>>,
+    name: &str,
+    check: fn(Duration) -> Result<(), String>,
+    errors: &mut Errors,
+) -> u64 {
+    match value {
+        Some(d) => match check(d.value) {
+            Ok(()) => u64::try_from(d.value.as_millis()).unwrap_or(0),
+            Err(why) => {
+                errors.push(d.span, format!("invalid `{name}`: {why}"));
+                0
+            }
+        },
         None => 0,
     }
 }
 
 enum Arg {
-    Literal(value::Rate),
+    Literal(grammar::Rate),
     Expr(Expr),
 }
 
@@ -216,8 +164,8 @@ enum Count {
     Expr(Expr),
 }
 
-fn literal(args: &Args, name: &str) -> Option<(Option<Lit>, Expr)> {
-    let expr = args.expr(name)?;
+fn literal(expr: Option<&Expr>) -> Option<(Option<Lit>, Expr)> {
+    let expr = expr?;
     let lit = match peel(expr) {
         Expr::Lit(ExprLit { lit, .. }) => Some(lit.clone()),
         _ => None,
@@ -238,8 +186,8 @@ fn peel(mut expr: &Expr) -> &Expr {
 }
 
 /// `rate = "5/s"` (checked now) or `rate = <expr>` (a `Rate` or text, checked per call).
-fn rate(args: &Args, errors: &mut Errors) -> Option<Arg> {
-    let Some((lit, expr)) = literal(args, "rate") else {
+fn rate(args: &RateArgs, errors: &mut Errors) -> Option<Arg> {
+    let Some((lit, expr)) = literal(args.rate.as_ref()) else {
         if !args.written("rate") {
             errors.push(
                 Span::call_site(),
@@ -249,25 +197,7 @@ fn rate(args: &Args, errors: &mut Errors) -> Option<Arg> {
         return None;
     };
     match lit {
-        Some(Lit::Str(lit)) => match value::parse_rate(&lit.value()) {
-            Ok(rate) if rate.count > MAX_COUNT => {
-                errors.push(
-                    lit.span(),
-                    format!("invalid `rate`: the count must be at most {MAX_COUNT}"),
-                );
-                None
-            }
-            Ok(rate) if rate.period.as_millis() > MAX_PERIOD_MS => {
-                errors.push(
-                    lit.span(),
-                    "invalid `rate`: the period must be at most 30 days",
-                );
-                None
-            }
-            Ok(rate) if let Some(why) = rate.too_fine() => {
-                errors.push(lit.span(), format!("invalid `rate`: {why}"));
-                None
-            }
+        Some(Lit::Str(lit)) => match grammar::parse(&lit.value()) {
             Ok(rate) => Some(Arg::Literal(rate)),
             Err(message) => {
                 errors.push(lit.span(), format!("invalid `rate`: {message}"));
@@ -287,30 +217,24 @@ fn rate(args: &Args, errors: &mut Errors) -> Option<Arg> {
 }
 
 /// `burst`/`cost`: an integer literal (checked now) or an expression (checked per call).
-fn count(args: &Args, name: &str, errors: &mut Errors) -> Option<Count> {
-    let (lit, expr) = literal(args, name)?;
+fn count(expr: Option<&Expr>, name: &str, errors: &mut Errors) -> Option<Count> {
+    let (lit, expr) = literal(expr)?;
     match lit {
         Some(Lit::Int(lit)) => match lit.base10_parse::<u64>() {
-            Ok(0) => {
-                let what = if name == "burst" {
-                    "a burst of 0 admits nothing"
+            Ok(n) => {
+                let checked = if name == "burst" {
+                    grammar::burst(n)
                 } else {
-                    "a cost of 0 counts nothing (use the runtime `peek` to look without counting)"
+                    grammar::cost(n)
                 };
-                errors.push(
-                    lit.span(),
-                    format!("invalid `{name}`: {what}; use at least 1"),
-                );
-                None
+                match checked {
+                    Ok(()) => Some(Count::Literal(n, lit.span())),
+                    Err(why) => {
+                        errors.push(lit.span(), format!("invalid `{name}`: {why}"));
+                        None
+                    }
+                }
             }
-            Ok(n) if n > MAX_COUNT => {
-                errors.push(
-                    lit.span(),
-                    format!("invalid `{name}`: must be at most {MAX_COUNT}"),
-                );
-                None
-            }
-            Ok(n) => Some(Count::Literal(n, lit.span())),
             Err(_) => {
                 errors.push(
                     lit.span(),
@@ -340,8 +264,8 @@ fn count(args: &Args, name: &str, errors: &mut Errors) -> Option<Count> {
     }
 }
 
-fn algorithm(args: &Args, errors: &mut Errors) -> Option<(&'static str, &'static str)> {
-    let Some(lit) = args.str("algorithm") else {
+fn algorithm(args: &RateArgs, errors: &mut Errors) -> Option<(&'static str, &'static str)> {
+    let Some(lit) = &args.algorithm else {
         return Some(ALGORITHMS[0]);
     };
     let name = lit.value();
@@ -362,81 +286,91 @@ fn algorithm(args: &Args, errors: &mut Errors) -> Option<(&'static str, &'static
 /// Adjacent `#[rate_limit]`s are decided in one store call, which refuses two limits on one
 /// key (`Error::InvalidLimit` on every call); with the same template and scope that is known
 /// now. Each repeat is reported at its template.
-pub(crate) fn same_key_in_one_call(expansions: &[Option<Box<dyn Expansion>>], errors: &mut Errors) {
-    let mut merged: Vec<String> = Vec::new();
-    for expansion in expansions {
-        let Some((key, span)) = expansion.as_ref().and_then(|e| e.merged_key()) else {
+pub(crate) fn same_key_in_one_call(stack: &[(&str, Option<Built>)], errors: &mut Errors) {
+    let mut merged: Vec<&str> = Vec::new();
+    for (_, built) in stack {
+        let Some(Built::Limit(limit)) = built else {
             merged.clear();
             continue;
         };
-        if merged.contains(&key) {
+        if merged.contains(&limit.merged_key.as_str()) {
             errors.push(
-                span,
+                limit.key.lit.span(),
                 "this `#[rate_limit]` has the same key and scope as one stacked right next to \
                  it; adjacent limits are decided together and two on one key are refused on \
                  every call: give it another key or `scope`",
             );
         }
-        merged.push(key);
+        merged.push(&limit.merged_key);
     }
 }
 
-struct RateLimitExpansion {
-    key: TokenStream,
-    /// The written scope and the template text, and the template's span.
-    merged_key: (String, Span),
+/// One `#[rate_limit]`, checked.
+pub(crate) struct RateLimitExpansion {
+    key: TemplateArg,
+    /// The written scope and the template text.
+    merged_key: String,
     scope: Option<LitStr>,
-    rate: TokenStream,
-    /// `.burst(..)`, `.cost(..)`, `.algorithm(..)`, ... for each argument written.
-    options: Vec<TokenStream>,
+    rate: Arg,
+    burst: Option<Count>,
+    cost: Option<Count>,
+    /// The runtime's variant, when not the default.
+    algorithm: Option<Ident>,
+    block_ms: u64,
+    wait_ms: u64,
+    local: bool,
 }
 
-impl Expansion for RateLimitExpansion {
-    /// Output: `::redguard::__private::rate_spec(<key>, <scope>, <rate>).burst(..).cost(..)`,
-    /// every expression evaluated before the body is moved.
-    fn prelude(&self, cx: &Context) -> TokenStream {
-        let RateLimitExpansion {
-            key, rate, options, ..
-        } = self;
+impl RateLimitExpansion {
+    /// Output: `::redguard::__private::rate_limiter(<key>, <scope>, <rate>).burst(10)`, one
+    /// call per argument written (`rate_cost(<that>, rate_count(<expr>, "cost"))` for a value
+    /// checked per call), every expression evaluated before the body is moved. The wrapper of
+    /// adjacent limits is `guard.rs`'s.
+    pub(crate) fn prelude(&self, cx: &Context) -> TokenStream {
+        let krate = &cx.krate;
+        let key = expand::key(krate, &self.key);
         let scope = expand::scope(self.scope.as_ref(), cx);
-        quote!(::redguard::__private::rate_spec(#key, #scope, #rate) #(#options)*)
-    }
-
-    /// Output: `::redguard::__private::rate_limit([binding, ..], inner)`, merged with an
-    /// `inner` that is already such a call (adjacent limits are decided together).
-    fn wrap(&self, _cx: &Context, binding: &Ident, inner: TokenStream) -> TokenStream {
-        if let Ok(Expr::Call(call)) = syn::parse2::<Expr>(inner.clone())
-            && let Some((mut specs, body)) = rate_limit_call(&call)
-        {
-            specs.elems.insert(0, syn::parse_quote!(#binding));
-            return quote!(::redguard::__private::rate_limit(#specs, #body));
+        let rate = match &self.rate {
+            Arg::Literal(rate) => {
+                let count = rate.count;
+                let period_ms = u64::try_from(rate.period.as_millis()).unwrap_or(u64::MAX);
+                quote!(#krate::__private::Rate::__checked(#count, #period_ms))
+            }
+            Arg::Expr(expr) => quote_spanned!(expr.span()=> #expr),
+        };
+        let mut limiter = quote!(#krate::__private::rate_limiter(#key, #scope, #rate));
+        for (name, count) in [("burst", &self.burst), ("cost", &self.cost)] {
+            match count {
+                None => {}
+                Some(Count::Literal(n, _)) => {
+                    let method = Ident::new(name, Span::call_site());
+                    limiter = quote!(#limiter.#method(#n));
+                }
+                // Checked per call: a bad value is kept and reported when the limit runs.
+                Some(Count::Expr(expr)) => {
+                    let set = Ident::new(&format!("rate_{name}"), Span::call_site());
+                    let value = quote_spanned!(expr.span()=>
+                        #krate::__private::rate_count(#expr, #name)
+                    );
+                    limiter = quote!(#krate::__private::#set(#limiter, #value));
+                }
+            }
         }
-        quote!(::redguard::__private::rate_limit([#binding], #inner))
+        if let Some(variant) = &self.algorithm {
+            limiter = quote!(#limiter.algorithm(#krate::__private::Algorithm::#variant));
+        }
+        let ms = |ms: u64| quote!(::core::time::Duration::from_millis(#ms));
+        if self.block_ms > 0 {
+            let block = ms(self.block_ms);
+            limiter = quote!(#limiter.block(#block));
+        }
+        if self.wait_ms > 0 {
+            let wait = ms(self.wait_ms);
+            limiter = quote!(#limiter.wait(#wait));
+        }
+        if self.local {
+            limiter = quote!(#limiter.local(true));
+        }
+        limiter
     }
-
-    fn merged_key(&self) -> Option<(String, Span)> {
-        Some(self.merged_key.clone())
-    }
-}
-
-/// Recognises what [`RateLimitExpansion::wrap`] emits: `(specs array, inner future)`.
-fn rate_limit_call(call: &ExprCall) -> Option<(ExprArray, Expr)> {
-    let Expr::Path(path) = &*call.func else {
-        return None;
-    };
-    let names: Vec<String> = path
-        .path
-        .segments
-        .iter()
-        .map(|s| s.ident.to_string())
-        .collect();
-    if path.path.leading_colon.is_none() || names != ["redguard", "__private", "rate_limit"] {
-        return None;
-    }
-    let mut args = call.args.iter();
-    let (Some(Expr::Array(specs)), Some(body), None) = (args.next(), args.next(), args.next())
-    else {
-        return None;
-    };
-    Some((specs.clone(), body.clone()))
 }

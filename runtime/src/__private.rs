@@ -83,7 +83,7 @@ impl<T, E: crate::Classify> ClassifiedReturn for Result<T, E> {}
 /// Expansions of `#[idempotent]` call this, spanned at the return type.
 #[inline(always)]
 pub fn assert_classified<R: ClassifiedReturn>() {}
-pub use crate::rate::{Algorithm, Rate, RateSpec};
+pub use crate::spec::{Algorithm, Rate};
 
 /// A count (`burst`, `cost`) written as an expression: any integer, checked per call.
 pub fn rate_count<T: TryInto<u64>>(value: T, what: &'static str) -> crate::Result<u64> {
@@ -92,74 +92,75 @@ pub fn rate_count<T: TryInto<u64>>(value: T, what: &'static str) -> crate::Resul
         .map_err(|_| crate::Error::InvalidLimit(format!("`{what}` must be a non-negative integer")))
 }
 
-/// What `#[rate_limit]`'s prelude evaluates, before the body is moved; the other arguments
-/// follow as method calls on the result.
-pub fn rate_spec<R: crate::rate::IntoRate>(
+/// `#[rate_limit]`'s prelude: a [`Limiter`](crate::Limiter) on the fn's key, evaluated before
+/// the body is moved; the expansion goes on with one call per argument written.
+pub fn rate_limiter<R: crate::spec::IntoRate>(
     key: crate::Result<crate::KeyBody>,
     scope: &'static str,
     rate: R,
-) -> RateSpec {
-    RateSpec::new(key, scope, rate.into_rate())
+) -> crate::Limiter {
+    crate::Limiter::new(Some(key), std::borrow::Cow::Borrowed(scope)).rate(rate)
+}
+
+/// `burst` or `cost` given as an expression (see [`rate_count`]).
+pub fn rate_burst(limiter: crate::Limiter, burst: crate::Result<u64>) -> crate::Limiter {
+    limiter.try_burst(burst)
+}
+
+/// See [`rate_burst`].
+pub fn rate_cost(limiter: crate::Limiter, cost: crate::Result<u64>) -> crate::Limiter {
+    limiter.try_cost(cost)
 }
 
 /// The wrapper of one or more adjacent `#[rate_limit]`s: decides them all-or-nothing, then
 /// runs `inner` if every limit admitted.
-pub async fn rate_limit<T, E, F, const N: usize>(specs: [RateSpec; N], inner: F) -> Result<T, E>
+pub async fn rate_limit<T, E, F, const N: usize>(
+    limiters: [crate::Limiter; N],
+    inner: F,
+) -> Result<T, E>
 where
     E: From<crate::Error>,
     F: std::future::Future<Output = Result<T, E>>,
 {
-    match crate::rate::enforce_specs(specs.into()).await {
-        Ok(()) => inner.await,
+    let limits = limiters
+        .into_iter()
+        .fold(crate::RateLimits::new(), crate::RateLimits::with);
+    match limits.enforce().await {
+        Ok(_) => inner.await,
         Err(err) => Err(E::from(err)),
     }
 }
 
-/// `#[dist_lock]`'s prelude: the lock as written on the fn, its key rendered. `permits` 0
-/// means not a semaphore; `read_write` is 0 (exclusive), 1 (read) or 2 (write).
-#[allow(clippy::too_many_arguments)]
+/// `#[dist_lock]`'s prelude: the lock on the fn's key in its scope; the expansion goes on
+/// with one builder call per argument written (`.fair()`, `.wait(..)`, …).
 pub fn dist_lock_builder(
     scope: &'static str,
     key: crate::Result<crate::KeyBody>,
-    wait: std::time::Duration,
-    lease: std::time::Duration,
-    skip_if_held: bool,
-    hold_at_least: std::time::Duration,
-    continue_on_lost: bool,
-    permits: u32,
-    read_write: u8,
-    fair: bool,
 ) -> crate::LockBuilder {
-    let mut builder = crate::lock::LockBuilder::new(None, key)
-        .scope(scope)
-        .wait(wait)
-        .lease(lease)
-        .hold_at_least(hold_at_least);
-    if skip_if_held {
-        builder = builder.skip_if_held();
-    }
-    if continue_on_lost {
-        builder = builder.on_lost(crate::OnLost::Continue);
-    }
-    if permits > 0 {
-        builder = builder.permits(permits);
-    }
-    match read_write {
-        1 => builder = builder.read(),
-        2 => builder = builder.write(),
-        _ => {}
-    }
-    if fair {
-        builder = builder.fair();
-    }
-    builder
+    crate::lock::LockBuilder::new(None, key).scope(scope)
 }
 
+pub use crate::lock::OnLost;
+
 /// `#[dist_lock]`'s wrapper: runs the body under the lock.
-pub async fn dist_lock<T, E, F>(lock: crate::LockBuilder, body: F) -> Result<T, E>
+pub async fn dist_lock<K, T, E, F>(lock: crate::LockBuilder<K>, body: F) -> Result<T, E>
 where
+    K: crate::lock::Kind,
     E: From<crate::Error>,
     F: std::future::Future<Output = Result<T, E>>,
 {
     lock.run(body).await
+}
+
+/// Warnings about stacks that contradict the recommended order, raised through deprecation
+/// (the one warning an expansion can raise on stable Rust).
+pub mod stack_order {
+    /// `#[dist_lock]` written above `#[idempotent]`.
+    #[deprecated(
+        note = "`#[dist_lock]` is above `#[idempotent]` on this fn, so every replay of a \
+                finished intent takes the lock too: put `#[idempotent]` above `#[dist_lock]` \
+                (guards apply outside-in in the order written), or `#[allow(deprecated)]` on \
+                the fn if the lock must cover the whole call"
+    )]
+    pub fn dist_lock_above_idempotent() {}
 }

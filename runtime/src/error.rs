@@ -104,7 +104,7 @@ pub enum Error {
         .0.remaining,
         .0.limit
     )]
-    RateLimited(crate::rate::Decision),
+    RateLimited(crate::spec::Decision),
 
     /// A rate, burst, cost or block given at runtime (from configuration or an expression) is
     /// unusable; nothing was sent to the store.
@@ -173,6 +173,7 @@ pub enum Error {
 /// Guards map this through their degradation policy ([`FailMode`](crate::FailMode)) before it
 /// reaches a caller: a fail-open guard logs it and lets the call through.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum BackendError {
     /// The call did not complete within the configured per-call timeout.
     #[error("store call `{op}` timed out after {after:?}; is Redis overloaded or unreachable?")]
@@ -182,15 +183,77 @@ pub enum BackendError {
         /// The configured timeout.
         after: Duration,
     },
-    /// Redis returned an error or the connection failed.
+    /// The store refused or failed the call: an error reply (out of memory, no permission),
+    /// a broken connection.
     #[error("store call `{op}` failed: {source}")]
-    Redis {
+    Failed {
         /// The guard operation that failed.
         op: &'static str,
-        /// What the client reported.
+        /// What the store's client reported.
         #[source]
-        source: redis::RedisError,
+        source: StoreFailure,
     },
+}
+
+/// What a store's client reported when a call failed.
+///
+/// Opaque on purpose: the public API does not change with the Redis client's version. The
+/// message is the client's; [`code`](StoreFailure::code) is the server's error code when it
+/// sent one.
+///
+/// ```
+/// use redguard::store::StoreFailure;
+/// let failure = StoreFailure::new(std::io::Error::other("connection reset"));
+/// assert_eq!(failure.to_string(), "connection reset");
+/// assert_eq!(failure.code(), None);
+/// ```
+#[derive(Debug)]
+pub struct StoreFailure {
+    code: Option<String>,
+    detail: Option<String>,
+    source: Box<dyn std::error::Error + Send + Sync>,
+}
+
+impl StoreFailure {
+    /// A failure with `source` as its cause (for stores of your own).
+    pub fn new(source: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
+        StoreFailure {
+            code: None,
+            detail: None,
+            source: source.into(),
+        }
+    }
+
+    /// An error reply or connection failure of the Redis client.
+    pub(crate) fn redis(err: redis::RedisError) -> Self {
+        StoreFailure {
+            code: err.code().map(str::to_owned),
+            detail: err.detail().map(str::to_owned),
+            source: Box::new(err),
+        }
+    }
+
+    /// The server's error code (`OOM`, `NOPERM`, `WRONGTYPE`, …), when it sent an error reply.
+    pub fn code(&self) -> Option<&str> {
+        self.code.as_deref()
+    }
+
+    /// The server's message after the code, when it sent an error reply.
+    pub fn detail(&self) -> Option<&str> {
+        self.detail.as_deref()
+    }
+}
+
+impl std::fmt::Display for StoreFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(&self.source, f)
+    }
+}
+
+impl std::error::Error for StoreFailure {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&*self.source)
+    }
 }
 
 impl BackendError {

@@ -11,8 +11,8 @@ use once_cell::sync::OnceCell;
 use crate::clock::{Clock, SystemClock};
 use crate::error::{Error, Result};
 use crate::key::{GuardKind, Key, KeyBody, check_name};
-use crate::store::{MemoryStore, RedisStore, Store};
-use crate::tokens::Tokens;
+use crate::state::State;
+use crate::store::{MemoryStore, RedisStore, RedisTarget, Store};
 
 /// Default bound on every store call.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(250);
@@ -86,6 +86,7 @@ pub struct Redguard {
 struct Inner {
     store: Arc<dyn Store>,
     settings: Settings,
+    state: State,
 }
 
 impl fmt::Debug for Redguard {
@@ -178,7 +179,11 @@ impl Redguard {
 
     fn new(store: Arc<dyn Store>, settings: Settings) -> Redguard {
         Redguard {
-            inner: Arc::new(Inner { store, settings }),
+            inner: Arc::new(Inner {
+                store,
+                settings,
+                state: State::default(),
+            }),
         }
     }
 
@@ -190,7 +195,7 @@ impl Redguard {
     /// // With neither variable set, this is the in-memory store.
     /// # unsafe { std::env::remove_var("REDGUARD_REDIS_URL"); std::env::remove_var("REDIS_URL"); }
     /// let rg = redguard::Redguard::from_env().await?;
-    /// assert_eq!(rg.store().kind(), redguard::StoreKind::Memory);
+    /// assert_eq!(rg.store().kind(), redguard::store::StoreKind::Memory);
     /// # Ok(()) }
     /// ```
     pub async fn from_env() -> Result<Redguard> {
@@ -264,6 +269,11 @@ impl Redguard {
         &self.inner.store
     }
 
+    /// In-process state of this handle's guards (local queues, the local rate tier).
+    pub(crate) fn state(&self) -> &State {
+        &self.inner.state
+    }
+
     /// The prefix of every key this handle writes.
     pub fn prefix(&self) -> &str {
         &self.inner.settings.prefix
@@ -288,11 +298,6 @@ impl Redguard {
     pub fn key(&self, guard: GuardKind, scope: &str, body: &KeyBody) -> Result<Key> {
         Key::new(self.prefix(), guard, scope, body)
     }
-
-    /// Idempotency tokens on this handle (see [`Tokens`]).
-    pub fn tokens(&self) -> Tokens {
-        Tokens::new(self.clone())
-    }
 }
 
 /// Builds a [`Redguard`]; start from [`Redguard::redis`] or [`Redguard::memory_builder`].
@@ -308,18 +313,6 @@ pub struct Builder {
 enum Backend {
     Redis(RedisTarget),
     Memory(Arc<dyn Clock>),
-}
-
-/// Where a Redis store connects.
-#[derive(Debug)]
-pub(crate) struct RedisTarget {
-    /// One URL, or a Cluster's seed nodes.
-    pub(crate) urls: Vec<String>,
-    pub(crate) cluster: bool,
-    /// PEM root certificate(s) to trust for `rediss://` instead of the system's roots.
-    pub(crate) tls_root_ca: Option<Vec<u8>>,
-    #[cfg(feature = "test-util")]
-    pub(crate) test: crate::store::TestHooks,
 }
 
 impl Builder {

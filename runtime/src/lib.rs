@@ -31,43 +31,36 @@
 mod clock;
 mod degrade;
 mod error;
-mod handle;
-mod idempotency;
-mod key;
+pub mod handle;
+pub mod idempotency;
+pub mod key;
 pub mod lock;
-mod rate;
+pub mod rate;
 mod scope;
+mod spec;
+mod state;
 pub mod store;
-mod tokens;
+pub mod tokens;
 
 #[doc(hidden)]
 pub mod __private;
 
+// The root holds what users write; each module above also holds its limits and defaults
+// (`redguard::lock::MAX_WAIT`), and `redguard::store` the seam for those who implement a store.
 pub use crate::clock::{Clock, ManualClock, SystemClock};
 pub use crate::error::{BackendError, Error, Result};
-pub use crate::handle::{
-    Builder, DEFAULT_CONNECT_TIMEOUT, DEFAULT_PREFIX, DEFAULT_TIMEOUT, FailMode, Redguard,
-};
+pub use crate::handle::{Builder, FailMode, Redguard};
 pub use crate::idempotency::{
-    Classify, Detached, ErrorClass, Idempotency, MAX_EXPIRE, MIN_EXPIRE, idempotency, track_replay,
+    Classify, Detached, ErrorClass, Idempotency, idempotency, track_replay,
 };
-pub use crate::key::{
-    GuardKind, Key, KeyBody, KeyBuilder, KeyPart, KeyRule, MAX_KEY_LEN, MAX_PART_LEN, MAX_SCOPE_LEN,
-};
+pub use crate::key::{GuardKind, Key, KeyBody, KeyBuilder, KeyPart, KeyRule};
 pub use crate::lock::{
     LockBuilder, LockGuard, LockKey, MultiLockBuilder, MultiLockGuard, OnLost, fence, lock,
     lock_all,
 };
-pub use crate::rate::{
-    Algorithm, Decision, IntoRate, Limit, Limiter, MAX_RATE_COUNT, MAX_RATE_PERIOD,
-    MAX_SLIDING_WINDOW_COUNT, Rate, RateLimits, limiter,
-};
-pub use crate::store::{
-    FAIR_REGISTRATION, FENCE_TTL, LockAcquire, LockOps, LockRelease, LockWatch, MemoryStore,
-    RateCheck, RateMode, RateOps, RateOutcome, RedisStore, Store, StoreKind, TokenOps,
-    TokenOutcome, WRITER_INTENT, rw_readers,
-};
-pub use crate::tokens::{MAX_TOKEN_TTL, Tokens, tokens};
+pub use crate::rate::{Limiter, RateLimits, limiter};
+pub use crate::spec::{Algorithm, Decision, IntoRate, Limit, LockKind, Rate};
+pub use crate::tokens::{Tokens, tokens};
 
 #[doc(inline)]
 pub use redguard_macros::{Classify, dist_lock, idempotent, rate_limit};

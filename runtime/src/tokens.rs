@@ -13,8 +13,7 @@ use crate::handle::Redguard;
 use crate::key::{GuardKind, Key, KeyBody, KeyBuilder, check_name};
 use crate::store::TokenOutcome;
 
-/// Longest a token may live.
-pub const MAX_TOKEN_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
+pub use redguard_grammar::tokens::MAX_TOKEN_TTL;
 
 /// Scope under which token keys live.
 const TOKEN_SCOPE: &str = "tokens";
@@ -35,6 +34,23 @@ pub fn tokens() -> Tokens {
     Tokens { handle: None }
 }
 
+impl Redguard {
+    /// Idempotency tokens on this handle (see [`Tokens`]).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> redguard::Result<()> {
+    /// let rg = redguard::Redguard::memory();
+    /// let token = rg.tokens().issue("signup", std::time::Duration::from_secs(60)).await?;
+    /// rg.tokens().consume("signup", &token).await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn tokens(&self) -> Tokens {
+        Tokens {
+            handle: Some(self.clone()),
+        }
+    }
+}
+
 /// Token operations on one handle, or on the current one when built by [`tokens()`].
 #[derive(Debug, Clone)]
 pub struct Tokens {
@@ -42,12 +58,6 @@ pub struct Tokens {
 }
 
 impl Tokens {
-    pub(crate) fn new(handle: Redguard) -> Self {
-        Tokens {
-            handle: Some(handle),
-        }
-    }
-
     fn handle(&self) -> Result<Redguard> {
         match &self.handle {
             Some(handle) => Ok(handle.clone()),
@@ -59,11 +69,7 @@ impl Tokens {
     /// The token is 122 random bits as 32 hex characters.
     pub async fn issue(&self, scene: &str, ttl: Duration) -> Result<String> {
         check_name("scene", scene, 64)?;
-        if ttl < Duration::from_secs(1) || ttl > MAX_TOKEN_TTL {
-            return Err(Error::Config(format!(
-                "token ttl must be between 1 s and 7 days, got {ttl:?}"
-            )));
-        }
+        redguard_grammar::tokens::ttl(ttl).map_err(Error::Config)?;
         let handle = self.handle()?;
         let token = uuid::Uuid::new_v4().simple().to_string();
         let key = token_key(&handle, &token)?;

@@ -11,6 +11,7 @@
 //! # let _ = url;
 //! ```
 
+pub mod cancel;
 pub mod metrics;
 pub mod model;
 pub mod props;

@@ -4,7 +4,8 @@
 
 use std::time::{Duration, Instant};
 
-use redguard::{Algorithm, GuardKind, KeyBuilder, Limit, Rate, RateCheck, RateMode, Redguard};
+use redguard::store::{RateCheck, RateMode};
+use redguard::{Algorithm, GuardKind, KeyBuilder, Limit, Rate, Redguard};
 
 /// One driven run: which limit, how hard, how long.
 #[derive(Debug, Clone)]

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use redguard::{Algorithm, Error, Idempotency, KeyBuilder, Redguard};
+use redguard::{Algorithm, Error, Idempotency, KeyBuilder, LockKind, Redguard};
 use redguard_tests::RedisServer;
 
 /// Keep in sync with README.md ("Redis Cluster, TLS, restricted users").
@@ -44,8 +44,14 @@ async fn release_notifications_arrive_under_the_documented_acl() {
     let rg = restricted(&server).await;
     for fair in [false, true] {
         let lock = move |rg: &Redguard| {
-            let builder = rg.lock("acl:notify").wait(Duration::from_secs(5));
-            if fair { builder.fair() } else { builder }
+            let kind = if fair {
+                LockKind::Fair
+            } else {
+                LockKind::Exclusive
+            };
+            rg.lock("acl:notify")
+                .kind(kind)
+                .wait(Duration::from_secs(5))
         };
         let mut handoffs = Vec::new();
         for _ in 0..9 {

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use redguard::store::{IdemBegin, IdemFinish, IdemFinished};
+use redguard::store::{Begin, Finish, IdemBegin, IdemFinish, IdemFinished};
 use redguard::{Classify, Error, ErrorClass, Redguard, idempotent, track_replay};
 use serde::{Deserialize, Serialize};
 
@@ -374,32 +374,51 @@ async fn a_lost_record_is_not_overwritten_by_its_old_owner(rg: Redguard) {
     let store = rg.store();
     let short = Duration::from_millis(200);
     assert_eq!(
-        store.idem_begin(&key, "old", "", short).await.unwrap(),
+        store.idem_begin(begin(&key, "old", short)).await.unwrap(),
         IdemBegin::Started
     );
     tokio::time::sleep(short + Duration::from_millis(100)).await;
     assert!(!store.idem_renew(&key, "old", short).await.unwrap());
     assert_eq!(
-        store.idem_begin(&key, "new", "", LONG).await.unwrap(),
+        store.idem_begin(begin(&key, "new", LONG)).await.unwrap(),
         IdemBegin::Started
     );
     let late = store
-        .idem_finish(&key, "old", IdemFinish::Success(b"1"), LONG)
+        .idem_finish(Finish {
+            key: &key,
+            owner: "old",
+            outcome: IdemFinish::Success(b"1"),
+            ttl: LONG,
+        })
         .await
         .unwrap();
     assert_eq!(late, IdemFinished::NotOwner);
     let done = store
-        .idem_finish(&key, "new", IdemFinish::Success(b"2"), LONG)
+        .idem_finish(Finish {
+            key: &key,
+            owner: "new",
+            outcome: IdemFinish::Success(b"2"),
+            ttl: LONG,
+        })
         .await
         .unwrap();
     assert_eq!(done, IdemFinished::Recorded);
     assert_eq!(
-        store.idem_begin(&key, "later", "", LONG).await.unwrap(),
+        store.idem_begin(begin(&key, "later", LONG)).await.unwrap(),
         IdemBegin::Done(b"2".to_vec())
     );
 }
 
 const LONG: Duration = Duration::from_secs(60);
+
+fn begin<'a>(key: &'a redguard::Key, owner: &'a str, ttl: Duration) -> Begin<'a> {
+    Begin {
+        key,
+        owner,
+        fingerprint: "",
+        ttl,
+    }
+}
 
 /// A body that runs longer than `expire` keeps its record: a retry meanwhile is told the
 /// intent is in progress, never runs it a second time.

@@ -2,7 +2,8 @@
 
 use std::time::Duration;
 
-use redguard::{Error, GuardKind, KeyBuilder, LockAcquire, LockRelease, Redguard};
+use redguard::store::{Acquire, LockAcquire, LockRelease, Release};
+use redguard::{Error, GuardKind, KeyBuilder, Redguard};
 
 redguard_tests::conformance!(
     acquire_is_exclusive_and_fenced,
@@ -29,15 +30,37 @@ fn key(rg: &Redguard, body: &str) -> redguard::Key {
 
 const LEASE: Duration = Duration::from_secs(5);
 
+fn acq<'a>(key: &'a redguard::Key, owner: &'a str, lease: Duration, level: u32) -> Acquire<'a> {
+    Acquire {
+        key,
+        owner,
+        lease,
+        level,
+        waiting: false,
+    }
+}
+
+fn rel<'a>(key: &'a redguard::Key, owner: &'a str, level: u32, keep: Duration) -> Release<'a> {
+    Release {
+        key,
+        owner,
+        level,
+        keep,
+    }
+}
+
 async fn acquire_is_exclusive_and_fenced(rg: Redguard) {
     let k = key(&rg, "a");
     let store = rg.store();
-    let first = store.lock_acquire(&k, "alice", LEASE, 1).await.unwrap();
+    let first = store
+        .lock_acquire(acq(&k, "alice", LEASE, 1))
+        .await
+        .unwrap();
     let LockAcquire::Acquired { fence, depth: 1 } = first else {
         panic!("{first:?}")
     };
     assert!(fence > 0);
-    match store.lock_acquire(&k, "bob", LEASE, 1).await.unwrap() {
+    match store.lock_acquire(acq(&k, "bob", LEASE, 1)).await.unwrap() {
         LockAcquire::Held { ttl } => assert!(ttl <= LEASE && ttl > LEASE / 2, "{ttl:?}"),
         other => panic!("{other:?}"),
     }
@@ -50,14 +73,14 @@ async fn fences_increase_across_owners(rg: Redguard) {
     for i in 0..20 {
         let owner = format!("o{i}");
         let LockAcquire::Acquired { fence, .. } =
-            store.lock_acquire(&k, &owner, LEASE, 1).await.unwrap()
+            store.lock_acquire(acq(&k, &owner, LEASE, 1)).await.unwrap()
         else {
             panic!("not acquired")
         };
         assert!(fence > last, "{fence} after {last}");
         last = fence;
         let released = store
-            .lock_release(&k, &owner, 1, Duration::ZERO)
+            .lock_release(rel(&k, &owner, 1, Duration::ZERO))
             .await
             .unwrap();
         assert_eq!(released, LockRelease::Released);
@@ -68,7 +91,10 @@ async fn renew_only_by_owner(rg: Redguard) {
     let k = key(&rg, "r");
     let store = rg.store();
     assert!(!store.lock_renew(&k, "alice", LEASE).await.unwrap());
-    store.lock_acquire(&k, "alice", LEASE, 1).await.unwrap();
+    store
+        .lock_acquire(acq(&k, "alice", LEASE, 1))
+        .await
+        .unwrap();
     assert!(store.lock_renew(&k, "alice", LEASE).await.unwrap());
     assert!(!store.lock_renew(&k, "bob", LEASE).await.unwrap());
 }
@@ -78,33 +104,36 @@ async fn release_is_compare_and_delete(rg: Redguard) {
     let store = rg.store();
     assert_eq!(
         store
-            .lock_release(&k, "alice", 1, Duration::ZERO)
+            .lock_release(rel(&k, "alice", 1, Duration::ZERO))
             .await
             .unwrap(),
         LockRelease::NotOwner
     );
-    store.lock_acquire(&k, "alice", LEASE, 1).await.unwrap();
+    store
+        .lock_acquire(acq(&k, "alice", LEASE, 1))
+        .await
+        .unwrap();
     assert_eq!(
         store
-            .lock_release(&k, "bob", 1, Duration::ZERO)
+            .lock_release(rel(&k, "bob", 1, Duration::ZERO))
             .await
             .unwrap(),
         LockRelease::NotOwner
     );
     // Bob's attempt changed nothing: still Alice's.
     assert!(matches!(
-        store.lock_acquire(&k, "bob", LEASE, 1).await.unwrap(),
+        store.lock_acquire(acq(&k, "bob", LEASE, 1)).await.unwrap(),
         LockAcquire::Held { .. }
     ));
     assert_eq!(
         store
-            .lock_release(&k, "alice", 1, Duration::ZERO)
+            .lock_release(rel(&k, "alice", 1, Duration::ZERO))
             .await
             .unwrap(),
         LockRelease::Released
     );
     assert!(matches!(
-        store.lock_acquire(&k, "bob", LEASE, 1).await.unwrap(),
+        store.lock_acquire(acq(&k, "bob", LEASE, 1)).await.unwrap(),
         LockAcquire::Acquired { .. }
     ));
 }
@@ -115,14 +144,19 @@ async fn release_is_compare_and_delete(rg: Redguard) {
 async fn nested_levels_are_named(rg: Redguard) {
     let k = key(&rg, "n");
     let store = rg.store();
-    let LockAcquire::Acquired { fence, depth: 1 } =
-        store.lock_acquire(&k, "alice", LEASE, 1).await.unwrap()
+    let LockAcquire::Acquired { fence, depth: 1 } = store
+        .lock_acquire(acq(&k, "alice", LEASE, 1))
+        .await
+        .unwrap()
     else {
         panic!()
     };
     for level in [2, 3, 3] {
         assert_eq!(
-            store.lock_acquire(&k, "alice", LEASE, level).await.unwrap(),
+            store
+                .lock_acquire(acq(&k, "alice", LEASE, level))
+                .await
+                .unwrap(),
             LockAcquire::Acquired {
                 fence,
                 depth: level
@@ -131,14 +165,14 @@ async fn nested_levels_are_named(rg: Redguard) {
     }
     // Someone else's nested entry, or one after the lock is gone: lost, nothing changed.
     assert_eq!(
-        store.lock_acquire(&k, "bob", LEASE, 2).await.unwrap(),
+        store.lock_acquire(acq(&k, "bob", LEASE, 2)).await.unwrap(),
         LockAcquire::Lost
     );
     // Leaving level 3 twice leaves level 2 held.
     for _ in 0..2 {
         assert_eq!(
             store
-                .lock_release(&k, "alice", 3, Duration::ZERO)
+                .lock_release(rel(&k, "alice", 3, Duration::ZERO))
                 .await
                 .unwrap(),
             LockRelease::Nested { depth: 2 }
@@ -146,44 +180,50 @@ async fn nested_levels_are_named(rg: Redguard) {
     }
     // A nested entry with a shorter lease does not cut the outer one short.
     store
-        .lock_acquire(&k, "alice", Duration::from_millis(100), 3)
+        .lock_acquire(acq(&k, "alice", Duration::from_millis(100), 3))
         .await
         .unwrap();
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(matches!(
-        store.lock_acquire(&k, "bob", LEASE, 1).await.unwrap(),
+        store.lock_acquire(acq(&k, "bob", LEASE, 1)).await.unwrap(),
         LockAcquire::Held { .. }
     ));
     // Leaving level 2 leaves level 3 with it.
     assert_eq!(
         store
-            .lock_release(&k, "alice", 2, Duration::ZERO)
+            .lock_release(rel(&k, "alice", 2, Duration::ZERO))
             .await
             .unwrap(),
         LockRelease::Nested { depth: 1 }
     );
     // An entry at level 2 that arrives after the outer release is lost, not a new lock.
-    store.lock_acquire(&k, "alice", LEASE, 2).await.unwrap();
+    store
+        .lock_acquire(acq(&k, "alice", LEASE, 2))
+        .await
+        .unwrap();
     assert_eq!(
         store
-            .lock_release(&k, "alice", 1, Duration::ZERO)
+            .lock_release(rel(&k, "alice", 1, Duration::ZERO))
             .await
             .unwrap(),
         LockRelease::Released
     );
     assert_eq!(
-        store.lock_acquire(&k, "alice", LEASE, 2).await.unwrap(),
+        store
+            .lock_acquire(acq(&k, "alice", LEASE, 2))
+            .await
+            .unwrap(),
         LockAcquire::Lost
     );
     assert_eq!(
         store
-            .lock_release(&k, "alice", 1, Duration::ZERO)
+            .lock_release(rel(&k, "alice", 1, Duration::ZERO))
             .await
             .unwrap(),
         LockRelease::NotOwner
     );
     assert!(matches!(
-        store.lock_acquire(&k, "bob", LEASE, 1).await.unwrap(),
+        store.lock_acquire(acq(&k, "bob", LEASE, 1)).await.unwrap(),
         LockAcquire::Acquired { .. }
     ));
 }
@@ -200,9 +240,16 @@ async fn fences_follow_the_store_clock(rg: Redguard) {
             tokio::time::sleep(Duration::from_millis(20)).await;
             let before = u64::try_from(store.time().await.unwrap().as_micros()).unwrap();
             let outcome = match kind {
-                0 => store.lock_acquire(&k, owner, LEASE, 1).await,
-                1 => store.semaphore_acquire(&k, owner, 1, LEASE).await,
-                _ => store.fair_acquire(&k, owner, LEASE, 1, false).await,
+                0 => store.lock_acquire(acq(&k, owner, LEASE, 1)).await,
+                1 => store.semaphore_acquire(acq(&k, owner, LEASE, 1), 1).await,
+                _ => {
+                    store
+                        .fair_acquire(Acquire {
+                            waiting: false,
+                            ..acq(&k, owner, LEASE, 1)
+                        })
+                        .await
+                }
             };
             let LockAcquire::Acquired { fence, .. } = outcome.unwrap() else {
                 panic!("kind {kind}: {owner} not acquired")
@@ -214,9 +261,9 @@ async fn fences_follow_the_store_clock(rg: Redguard) {
             assert!(fence > last);
             last = fence;
             let released = match kind {
-                0 => store.lock_release(&k, owner, 1, Duration::ZERO).await,
+                0 => store.lock_release(rel(&k, owner, 1, Duration::ZERO)).await,
                 1 => store.semaphore_release(&k, owner).await,
-                _ => store.fair_release(&k, owner, 1, Duration::ZERO).await,
+                _ => store.fair_release(rel(&k, owner, 1, Duration::ZERO)).await,
             };
             assert_eq!(released.unwrap(), LockRelease::Released);
         }
@@ -226,23 +273,26 @@ async fn fences_follow_the_store_clock(rg: Redguard) {
 async fn release_keeps_key_for_hold_at_least(rg: Redguard) {
     let k = key(&rg, "h");
     let store = rg.store();
-    store.lock_acquire(&k, "alice", LEASE, 1).await.unwrap();
+    store
+        .lock_acquire(acq(&k, "alice", LEASE, 1))
+        .await
+        .unwrap();
     let keep = Duration::from_millis(400);
     assert_eq!(
-        store.lock_release(&k, "alice", 1, keep).await.unwrap(),
+        store.lock_release(rel(&k, "alice", 1, keep)).await.unwrap(),
         LockRelease::Released
     );
     // Kept by nobody: not even the old owner can renew or re-enter it.
     assert!(!store.lock_renew(&k, "alice", LEASE).await.unwrap());
     for owner in ["alice", "bob"] {
         assert!(matches!(
-            store.lock_acquire(&k, owner, LEASE, 1).await.unwrap(),
+            store.lock_acquire(acq(&k, owner, LEASE, 1)).await.unwrap(),
             LockAcquire::Held { .. }
         ));
     }
     tokio::time::sleep(keep + Duration::from_millis(100)).await;
     assert!(matches!(
-        store.lock_acquire(&k, "bob", LEASE, 1).await.unwrap(),
+        store.lock_acquire(acq(&k, "bob", LEASE, 1)).await.unwrap(),
         LockAcquire::Acquired { .. }
     ));
 }
@@ -251,17 +301,20 @@ async fn lease_expiry_frees_the_key(rg: Redguard) {
     let k = key(&rg, "e");
     let store = rg.store();
     let short = Duration::from_millis(200);
-    store.lock_acquire(&k, "alice", short, 1).await.unwrap();
+    store
+        .lock_acquire(acq(&k, "alice", short, 1))
+        .await
+        .unwrap();
     tokio::time::sleep(short + Duration::from_millis(100)).await;
     assert!(!store.lock_renew(&k, "alice", LEASE).await.unwrap());
     assert!(matches!(
-        store.lock_acquire(&k, "bob", LEASE, 1).await.unwrap(),
+        store.lock_acquire(acq(&k, "bob", LEASE, 1)).await.unwrap(),
         LockAcquire::Acquired { .. }
     ));
     // Alice's late release must not free Bob's lock.
     assert_eq!(
         store
-            .lock_release(&k, "alice", 1, Duration::ZERO)
+            .lock_release(rel(&k, "alice", 1, Duration::ZERO))
             .await
             .unwrap(),
         LockRelease::NotOwner
@@ -272,11 +325,14 @@ async fn lease_expiry_frees_the_key(rg: Redguard) {
 async fn watch_wakes_on_release(rg: Redguard) {
     let k = key(&rg, "w");
     let store = rg.store();
-    store.lock_acquire(&k, "alice", LEASE, 1).await.unwrap();
+    store
+        .lock_acquire(acq(&k, "alice", LEASE, 1))
+        .await
+        .unwrap();
     let mut watch = store.lock_watch(&k).await;
     assert!(watch.is_live());
     store
-        .lock_release(&k, "alice", 1, Duration::ZERO)
+        .lock_release(rel(&k, "alice", 1, Duration::ZERO))
         .await
         .unwrap();
     // Taken before the release, so the release is seen even though we wait only now.
@@ -293,7 +349,12 @@ async fn fair_release_hands_over_to_the_head(rg: Redguard) {
     let store = rg.store();
     let quiet = Duration::from_millis(300);
     let fired = Duration::from_secs(2);
-    let fair = |owner: &'static str| store.fair_acquire(&k, owner, LEASE, 1, true);
+    let fair = |owner: &'static str| {
+        store.fair_acquire(Acquire {
+            waiting: true,
+            ..acq(&k, owner, LEASE, 1)
+        })
+    };
     let alice = fair("alice").await.unwrap();
     let LockAcquire::Acquired { fence: first, .. } = alice else {
         panic!("{alice:?}");
@@ -306,7 +367,9 @@ async fn fair_release_hands_over_to_the_head(rg: Redguard) {
         let queued = fair(waiter).await;
         assert!(matches!(queued, Ok(LockAcquire::Held { .. })), "{queued:?}");
     }
-    let released = store.fair_release(&k, "alice", 1, Duration::ZERO).await;
+    let released = store
+        .fair_release(rel(&k, "alice", 1, Duration::ZERO))
+        .await;
     assert_eq!(released.unwrap(), LockRelease::Released);
     tokio::time::timeout(fired, bob.changed())
         .await
@@ -347,13 +410,16 @@ async fn fair_release_hands_over_to_the_head(rg: Redguard) {
     // Dave is handed it next and never shows up: it frees once his registration would have
     // lapsed, not after a lease.
     store
-        .fair_release(&k, "carol", 1, Duration::ZERO)
+        .fair_release(rel(&k, "carol", 1, Duration::ZERO))
         .await
         .unwrap();
     let started = std::time::Instant::now();
     let erin = loop {
         match store
-            .fair_acquire(&k, "erin", LEASE, 1, false)
+            .fair_acquire(Acquire {
+                waiting: false,
+                ..acq(&k, "erin", LEASE, 1)
+            })
             .await
             .unwrap()
         {
@@ -367,7 +433,7 @@ async fn fair_release_hands_over_to_the_head(rg: Redguard) {
     };
     assert!(matches!(erin, LockAcquire::Acquired { .. }), "{erin:?}");
     assert!(
-        started.elapsed() <= redguard::FAIR_REGISTRATION + Duration::from_millis(500),
+        started.elapsed() <= redguard::store::FAIR_REGISTRATION + Duration::from_millis(500),
         "{:?}",
         started.elapsed()
     );
@@ -465,15 +531,21 @@ async fn semaphore_admits_n_holders(rg: Redguard) {
     let store = rg.store();
     let mut last = 0;
     for owner in ["a", "b", "c"] {
-        let LockAcquire::Acquired { fence, .. } =
-            store.semaphore_acquire(&k, owner, 3, LEASE).await.unwrap()
+        let LockAcquire::Acquired { fence, .. } = store
+            .semaphore_acquire(acq(&k, owner, LEASE, 1), 3)
+            .await
+            .unwrap()
         else {
             panic!("{owner} refused")
         };
         assert!(fence > last);
         last = fence;
     }
-    match store.semaphore_acquire(&k, "d", 3, LEASE).await.unwrap() {
+    match store
+        .semaphore_acquire(acq(&k, "d", LEASE, 1), 3)
+        .await
+        .unwrap()
+    {
         LockAcquire::Held { ttl } => assert!(ttl <= LEASE, "{ttl:?}"),
         other => panic!("{other:?}"),
     }
@@ -488,21 +560,33 @@ async fn semaphore_admits_n_holders(rg: Redguard) {
         LockRelease::Released
     );
     assert!(matches!(
-        store.semaphore_acquire(&k, "d", 3, LEASE).await.unwrap(),
+        store
+            .semaphore_acquire(acq(&k, "d", LEASE, 1), 3)
+            .await
+            .unwrap(),
         LockAcquire::Acquired { .. }
     ));
     // A holder whose lease ran out frees its slot.
     let short = Duration::from_millis(200);
     let k2 = key(&rg, "s2");
-    store.semaphore_acquire(&k2, "a", 1, short).await.unwrap();
+    store
+        .semaphore_acquire(acq(&k2, "a", short, 1), 1)
+        .await
+        .unwrap();
     assert!(matches!(
-        store.semaphore_acquire(&k2, "b", 1, LEASE).await.unwrap(),
+        store
+            .semaphore_acquire(acq(&k2, "b", LEASE, 1), 1)
+            .await
+            .unwrap(),
         LockAcquire::Held { .. }
     ));
     tokio::time::sleep(short + Duration::from_millis(100)).await;
     assert!(!store.semaphore_renew(&k2, "a", LEASE).await.unwrap());
     assert!(matches!(
-        store.semaphore_acquire(&k2, "b", 1, LEASE).await.unwrap(),
+        store
+            .semaphore_acquire(acq(&k2, "b", LEASE, 1), 1)
+            .await
+            .unwrap(),
         LockAcquire::Acquired { .. }
     ));
     for owner in ["a", "c", "d"] {
@@ -517,41 +601,80 @@ async fn read_write_modes_exclude(rg: Redguard) {
     // Readers share.
     assert!(acquired(
         store
-            .rw_acquire(&k, "r1", false, LEASE, true)
+            .rw_acquire(
+                Acquire {
+                    waiting: true,
+                    ..acq(&k, "r1", LEASE, 1)
+                },
+                false
+            )
             .await
             .unwrap()
     ));
     assert!(acquired(
         store
-            .rw_acquire(&k, "r2", false, LEASE, true)
+            .rw_acquire(
+                Acquire {
+                    waiting: true,
+                    ..acq(&k, "r2", LEASE, 1)
+                },
+                false
+            )
             .await
             .unwrap()
     ));
     // A writer that will not wait does not hold readers back.
     assert!(!acquired(
         store
-            .rw_acquire(&k, "w0", true, LEASE, false)
+            .rw_acquire(
+                Acquire {
+                    waiting: false,
+                    ..acq(&k, "w0", LEASE, 1)
+                },
+                true
+            )
             .await
             .unwrap()
     ));
     assert!(acquired(
         store
-            .rw_acquire(&k, "r0", false, LEASE, true)
+            .rw_acquire(
+                Acquire {
+                    waiting: true,
+                    ..acq(&k, "r0", LEASE, 1)
+                },
+                false
+            )
             .await
             .unwrap()
     ));
     store.rw_release_read(&k, "r0").await.unwrap();
     // A writer waits for them, and from then on new readers queue behind it.
     assert!(!acquired(
-        store.rw_acquire(&k, "w1", true, LEASE, true).await.unwrap()
-    ));
-    assert!(!acquired(
         store
-            .rw_acquire(&k, "r3", false, LEASE, true)
+            .rw_acquire(
+                Acquire {
+                    waiting: true,
+                    ..acq(&k, "w1", LEASE, 1)
+                },
+                true
+            )
             .await
             .unwrap()
     ));
-    let readers = redguard::rw_readers(&k);
+    assert!(!acquired(
+        store
+            .rw_acquire(
+                Acquire {
+                    waiting: true,
+                    ..acq(&k, "r3", LEASE, 1)
+                },
+                false
+            )
+            .await
+            .unwrap()
+    ));
+    let readers = redguard::store::rw_readers(&k);
     assert!(store.semaphore_renew(&readers, "r1", LEASE).await.unwrap());
     for reader in ["r1", "r2"] {
         assert_eq!(
@@ -565,34 +688,72 @@ async fn read_write_modes_exclude(rg: Redguard) {
     );
     // Another writer cannot jump the announced one.
     assert!(!acquired(
-        store.rw_acquire(&k, "w2", true, LEASE, true).await.unwrap()
+        store
+            .rw_acquire(
+                Acquire {
+                    waiting: true,
+                    ..acq(&k, "w2", LEASE, 1)
+                },
+                true
+            )
+            .await
+            .unwrap()
     ));
-    let LockAcquire::Acquired { fence, .. } =
-        store.rw_acquire(&k, "w1", true, LEASE, true).await.unwrap()
+    let LockAcquire::Acquired { fence, .. } = store
+        .rw_acquire(
+            Acquire {
+                waiting: true,
+                ..acq(&k, "w1", LEASE, 1)
+            },
+            true,
+        )
+        .await
+        .unwrap()
     else {
         panic!("the waiting writer did not get in")
     };
     assert!(fence > 0);
     assert!(!acquired(
         store
-            .rw_acquire(&k, "r3", false, LEASE, true)
+            .rw_acquire(
+                Acquire {
+                    waiting: true,
+                    ..acq(&k, "r3", LEASE, 1)
+                },
+                false
+            )
             .await
             .unwrap()
     ));
     assert!(!acquired(
-        store.rw_acquire(&k, "w2", true, LEASE, true).await.unwrap()
+        store
+            .rw_acquire(
+                Acquire {
+                    waiting: true,
+                    ..acq(&k, "w2", LEASE, 1)
+                },
+                true
+            )
+            .await
+            .unwrap()
     ));
     assert!(store.lock_renew(&k, "w1", LEASE).await.unwrap());
     assert_eq!(
         store
-            .lock_release(&k, "w1", 1, Duration::ZERO)
+            .lock_release(rel(&k, "w1", 1, Duration::ZERO))
             .await
             .unwrap(),
         LockRelease::Released
     );
     assert!(acquired(
         store
-            .rw_acquire(&k, "r3", false, LEASE, true)
+            .rw_acquire(
+                Acquire {
+                    waiting: true,
+                    ..acq(&k, "r3", LEASE, 1)
+                },
+                false
+            )
             .await
             .unwrap()
     ));

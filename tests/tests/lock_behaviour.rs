@@ -5,7 +5,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use redguard::{Error, ManualClock, OnLost, Redguard};
+use redguard::lock::OnLost;
+use redguard::{Error, LockKind, ManualClock, Redguard};
 use redguard_tests::RedisServer;
 
 const LEASE: Duration = Duration::from_secs(1);
@@ -439,12 +440,12 @@ async fn read_write_lock_excludes_writers(rg: Redguard) {
             tokio::spawn(async move {
                 let write = i % 4 == 0;
                 for _ in 0..15 {
-                    let builder = rg.lock("catalog").wait(Duration::from_secs(20));
-                    let builder = if write {
-                        builder.write()
+                    let kind = if write {
+                        LockKind::Write
                     } else {
-                        builder.read()
+                        LockKind::Read
                     };
+                    let builder = rg.lock("catalog").kind(kind).wait(Duration::from_secs(20));
                     builder
                         .run(async {
                             if write {
@@ -538,7 +539,7 @@ async fn fair_lock_is_fifo(handles: Vec<Redguard>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fair_lock_is_fifo_memory() {
-    let store = redguard::MemoryStore::new();
+    let store = redguard::store::MemoryStore::new();
     let handles = (0..7)
         .map(|_| Redguard::from_store(store.clone()))
         .collect();

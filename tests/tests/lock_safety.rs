@@ -4,7 +4,8 @@
 
 use std::time::{Duration, Instant};
 
-use redguard::{Error, LockBuilder, Redguard};
+use redguard::lock::Kind;
+use redguard::{Error, LockBuilder, LockKind, Redguard};
 use redguard_tests::RedisServer;
 
 /// Redis stalls (SIGSTOP) for longer than the handle's timeout while the future runs.
@@ -20,7 +21,9 @@ async fn connect(server: &RedisServer) -> Redguard {
 }
 
 /// Whether another task (another owner) can take `lock` right now; releases it if so.
-async fn free_for_others(lock: impl FnOnce() -> LockBuilder + Send + 'static) -> bool {
+async fn free_for_others<K: Kind + Send + 'static>(
+    lock: impl FnOnce() -> LockBuilder<K> + Send + 'static,
+) -> bool {
     tokio::spawn(async move {
         match lock().try_acquire().await.expect("probe the lock") {
             Some(guard) => {
@@ -125,18 +128,20 @@ async fn cancelled_nested_acquire_does_not_outlive_the_outer_release() {
 async fn acquisitions_timed_out_in_a_stall_are_undone() {
     let server = RedisServer::start();
     let rg = connect(&server).await;
-    type Kind = fn(LockBuilder) -> LockBuilder;
-    let kinds: [(&str, Kind); 5] = [
-        ("exclusive", |b| b),
-        ("fair", LockBuilder::fair),
-        ("semaphore", |b| b.permits(1)),
-        ("read", LockBuilder::read),
-        ("write", LockBuilder::write),
-    ];
-    for (name, kind) in kinds {
-        let key = format!("ghost:{name}");
+    for kind in [
+        LockKind::Exclusive,
+        LockKind::Fair,
+        LockKind::Semaphore { permits: 1 },
+        LockKind::Read,
+        LockKind::Write,
+    ] {
+        let name = format!("{kind:?}");
+        let key = format!("ghost:{}", name.split(' ').next().unwrap_or_default());
         server.pause();
-        let outcome = kind(rg.lock(key.as_str()).lease(Duration::from_secs(30)))
+        let outcome = rg
+            .lock(key.as_str())
+            .kind(kind)
+            .lease(Duration::from_secs(30))
             .acquire()
             .await;
         assert!(
@@ -150,15 +155,12 @@ async fn acquisitions_timed_out_in_a_stall_are_undone() {
         // same kind for the others).
         let probe = rg.clone();
         let probe_key = key.clone();
-        let free = free_for_others(move || {
-            let builder = probe.lock(probe_key.as_str());
-            if name == "read" {
-                builder.write()
-            } else {
-                kind(builder)
-            }
-        })
-        .await;
+        let probe_kind = if kind == LockKind::Read {
+            LockKind::Write
+        } else {
+            kind
+        };
+        let free = free_for_others(move || probe.lock(probe_key.as_str()).kind(probe_kind)).await;
         assert!(
             free,
             "{name}: an acquisition nobody holds kept the key taken"

@@ -2,7 +2,8 @@
 
 use std::time::Duration;
 
-use redguard::{Error, ManualClock, MemoryStore, Redguard};
+use redguard::store::MemoryStore;
+use redguard::{Error, ManualClock, Redguard};
 
 #[tokio::test]
 async fn manual_clock_drives_expiry() {

@@ -91,10 +91,8 @@ on_every_store! {
 mod regressions {
     use std::time::Duration;
 
-    use redguard::{
-        Algorithm, GuardKind, KeyBuilder, Limit, LockAcquire, LockRelease, Rate, RateCheck,
-        RateMode,
-    };
+    use redguard::store::{Acquire, LockAcquire, LockRelease, RateCheck, RateMode, Release};
+    use redguard::{Algorithm, GuardKind, KeyBuilder, Limit, Rate};
     use redguard_tests::vclock::{Backend, Expiry, World, with_backend};
 
     /// (allowed, remaining, reset µs, retry µs) of one check of `limit` on key `k`.
@@ -203,8 +201,15 @@ mod regressions {
             };
             let (key, rw) = (key("sem"), key("rw"));
             let s = Duration::from_secs;
+            let op = |key, owner, lease| Acquire {
+                key,
+                owner,
+                lease,
+                level: 1,
+                waiting: false,
+            };
             let acquire =
-                |owner, lease| world.block_on(store.semaphore_acquire(&key, owner, 2, lease));
+                |owner, lease| world.block_on(store.semaphore_acquire(op(&key, owner, lease), 2));
             assert!(matches!(
                 acquire("long", s(2)).unwrap(),
                 LockAcquire::Acquired { .. }
@@ -214,7 +219,7 @@ mod regressions {
                 LockAcquire::Acquired { .. }
             ));
             let read =
-                |owner, lease| world.block_on(store.rw_acquire(&rw, owner, false, lease, false));
+                |owner, lease| world.block_on(store.rw_acquire(op(&rw, owner, lease), false));
             assert!(matches!(
                 read("long", s(2)).unwrap(),
                 LockAcquire::Acquired { .. }
@@ -228,9 +233,7 @@ mod regressions {
                 .block_on(store.semaphore_release(&key, "short"))
                 .unwrap();
             assert_eq!(released, LockRelease::NotOwner, "{backend:?}");
-            let released = world
-                .block_on(store.rw_release_read(&key, "short"))
-                .unwrap();
+            let released = world.block_on(store.rw_release_read(&rw, "short")).unwrap();
             assert_eq!(released, LockRelease::NotOwner, "{backend:?}");
             let released = world
                 .block_on(store.semaphore_release(&key, "long"))
@@ -250,7 +253,16 @@ mod regressions {
             let body = KeyBuilder::new().text("fair").finish().unwrap();
             let key = world.rg.key(GuardKind::Lock, "regression", &body).unwrap();
             let lease = Duration::from_secs(30);
-            let attempt = |owner| world.block_on(store.fair_acquire(&key, owner, lease, 1, true));
+            let attempt = |owner| {
+                let waiting = Acquire {
+                    key: &key,
+                    owner,
+                    lease,
+                    level: 1,
+                    waiting: true,
+                };
+                world.block_on(store.fair_acquire(waiting))
+            };
             assert!(matches!(
                 attempt("holder").unwrap(),
                 LockAcquire::Acquired { .. }
@@ -265,7 +277,13 @@ mod regressions {
                 attempt("lapsed").unwrap(),
                 LockAcquire::Held { .. }
             ));
-            let released = world.block_on(store.fair_release(&key, "holder", 1, Duration::ZERO));
+            let holder = Release {
+                key: &key,
+                owner: "holder",
+                level: 1,
+                keep: Duration::ZERO,
+            };
+            let released = world.block_on(store.fair_release(holder));
             assert_eq!(released.unwrap(), LockRelease::Released);
             let kept = attempt("kept").unwrap();
             assert!(

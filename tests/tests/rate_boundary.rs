@@ -4,7 +4,8 @@
 
 use std::time::Duration;
 
-use redguard::{Algorithm, Rate, RateCheck, RateMode, Redguard};
+use redguard::store::{RateCheck, RateMode};
+use redguard::{Algorithm, Rate, Redguard};
 
 const LIMIT: u64 = 20;
 /// Hammer from this long before a 1 s window edge to as long after it.

@@ -5,7 +5,8 @@
 
 use std::time::Duration;
 
-use redguard::{Algorithm, GuardKind, KeyBuilder, Limit, Rate, RateCheck, RateMode, Redguard};
+use redguard::store::{RateCheck, RateMode};
+use redguard::{Algorithm, GuardKind, KeyBuilder, Limit, Rate, Redguard};
 
 /// The reference: level `x` (µs of work queued) as of `last`; each unit adds the
 /// increment `t`, the bucket drains 1 µs per µs and holds at most `burst · t`.

@@ -7,9 +7,8 @@
 
 use std::time::Duration;
 
-use redguard::{
-    Algorithm, Error, GuardKind, Key, KeyBuilder, Limit, Rate, RateCheck, RateMode, Redguard,
-};
+use redguard::store::{RateCheck, RateMode};
+use redguard::{Algorithm, Error, GuardKind, Key, KeyBuilder, Limit, Rate, Redguard};
 
 redguard_tests::conformance!(
     gcra_600k_per_second_refills_at_that_rate,
@@ -216,7 +215,7 @@ async fn gcra_matches_an_exact_model_at_many_rates(rg: Redguard) {
     for _ in 0..40 {
         let count = 10f64.powf(rng.f64() * 9.0).round().max(1.0) as u64;
         let period = ms(10f64.powf(rng.f64() * 9.4).round().max(1.0) as u64);
-        pairs.push((count, period.min(redguard::MAX_RATE_PERIOD)));
+        pairs.push((count, period.min(redguard::rate::MAX_RATE_PERIOD)));
     }
     let (mut decided, mut refused) = (0, 0);
     for (i, (count, period)) in pairs.into_iter().enumerate() {

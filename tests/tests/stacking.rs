@@ -22,7 +22,8 @@ async fn submit(
 }
 
 /// The other order: the lock is taken before the idempotency record is looked at, so even a
-/// replay waits for the lock.
+/// replay waits for the lock. The expansion warns about it; this fn means it.
+#[allow(deprecated)]
 #[dist_lock(key = "stock:{sku}", wait = "100ms")]
 #[idempotent(key = "{request}", expire = 600)]
 async fn lock_first(request: &str, sku: &str) -> redguard::Result<u64> {

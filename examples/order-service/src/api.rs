@@ -83,7 +83,7 @@ async fn issue_token(Query(scene): Query<Scene>) -> Result<Response, ApiError> {
 /// an invalid request writes nothing anywhere (not even a rate-limit point).
 fn check_id(what: &str, value: &str) -> Result<(), ApiError> {
     let valid = !value.is_empty()
-        && value.len() <= redguard::MAX_PART_LEN
+        && value.len() <= redguard::key::MAX_PART_LEN
         && value
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'@' | b'-'));

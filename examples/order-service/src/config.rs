@@ -1,14 +1,16 @@
 //! Configuration from the environment, each variable also accepted as a `--kebab-case` flag.
 
 use std::path::PathBuf;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// Everything the service reads at startup.
 #[derive(Debug, Clone)]
 pub struct Config {
     /// `PORT` (default 8080).
     pub port: u16,
-    /// `ORDER_DB`: the SQLite file (default: `orders.db` in the system temp dir).
+    /// `ORDER_DB`: the SQLite file (default: a new `orders-<pid>-<ms>.db` in the system temp
+    /// dir, so each run starts empty; set it to keep orders across runs or share them between
+    /// instances).
     pub db_path: PathBuf,
     /// `REDGUARD_REDIS_URL`: unset → in-memory store (one instance only).
     pub redis_url: Option<String>,
@@ -58,9 +60,7 @@ impl Config {
         let port = number("PORT", 8080)?;
         Ok(Config {
             port: u16::try_from(port).map_err(|_| format!("PORT {port} is out of range"))?,
-            db_path: get("ORDER_DB")
-                .map(PathBuf::from)
-                .unwrap_or_else(|| std::env::temp_dir().join("orders.db")),
+            db_path: get("ORDER_DB").map(PathBuf::from).unwrap_or_else(fresh_db),
             redis_url: get("REDGUARD_REDIS_URL"),
             instance: get("INSTANCE_ID").unwrap_or_else(default_instance),
             user_rate: get("USER_RATE").unwrap_or_else(|| "5/s".to_owned()),
@@ -92,6 +92,14 @@ fn parse_flags(args: impl IntoIterator<Item = String>) -> Result<Vec<(String, St
         }
     }
     Ok(flags)
+}
+
+/// A database file no earlier run used: the process id and the start time name it.
+fn fresh_db() -> PathBuf {
+    let started = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |since| since.as_millis());
+    std::env::temp_dir().join(format!("orders-{}-{started}.db", std::process::id()))
 }
 
 fn default_instance() -> String {

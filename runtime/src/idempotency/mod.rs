@@ -23,16 +23,13 @@ use crate::degrade::Degrade;
 use crate::error::{Error, Result};
 use crate::handle::Redguard;
 use crate::key::{GuardKind, Key, KeyBody, KeyBuilder};
-use crate::store::{IdemBegin, IdemFinish, IdemFinished};
+use crate::store::{Begin, Finish, IdemBegin, IdemFinish, IdemFinished};
 use crate::tokens;
 
 pub use self::classify::{Classify, ErrorClass};
 pub use self::replay::track_replay;
 
-/// Longest an idempotency record may live.
-pub const MAX_EXPIRE: Duration = Duration::from_secs(7 * 24 * 3600);
-/// Shortest an idempotency record may live.
-pub const MIN_EXPIRE: Duration = Duration::from_secs(1);
+pub use redguard_grammar::idempotency::{MAX_EXPIRE, MIN_EXPIRE};
 
 /// One guarded execution, built per call. The attribute `#[idempotent]` builds the same thing;
 /// use this directly where the guarded unit is not a fn (a message consumer loop, say).
@@ -185,12 +182,9 @@ impl Idempotency {
         T: DeserializeOwned,
         E: From<Error>,
     {
-        if self.expire < MIN_EXPIRE || self.expire > MAX_EXPIRE {
-            return Err(Error::Config(format!(
-                "idempotency records must expire within 1 s to 7 days, got {:?}",
-                self.expire
-            ))
-            .into());
+        redguard_grammar::idempotency::expire(self.expire).map_err(Error::Config)?;
+        if let Some(timeout) = self.timeout {
+            redguard_grammar::idempotency::timeout(timeout).map_err(Error::Config)?;
         }
         let fingerprint = self.fingerprint?;
         let key = match self.key {
@@ -219,7 +213,12 @@ impl Idempotency {
             // Armed before the call: a begin that fails or is dropped may still have run.
             undo.record = Some(key.clone());
             let begin = store
-                .idem_begin(&key, &owner, &fingerprint, self.expire)
+                .idem_begin(Begin {
+                    key: &key,
+                    owner: &owner,
+                    fingerprint: &fingerprint,
+                    ttl: self.expire,
+                })
                 .await
                 .or_degrade(handle, GuardKind::Idempotency, "idem_begin", &key);
             let outcome = match &begin {
@@ -360,11 +359,13 @@ impl Undo {
         ))
     }
 
-    /// Undoes now, waiting for it.
+    /// Undoes now, waiting for it. Armed until it is done: a caller dropped meanwhile leaves
+    /// the undo to `Drop`, which sends it again (each step names its owner, so a second
+    /// undo changes nothing).
     async fn now(mut self) {
-        if let Some((handle, owner, record, token)) = self.disarm() {
-            undo(handle, owner, record, token).await;
-        }
+        let (handle, owner) = (self.handle.clone(), self.owner.clone());
+        undo(handle, owner, self.record.clone(), self.token.clone()).await;
+        self.disarm();
     }
 }
 
@@ -504,12 +505,13 @@ impl Execution {
             Outcome::Success(bytes) => IdemFinish::Success(bytes),
             Outcome::Fail => IdemFinish::Fail,
         };
-        match self
-            .handle
-            .store()
-            .idem_finish(key, &self.owner, finish, self.expire)
-            .await
-        {
+        let finish = Finish {
+            key,
+            owner: &self.owner,
+            outcome: finish,
+            ttl: self.expire,
+        };
+        match self.handle.store().idem_finish(finish).await {
             Ok(IdemFinished::Recorded) => {}
             Ok(IdemFinished::NotOwner) => {
                 metrics::counter!("redguard_idempotency_lost_total", "scope" => self.scope.clone())

@@ -5,8 +5,10 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
+use super::acquire::Spec;
+use super::context::with_context;
 use super::watchdog::{Tenure, Watchdog};
-use super::{Kind, OnLost, Spec, with_context};
+use super::{OnLost, ops};
 use crate::error::{Error, Result};
 use crate::handle::Redguard;
 use crate::key::Key;
@@ -74,7 +76,7 @@ impl LockGuard {
     }
 
     /// A fair lock handed to this waiter by its previous holder, for
-    /// [`FAIR_REGISTRATION`](crate::FAIR_REGISTRATION) from the hand-over, which came after the
+    /// [`FAIR_REGISTRATION`](crate::store::FAIR_REGISTRATION) from the hand-over, which came after the
     /// waiter's last attempt at `queued_at`: renewed to the full lease at once.
     pub(super) fn handed(
         handle: Redguard,
@@ -87,7 +89,7 @@ impl LockGuard {
         let now = Instant::now();
         let tenure = Tenure {
             acquired_at: now,
-            valid_until: queued_at + crate::FAIR_REGISTRATION,
+            valid_until: queued_at + crate::store::FAIR_REGISTRATION,
             renew_at: now,
         };
         Self::held(handle, key, owner, fence, 1, tenure, spec)
@@ -192,11 +194,15 @@ impl LockGuard {
         held.released = true;
         let keep = held.keep();
         let store = held.handle.store().clone();
-        let outcome = held
-            .spec
-            .kind
-            .release(store.as_ref(), &self.key, &held.owner, held.level, keep)
-            .await;
+        let outcome = ops::release(
+            held.spec.kind,
+            store.as_ref(),
+            &self.key,
+            &held.owner,
+            held.level,
+            keep,
+        )
+        .await;
         // Done: nothing left for Drop.
         let Some(held) = self.held.take() else {
             return Ok(());
@@ -257,7 +263,7 @@ impl LockGuard {
 impl Held {
     /// How long the key must stay taken after release, for `hold_at_least`.
     fn keep(&self) -> Duration {
-        if self.level > 1 || !matches!(self.spec.kind, Kind::Exclusive | Kind::Fair) {
+        if self.level > 1 || !self.spec.kind.is_reentrant() {
             return Duration::ZERO;
         }
         self.spec
@@ -293,11 +299,15 @@ impl Drop for LockGuard {
         runtime.spawn(async move {
             let keep = held.keep();
             let store = held.handle.store().clone();
-            let released = held
-                .spec
-                .kind
-                .release(store.as_ref(), &key, &held.owner, held.level, keep)
-                .await;
+            let released = ops::release(
+                held.spec.kind,
+                store.as_ref(),
+                &key,
+                &held.owner,
+                held.level,
+                keep,
+            )
+            .await;
             match released {
                 // The release the caller gave up on went through first: nothing to report.
                 Ok(LockRelease::NotOwner) if held.released => {}

@@ -6,7 +6,8 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use super::Spec;
+use super::acquire::Spec;
+use super::ops;
 use crate::handle::Redguard;
 use crate::key::Key;
 
@@ -106,10 +107,7 @@ async fn renew_until_lost(handle: &Redguard, key: &Key, owner: &str, spec: &Spec
             tracing::warn!(%key, "lock lease ran out before it could be renewed; lock lost");
             return;
         }
-        let renewed = spec
-            .kind
-            .renew(handle.store().as_ref(), key, owner, spec.lease)
-            .await;
+        let renewed = ops::renew(spec.kind, handle.store().as_ref(), key, owner, spec.lease).await;
         match renewed {
             Ok(true) => {
                 valid_until = sent_at + spec.lease;

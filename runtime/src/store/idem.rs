@@ -16,13 +16,7 @@ use crate::key::Key;
 pub trait IdemOps {
     /// Starts an execution: no record (or a FAIL one) → PROCESSING owned by `owner`, living
     /// `ttl`. `fingerprint` (empty = none) must match the record's when both have one.
-    async fn idem_begin(
-        &self,
-        key: &Key,
-        owner: &str,
-        fingerprint: &str,
-        ttl: Duration,
-    ) -> Result<IdemBegin>;
+    async fn idem_begin(&self, begin: Begin<'_>) -> Result<IdemBegin>;
 
     /// Extends the PROCESSING record `owner` began to live `ttl` from now, while its
     /// execution runs; false when it is no longer `owner`'s PROCESSING record (nothing is
@@ -36,13 +30,33 @@ pub trait IdemOps {
 
     /// Ends the execution `owner` began: SUCCESS with `result`, or FAIL (a retry may run).
     /// The record then lives `ttl` more.
-    async fn idem_finish(
-        &self,
-        key: &Key,
-        owner: &str,
-        outcome: IdemFinish<'_>,
-        ttl: Duration,
-    ) -> Result<IdemFinished>;
+    async fn idem_finish(&self, finish: Finish<'_>) -> Result<IdemFinished>;
+}
+
+/// An execution that begins: what [`IdemOps::idem_begin`] takes.
+#[derive(Debug, Clone, Copy)]
+pub struct Begin<'a> {
+    /// The record's key.
+    pub key: &'a Key,
+    /// The execution's owner id, random per execution.
+    pub owner: &'a str,
+    /// The payload's fingerprint; empty for none.
+    pub fingerprint: &'a str,
+    /// How long the record lives.
+    pub ttl: Duration,
+}
+
+/// How an execution ended: what [`IdemOps::idem_finish`] takes.
+#[derive(Debug, Clone, Copy)]
+pub struct Finish<'a> {
+    /// The record's key.
+    pub key: &'a Key,
+    /// The owner id the execution began with.
+    pub owner: &'a str,
+    /// SUCCESS with the result, or FAIL.
+    pub outcome: IdemFinish<'a>,
+    /// How long the record lives from now.
+    pub ttl: Duration,
 }
 
 /// What [`IdemOps::idem_begin`] found.

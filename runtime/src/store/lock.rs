@@ -36,7 +36,8 @@ pub fn rw_readers(key: &Key) -> Key {
 /// Lock operations of a [`Store`](super::Store).
 #[async_trait]
 pub trait LockOps {
-    /// At `level` 1, takes the lock at `key` for `owner` if it is free. At `level` n > 1,
+    /// At `level` 1, takes the lock at `key` for `owner` if it is free (see [`Acquire`] for
+    /// the names). At `level` n > 1,
     /// enters the n-th nested level of a lock `owner` already holds: the depth becomes at
     /// least n, so an entry sent twice is still one level, and [`LockAcquire::Lost`] when
     /// `owner` no longer holds it. The lease (the key's TTL) becomes `lease`; a nested entry
@@ -48,43 +49,26 @@ pub trait LockOps {
     /// gone (expired after [`FENCE_TTL`] unused, or lost with the last writes in a failover),
     /// as long as the new clock is not behind the old one. A nested entry returns the token of
     /// the acquisition it nests in.
-    async fn lock_acquire(
-        &self,
-        key: &Key,
-        owner: &str,
-        lease: Duration,
-        level: u32,
-    ) -> Result<LockAcquire>;
+    async fn lock_acquire(&self, acquire: Acquire<'_>) -> Result<LockAcquire>;
 
     /// Extends the lease of `key` to `lease` from now if `owner` still holds it; false when
     /// the lock is gone or held by someone else (nothing is changed then).
     async fn lock_renew(&self, key: &Key, owner: &str, lease: Duration) -> Result<bool>;
 
-    /// Leaves `level` of the lock if `owner` holds it, with every level above it: the depth
+    /// Leaves `level` of the lock if `owner` holds it (see [`Release`] for the names), with
+    /// every level above it: the depth
     /// becomes at most `level - 1`, so a release sent twice never leaves an outer level.
     /// Leaving level 1 frees the key, whatever the depth, and notifies waiters, unless `keep`
     /// is non-zero: then the key stays taken (by nobody: no owner can renew or re-enter it)
     /// for `keep` more, which is how `hold_at_least` stops another instance from running a job
     /// again right away. Someone else's lock is never touched.
-    async fn lock_release(
-        &self,
-        key: &Key,
-        owner: &str,
-        level: u32,
-        keep: Duration,
-    ) -> Result<LockRelease>;
+    async fn lock_release(&self, release: Release<'_>) -> Result<LockRelease>;
 
     /// Takes one of `permits` slots of the semaphore at `key` for `owner`, leased for
     /// `lease` (each holder has its own lease; expired holders are dropped first). Returns a
     /// fencing token as [`lock_acquire`](LockOps::lock_acquire) does, or `Held` with the time
     /// until the earliest holder's lease ends. Not reentrant.
-    async fn semaphore_acquire(
-        &self,
-        key: &Key,
-        owner: &str,
-        permits: u32,
-        lease: Duration,
-    ) -> Result<LockAcquire>;
+    async fn semaphore_acquire(&self, acquire: Acquire<'_>, permits: u32) -> Result<LockAcquire>;
 
     /// Extends `owner`'s lease on its slot; false when the slot is gone.
     async fn semaphore_renew(&self, key: &Key, owner: &str, lease: Duration) -> Result<bool>;
@@ -95,39 +79,25 @@ pub trait LockOps {
 
     /// Takes the read/write lock at `key` in write mode (`write`: no readers, no writer) or
     /// read mode (no writer, and no writer waiting: a writer blocked by readers announces
-    /// itself for [`WRITER_INTENT`] when `announce` is set — it is going to wait and retry —
+    /// itself for [`WRITER_INTENT`] when it is [`waiting`](Acquire::waiting) — it will retry —
     /// so a stream of readers cannot starve it). Fenced like
     /// [`lock_acquire`](LockOps::lock_acquire); not reentrant. A writer is renewed and
     /// released with [`lock_renew`](LockOps::lock_renew) and
     /// [`lock_release`](LockOps::lock_release) on `key`; a reader is renewed with
     /// [`semaphore_renew`](LockOps::semaphore_renew) on [`rw_readers`].
-    async fn rw_acquire(
-        &self,
-        key: &Key,
-        owner: &str,
-        write: bool,
-        lease: Duration,
-        announce: bool,
-    ) -> Result<LockAcquire>;
+    async fn rw_acquire(&self, acquire: Acquire<'_>, write: bool) -> Result<LockAcquire>;
 
     /// Leaves the read/write lock at `key` as reader `owner`, notifying waiters; `NotOwner`
     /// when it was not a reader, or its lease ran out.
     async fn rw_release_read(&self, key: &Key, owner: &str) -> Result<LockRelease>;
 
     /// Like [`lock_acquire`](LockOps::lock_acquire), but a free lock goes to the waiter that
-    /// queued first: with `join`, a caller that does not get the lock takes a place in the
+    /// queued first: a [`waiting`](Acquire::waiting) caller that does not get the lock takes a place in the
     /// queue at `key` (kept for [`FAIR_REGISTRATION`] after each attempt, so a waiter that
     /// vanishes loses its place). At `level` 1, finding itself the owner means the lock was
     /// handed to the caller (see [`fair_release`](LockOps::fair_release)), and it takes it up;
     /// levels above 1 are nested entries, as in `lock_acquire`. Renewed as an exclusive lock.
-    async fn fair_acquire(
-        &self,
-        key: &Key,
-        owner: &str,
-        lease: Duration,
-        level: u32,
-        join: bool,
-    ) -> Result<LockAcquire>;
+    async fn fair_acquire(&self, acquire: Acquire<'_>) -> Result<LockAcquire>;
 
     /// Leaves `level` of the fair lock at `key`, as [`lock_release`](LockOps::lock_release)
     /// does. Freeing it hands it over at once to the first waiter still registered, with a
@@ -135,13 +105,7 @@ pub trait LockOps {
     /// lease), and notifies that waiter alone, with its token (see
     /// [`fair_watch`](LockOps::fair_watch)). A late release that finds the lock already free
     /// hands it over too.
-    async fn fair_release(
-        &self,
-        key: &Key,
-        owner: &str,
-        level: u32,
-        keep: Duration,
-    ) -> Result<LockRelease>;
+    async fn fair_release(&self, release: Release<'_>) -> Result<LockRelease>;
 
     /// Gives up `owner`'s place in the fair queue at `key`. If the lock was handed to `owner`
     /// meanwhile, or is free, it is handed to the next waiter.
@@ -158,6 +122,36 @@ pub trait LockOps {
     /// a lock only one may take; the others keep their place by retrying on their own
     /// schedule. Same guarantees as [`lock_watch`](LockOps::lock_watch).
     async fn fair_watch(&self, key: &Key, owner: &str) -> LockWatch;
+}
+
+/// Who asks for which lock, for how long: what every acquire operation of [`LockOps`] takes.
+#[derive(Debug, Clone, Copy)]
+pub struct Acquire<'a> {
+    /// The lock's key.
+    pub key: &'a Key,
+    /// The owner token: random per acquisition, the same for its nested levels.
+    pub owner: &'a str,
+    /// The lease: the key's TTL from now.
+    pub lease: Duration,
+    /// 1 for an acquisition, n > 1 for the n-th nested level of a lock `owner` holds
+    /// (exclusive and fair locks; the other kinds take 1).
+    pub level: u32,
+    /// The caller will wait and retry if it does not get the lock: a fair waiter takes a
+    /// place in the queue, a writer blocked by readers announces itself.
+    pub waiting: bool,
+}
+
+/// Which level of whose lock to leave: what the release operations of [`LockOps`] take.
+#[derive(Debug, Clone, Copy)]
+pub struct Release<'a> {
+    /// The lock's key.
+    pub key: &'a Key,
+    /// The owner token it was acquired with.
+    pub owner: &'a str,
+    /// The level left (with every level above it); 1 frees the lock.
+    pub level: u32,
+    /// How long the key stays taken by nobody after level 1 is left (`hold_at_least`).
+    pub keep: Duration,
 }
 
 /// What [`LockOps::lock_acquire`] did.

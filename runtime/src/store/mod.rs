@@ -23,17 +23,17 @@ use async_trait::async_trait;
 
 use crate::error::Result;
 
-pub use self::idem::{IdemBegin, IdemFinish, IdemFinished, IdemOps};
+pub use self::idem::{Begin, Finish, IdemBegin, IdemFinish, IdemFinished, IdemOps};
 pub use self::lock::{
-    FAIR_REGISTRATION, FENCE_TTL, LockAcquire, LockOps, LockRelease, LockWatch, WRITER_INTENT,
-    rw_readers,
+    Acquire, FAIR_REGISTRATION, FENCE_TTL, LockAcquire, LockOps, LockRelease, LockWatch, Release,
+    WRITER_INTENT, rw_readers,
 };
 pub use self::memory::MemoryStore;
 pub use self::rate::{RateCheck, RateMode, RateOps, RateOutcome};
 pub use self::redis::RedisStore;
-#[cfg(feature = "test-util")]
-pub(crate) use self::redis::test_util::TestHooks;
+pub(crate) use self::redis::RedisTarget;
 pub use self::token::{TokenOps, TokenOutcome};
+pub use crate::error::StoreFailure;
 
 /// Where guard state lives. Implemented by [`RedisStore`] and [`MemoryStore`].
 ///
@@ -42,7 +42,8 @@ pub use self::token::{TokenOps, TokenOutcome};
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> redguard::Result<()> {
-/// use redguard::{Redguard, StoreKind};
+/// use redguard::Redguard;
+/// use redguard::store::StoreKind;
 ///
 /// let rg = Redguard::memory();
 /// assert_eq!(rg.store().kind(), StoreKind::Memory);

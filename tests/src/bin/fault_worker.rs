@@ -40,7 +40,10 @@ struct Tally {
 }
 
 fn backend(op: &'static str) -> impl Fn(redis::RedisError) -> Error {
-    move |source| redguard::BackendError::Redis { op, source }.into()
+    move |source| {
+        let source = redguard::store::StoreFailure::new(source);
+        redguard::BackendError::Failed { op, source }.into()
+    }
 }
 
 /// The locked section: GET, yield, SET of one counter; loses updates unless exclusive.

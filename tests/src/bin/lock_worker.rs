@@ -25,7 +25,10 @@ use redis::aio::MultiplexedConnection;
 type Result<T> = std::result::Result<T, redguard::Error>;
 
 fn backend(op: &'static str) -> impl Fn(redis::RedisError) -> redguard::Error {
-    move |source| redguard::BackendError::Redis { op, source }.into()
+    move |source| {
+        let source = redguard::store::StoreFailure::new(source);
+        redguard::BackendError::Failed { op, source }.into()
+    }
 }
 
 #[redguard::dist_lock(key = "mutex:{name}", wait = "60s", lease = "5s", scope = "worker")]

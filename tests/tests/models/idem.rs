@@ -8,9 +8,11 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use proptest_state_machine::{ReferenceStateMachine, StateMachineTest};
-use redguard::store::{IdemBegin, IdemFinish, IdemFinished};
-use redguard::{GuardKind, Key, KeyBuilder, TokenOutcome};
-use redguard_tests::model::idem::{Begin, Finish, IdemModel};
+use redguard::store::{
+    Begin, Finish as StoreFinish, IdemBegin, IdemFinish, IdemFinished, TokenOutcome,
+};
+use redguard::{GuardKind, Key, KeyBuilder};
+use redguard_tests::model::idem::{Begin as Began, Finish, IdemModel};
 use redguard_tests::model::token::{Consume, TokenModel};
 use redguard_tests::props::disagreement;
 use redguard_tests::vclock::{Expiry, World};
@@ -212,13 +214,13 @@ fn ok(answer: impl fmt::Debug) -> String {
     format!("{:?}", Ok::<_, redguard::Error>(answer))
 }
 
-fn begun(reply: IdemBegin) -> Begin {
+fn begun(reply: IdemBegin) -> Began {
     match reply {
-        IdemBegin::Started => Begin::Started,
-        IdemBegin::Retrying => Begin::Retrying,
-        IdemBegin::InProgress => Begin::InProgress,
-        IdemBegin::Done(result) => Begin::Done(result),
-        IdemBegin::KeyReuse => Begin::KeyReuse,
+        IdemBegin::Started => Began::Started,
+        IdemBegin::Retrying => Began::Retrying,
+        IdemBegin::InProgress => Began::InProgress,
+        IdemBegin::Done(result) => Began::Done(result),
+        IdemBegin::KeyReuse => Began::KeyReuse,
     }
 }
 
@@ -276,7 +278,12 @@ impl StateMachineTest for Machine {
                 let key = &sut.intents[intent];
                 let got = sut
                     .world
-                    .block_on(store.idem_begin(key, OWNERS[owner], FINGERPRINTS[fp], ms(ttl_ms)))
+                    .block_on(store.idem_begin(Begin {
+                        key,
+                        owner: OWNERS[owner],
+                        fingerprint: FINGERPRINTS[fp],
+                        ttl: ms(ttl_ms),
+                    }))
                     .map(begun);
                 let expected = sut.records.begin(
                     INTENTS[intent],
@@ -321,7 +328,12 @@ impl StateMachineTest for Machine {
                 };
                 let got = sut
                     .world
-                    .block_on(store.idem_finish(key, OWNERS[owner], outcome, ms(ttl_ms)))
+                    .block_on(store.idem_finish(StoreFinish {
+                        key,
+                        owner: OWNERS[owner],
+                        outcome,
+                        ttl: ms(ttl_ms),
+                    }))
                     .map(|f| f == IdemFinished::Recorded);
                 let finish = bytes.map_or(Finish::Fail, Finish::Success);
                 let expected =

@@ -8,7 +8,10 @@ use std::fmt;
 
 use proptest::prelude::*;
 use proptest_state_machine::{ReferenceStateMachine, StateMachineTest};
-use redguard::{GuardKind, Key, KeyBuilder, LockAcquire, LockRelease, rw_readers};
+use redguard::store::{
+    Acquire as AcquireOp, LockAcquire, LockRelease, Release as ReleaseOp, rw_readers,
+};
+use redguard::{GuardKind, Key, KeyBuilder};
 use redguard_tests::model::lock::{Acquire, LockModel, Release, readers};
 use redguard_tests::props::disagreement;
 use redguard_tests::vclock::{Expiry, World};
@@ -184,6 +187,33 @@ fn name(key: &Key) -> String {
     key.as_str().to_owned()
 }
 
+/// An acquisition by `owner` at `level` for `lease_ms`; `waiting` queues a fair waiter and
+/// announces a writer.
+fn acquire<'a>(
+    key: &'a Key,
+    owner: &'a str,
+    lease_ms: u64,
+    level: u32,
+    waiting: bool,
+) -> AcquireOp<'a> {
+    AcquireOp {
+        key,
+        owner,
+        lease: std::time::Duration::from_millis(lease_ms),
+        level,
+        waiting,
+    }
+}
+
+fn release<'a>(key: &'a Key, owner: &'a str, level: u32, keep_ms: u64) -> ReleaseOp<'a> {
+    ReleaseOp {
+        key,
+        owner,
+        level,
+        keep: std::time::Duration::from_millis(keep_ms),
+    }
+}
+
 fn acquired(reply: LockAcquire) -> Acquire {
     match reply {
         LockAcquire::Acquired { fence, depth } => Acquire::Acquired { fence, depth },
@@ -246,32 +276,28 @@ impl StateMachineTest for Machine {
                 let lease = lease_ms * 1000;
                 let (got, expected) = match kind {
                     Kind::Exclusive => (
-                        sut.world
-                            .block_on(store.lock_acquire(&key, who, ms(lease_ms), level)),
+                        sut.world.block_on(
+                            store.lock_acquire(acquire(&key, who, lease_ms, level, false)),
+                        ),
                         sut.model.acquire(&k, who, lease, level, now),
                     ),
                     Kind::Fair => (
-                        sut.world.block_on(store.fair_acquire(
-                            &key,
-                            who,
-                            ms(lease_ms),
-                            level,
-                            join,
-                        )),
+                        sut.world.block_on(
+                            store.fair_acquire(acquire(&key, who, lease_ms, level, join)),
+                        ),
                         sut.model.fair_acquire(&k, who, lease, level, join, now),
                     ),
                     Kind::Semaphore(permits) => (
-                        sut.world.block_on(store.semaphore_acquire(
-                            &key,
-                            who,
-                            permits,
-                            ms(lease_ms),
-                        )),
+                        sut.world.block_on(
+                            store
+                                .semaphore_acquire(acquire(&key, who, lease_ms, 1, false), permits),
+                        ),
                         sut.model.sem_acquire(&k, who, permits, lease, now),
                     ),
                     Kind::Rw(write) => (
-                        sut.world
-                            .block_on(store.rw_acquire(&key, who, write, ms(lease_ms), join)),
+                        sut.world.block_on(
+                            store.rw_acquire(acquire(&key, who, lease_ms, 1, join), write),
+                        ),
                         sut.model.rw_acquire(&k, who, write, lease, join, now),
                     ),
                 };
@@ -328,12 +354,12 @@ impl StateMachineTest for Machine {
                 let (got, expected) = match kind {
                     Kind::Exclusive | Kind::Rw(true) => (
                         sut.world
-                            .block_on(store.lock_release(&key, who, level, ms(keep_ms))),
+                            .block_on(store.lock_release(release(&key, who, level, keep_ms))),
                         sut.model.release(&k, who, level, keep, now),
                     ),
                     Kind::Fair => (
                         sut.world
-                            .block_on(store.fair_release(&key, who, level, ms(keep_ms))),
+                            .block_on(store.fair_release(release(&key, who, level, keep_ms))),
                         sut.model.fair_release(&k, who, level, keep, now),
                     ),
                     Kind::Semaphore(_) => (

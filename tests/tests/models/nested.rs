@@ -17,7 +17,8 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use proptest_state_machine::{ReferenceStateMachine, StateMachineTest};
-use redguard::{Error, GuardKind, Key, KeyBuilder, LockAcquire, LockRelease, Redguard};
+use redguard::store::{Acquire as AcquireOp, LockAcquire, LockRelease, Release as ReleaseOp};
+use redguard::{Error, GuardKind, Key, KeyBuilder, Redguard};
 use redguard_tests::model::lock::{Acquire, LockModel, Release};
 use redguard_tests::props::disagreement;
 use redguard_tests::vclock::{Backend, Expiry, World};
@@ -400,9 +401,13 @@ impl StateMachineTest for Machine {
 fn check_holder(sut: &mut Sut, now: u64) {
     let key = sut.key.as_str().to_owned();
     let store = sut.world.rg.store().clone();
-    let probe = sut
-        .world
-        .block_on(store.lock_acquire(&sut.key, "probe", LEASE, 1));
+    let probe = sut.world.block_on(store.lock_acquire(AcquireOp {
+        key: &sut.key,
+        owner: "probe",
+        lease: LEASE,
+        level: 1,
+        waiting: false,
+    }));
     let expected = sut
         .model
         .acquire(&key, "probe", LEASE.as_micros() as u64, 1, now);
@@ -421,9 +426,12 @@ fn check_holder(sut: &mut Sut, now: u64) {
         ));
     }
     if let Acquire::Acquired { .. } = got {
-        let released = sut
-            .world
-            .block_on(store.lock_release(&sut.key, "probe", 1, Duration::ZERO));
+        let released = sut.world.block_on(store.lock_release(ReleaseOp {
+            key: &sut.key,
+            owner: "probe",
+            level: 1,
+            keep: Duration::ZERO,
+        }));
         assert_eq!(released.ok(), Some(LockRelease::Released));
         assert_eq!(
             sut.model.release(&key, "probe", 1, 0, now),

@@ -7,7 +7,7 @@ use async_trait::async_trait;
 use super::MemoryStore;
 use crate::error::Result;
 use crate::key::Key;
-use crate::store::{IdemBegin, IdemFinish, IdemFinished, IdemOps};
+use crate::store::{Begin, Finish, IdemBegin, IdemFinish, IdemFinished, IdemOps};
 
 #[derive(Debug)]
 pub(super) struct Record {
@@ -25,13 +25,13 @@ enum Status {
 
 #[async_trait]
 impl IdemOps for MemoryStore {
-    async fn idem_begin(
-        &self,
-        key: &Key,
-        owner: &str,
-        fingerprint: &str,
-        ttl: Duration,
-    ) -> Result<IdemBegin> {
+    async fn idem_begin(&self, begin: Begin<'_>) -> Result<IdemBegin> {
+        let Begin {
+            key,
+            owner,
+            fingerprint,
+            ttl,
+        } = begin;
         let (mut records, now) = self.lock(&self.tables.idem);
         let Some(record) = records.get_mut(key) else {
             let record = Record {
@@ -82,13 +82,13 @@ impl IdemOps for MemoryStore {
         Ok(())
     }
 
-    async fn idem_finish(
-        &self,
-        key: &Key,
-        owner: &str,
-        outcome: IdemFinish<'_>,
-        ttl: Duration,
-    ) -> Result<IdemFinished> {
+    async fn idem_finish(&self, finish: Finish<'_>) -> Result<IdemFinished> {
+        let Finish {
+            key,
+            owner,
+            outcome,
+            ttl,
+        } = finish;
         let (mut records, now) = self.lock(&self.tables.idem);
         let Some(record) = records.get_mut(key) else {
             return Ok(IdemFinished::NotOwner);

@@ -10,7 +10,7 @@ use super::table::Table;
 use crate::error::Result;
 use crate::key::Key;
 use crate::store::lock::{FAIR_REGISTRATION, FENCE_TTL, WRITER_INTENT, rw_readers};
-use crate::store::{LockAcquire, LockOps, LockRelease, LockWatch};
+use crate::store::{Acquire, LockAcquire, LockOps, LockRelease, LockWatch, Release};
 
 /// Holders of a semaphore and when each lease ends.
 pub(super) type Holders = HashMap<String, Duration>;
@@ -177,13 +177,14 @@ impl MemoryStore {
 
 #[async_trait]
 impl LockOps for MemoryStore {
-    async fn lock_acquire(
-        &self,
-        key: &Key,
-        owner: &str,
-        lease: Duration,
-        level: u32,
-    ) -> Result<LockAcquire> {
+    async fn lock_acquire(&self, acquire: Acquire<'_>) -> Result<LockAcquire> {
+        let Acquire {
+            key,
+            owner,
+            lease,
+            level,
+            ..
+        } = acquire;
         let (mut locks, now) = self.lock(&self.tables.locks);
         Ok(self.acquire_in(&mut locks, now, key, owner, lease, level))
     }
@@ -199,13 +200,13 @@ impl LockOps for MemoryStore {
         Ok(owned)
     }
 
-    async fn lock_release(
-        &self,
-        key: &Key,
-        owner: &str,
-        level: u32,
-        keep: Duration,
-    ) -> Result<LockRelease> {
+    async fn lock_release(&self, release: Release<'_>) -> Result<LockRelease> {
+        let Release {
+            key,
+            owner,
+            level,
+            keep,
+        } = release;
         let (mut locks, now) = self.lock(&self.tables.locks);
         let (released, freed) = Self::leave(&mut locks, now, key, owner, level, keep);
         drop(locks);
@@ -215,13 +216,10 @@ impl LockOps for MemoryStore {
         Ok(released)
     }
 
-    async fn semaphore_acquire(
-        &self,
-        key: &Key,
-        owner: &str,
-        permits: u32,
-        lease: Duration,
-    ) -> Result<LockAcquire> {
+    async fn semaphore_acquire(&self, acquire: Acquire<'_>, permits: u32) -> Result<LockAcquire> {
+        let Acquire {
+            key, owner, lease, ..
+        } = acquire;
         let (mut sems, now) = self.lock(&self.tables.semaphores);
         let mut holders = sems.remove(key).unwrap_or_default();
         holders.retain(|_, until| *until > now);
@@ -272,14 +270,14 @@ impl LockOps for MemoryStore {
         Ok(LockRelease::Released)
     }
 
-    async fn rw_acquire(
-        &self,
-        key: &Key,
-        owner: &str,
-        write: bool,
-        lease: Duration,
-        announce: bool,
-    ) -> Result<LockAcquire> {
+    async fn rw_acquire(&self, acquire: Acquire<'_>, write: bool) -> Result<LockAcquire> {
+        let Acquire {
+            key,
+            owner,
+            lease,
+            waiting: announce,
+            ..
+        } = acquire;
         // Same order as everywhere: locks, then semaphores, then fences.
         let (mut locks, now) = self.lock(&self.tables.locks);
         if let Some(at) = locks.expires_at(key) {
@@ -352,14 +350,14 @@ impl LockOps for MemoryStore {
         Ok(LockRelease::Released)
     }
 
-    async fn fair_acquire(
-        &self,
-        key: &Key,
-        owner: &str,
-        lease: Duration,
-        level: u32,
-        join: bool,
-    ) -> Result<LockAcquire> {
+    async fn fair_acquire(&self, acquire: Acquire<'_>) -> Result<LockAcquire> {
+        let Acquire {
+            key,
+            owner,
+            lease,
+            level,
+            waiting: join,
+        } = acquire;
         // Same order as everywhere: locks, then queues, then fences.
         let (mut locks, now) = self.lock(&self.tables.locks);
         let queue_key = key.companion("queue");
@@ -407,13 +405,13 @@ impl LockOps for MemoryStore {
         Ok(outcome)
     }
 
-    async fn fair_release(
-        &self,
-        key: &Key,
-        owner: &str,
-        level: u32,
-        keep: Duration,
-    ) -> Result<LockRelease> {
+    async fn fair_release(&self, release: Release<'_>) -> Result<LockRelease> {
+        let Release {
+            key,
+            owner,
+            level,
+            keep,
+        } = release;
         Ok(self.fair_leave_or_release(key, owner, level, keep, false))
     }
 

@@ -8,7 +8,7 @@ use async_trait::async_trait;
 
 use super::MemoryStore;
 use crate::error::Result;
-use crate::rate::{Algorithm, Decision, Limit, micros};
+use crate::spec::{Algorithm, Decision, Limit, micros};
 use crate::store::{RateCheck, RateMode, RateOps, RateOutcome};
 
 /// A limit's state. Window numbers are `f64` microseconds/units, as in the Lua script, so

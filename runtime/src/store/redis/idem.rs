@@ -9,7 +9,7 @@ use super::RedisStore;
 use super::lua::{Lua, lua};
 use crate::error::{Error, Result};
 use crate::key::Key;
-use crate::store::{IdemBegin, IdemFinish, IdemFinished, IdemOps};
+use crate::store::{Begin, Finish, IdemBegin, IdemFinish, IdemFinished, IdemOps};
 
 lua!(BEGIN = "idem_begin.lua");
 lua!(FINISH = "idem_finish.lua");
@@ -41,13 +41,13 @@ fn bytes(value: &Value) -> Option<Vec<u8>> {
 
 #[async_trait]
 impl IdemOps for RedisStore {
-    async fn idem_begin(
-        &self,
-        key: &Key,
-        owner: &str,
-        fingerprint: &str,
-        ttl: Duration,
-    ) -> Result<IdemBegin> {
+    async fn idem_begin(&self, begin: Begin<'_>) -> Result<IdemBegin> {
+        let Begin {
+            key,
+            owner,
+            fingerprint,
+            ttl,
+        } = begin;
         let reply: Vec<Value> = self
             .eval(
                 "idem_begin",
@@ -95,13 +95,13 @@ impl IdemOps for RedisStore {
         Ok(())
     }
 
-    async fn idem_finish(
-        &self,
-        key: &Key,
-        owner: &str,
-        outcome: IdemFinish<'_>,
-        ttl: Duration,
-    ) -> Result<IdemFinished> {
+    async fn idem_finish(&self, finish: Finish<'_>) -> Result<IdemFinished> {
+        let Finish {
+            key,
+            owner,
+            outcome,
+            ttl,
+        } = finish;
         let (status, result): (&str, &[u8]) = match outcome {
             IdemFinish::Success(result) => ("S", result),
             IdemFinish::Fail => ("F", b""),

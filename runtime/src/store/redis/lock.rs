@@ -15,7 +15,7 @@ use super::lua::{Lua, lua};
 use crate::error::{Error, Result};
 use crate::key::Key;
 use crate::store::lock::{FAIR_REGISTRATION, FENCE_TTL, WRITER_INTENT, Waiters, rw_readers};
-use crate::store::{LockAcquire, LockOps, LockRelease, LockWatch};
+use crate::store::{Acquire, LockAcquire, LockOps, LockRelease, LockWatch, Release};
 
 lua!(ACQUIRE = "lock_acquire.lua");
 lua!(RENEW = "lock_renew.lua");
@@ -64,13 +64,14 @@ fn fence_ttl(lease: Duration) -> u64 {
 
 #[async_trait]
 impl LockOps for RedisStore {
-    async fn lock_acquire(
-        &self,
-        key: &Key,
-        owner: &str,
-        lease: Duration,
-        level: u32,
-    ) -> Result<LockAcquire> {
+    async fn lock_acquire(&self, acquire: Acquire<'_>) -> Result<LockAcquire> {
+        let Acquire {
+            key,
+            owner,
+            lease,
+            level,
+            ..
+        } = acquire;
         let fence_key = key.companion("fence");
         let fence_ttl = fence_ttl(lease);
         let reply: (i64, i64, i64) = self
@@ -98,13 +99,13 @@ impl LockOps for RedisStore {
         Ok(renewed == 1)
     }
 
-    async fn lock_release(
-        &self,
-        key: &Key,
-        owner: &str,
-        level: u32,
-        keep: Duration,
-    ) -> Result<LockRelease> {
+    async fn lock_release(&self, release: Release<'_>) -> Result<LockRelease> {
+        let Release {
+            key,
+            owner,
+            level,
+            keep,
+        } = release;
         let keep = u64::try_from(keep.as_millis()).unwrap_or(u64::MAX);
         let code: i64 = self
             .eval("lock_release", &RELEASE, &[key], &[&owner, &level, &keep])
@@ -112,13 +113,10 @@ impl LockOps for RedisStore {
         release_reply(key, "lock_release", code)
     }
 
-    async fn semaphore_acquire(
-        &self,
-        key: &Key,
-        owner: &str,
-        permits: u32,
-        lease: Duration,
-    ) -> Result<LockAcquire> {
+    async fn semaphore_acquire(&self, acquire: Acquire<'_>, permits: u32) -> Result<LockAcquire> {
+        let Acquire {
+            key, owner, lease, ..
+        } = acquire;
         let fence_key = key.companion("fence");
         let fence_ttl = fence_ttl(lease);
         let reply: (i64, i64, i64) = self
@@ -155,14 +153,14 @@ impl LockOps for RedisStore {
         })
     }
 
-    async fn rw_acquire(
-        &self,
-        key: &Key,
-        owner: &str,
-        write: bool,
-        lease: Duration,
-        announce: bool,
-    ) -> Result<LockAcquire> {
+    async fn rw_acquire(&self, acquire: Acquire<'_>, write: bool) -> Result<LockAcquire> {
+        let Acquire {
+            key,
+            owner,
+            lease,
+            waiting: announce,
+            ..
+        } = acquire;
         let readers = rw_readers(key);
         let intent = key.companion("intent");
         let fence_key = key.companion("fence");
@@ -205,14 +203,14 @@ impl LockOps for RedisStore {
         })
     }
 
-    async fn fair_acquire(
-        &self,
-        key: &Key,
-        owner: &str,
-        lease: Duration,
-        level: u32,
-        join: bool,
-    ) -> Result<LockAcquire> {
+    async fn fair_acquire(&self, acquire: Acquire<'_>) -> Result<LockAcquire> {
+        let Acquire {
+            key,
+            owner,
+            lease,
+            level,
+            waiting: join,
+        } = acquire;
         let [queue, registered, fence] = fair_keys(key);
         let reply: (i64, i64, i64) = self
             .eval(
@@ -232,13 +230,13 @@ impl LockOps for RedisStore {
         acquire_reply(key, "fair_acquire", reply)
     }
 
-    async fn fair_release(
-        &self,
-        key: &Key,
-        owner: &str,
-        level: u32,
-        keep: Duration,
-    ) -> Result<LockRelease> {
+    async fn fair_release(&self, release: Release<'_>) -> Result<LockRelease> {
+        let Release {
+            key,
+            owner,
+            level,
+            keep,
+        } = release;
         let code = self.fair_script(key, owner, level, keep, false).await?;
         release_reply(key, "fair_release", code)
     }

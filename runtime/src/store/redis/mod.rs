@@ -21,8 +21,7 @@ use redis::cluster::ClusterClientBuilder;
 use redis::{FromRedisValue, RedisError, ServerErrorKind, ToRedisArgs};
 
 use super::{Store, StoreKind};
-use crate::error::{BackendError, Error, Result};
-use crate::handle::RedisTarget;
+use crate::error::{BackendError, Error, Result, StoreFailure};
 use crate::key::Key;
 
 /// Every script, loaded with `SCRIPT LOAD` at connect.
@@ -39,6 +38,18 @@ fn all_scripts() -> impl Iterator<Item = &'static Lua> {
 
 pub(crate) use self::conn::Conn;
 use self::lua::Lua;
+
+/// Where a Redis store connects.
+#[derive(Debug)]
+pub(crate) struct RedisTarget {
+    /// One URL, or a Cluster's seed nodes.
+    pub(crate) urls: Vec<String>,
+    pub(crate) cluster: bool,
+    /// PEM root certificate(s) to trust for `rediss://` instead of the system's roots.
+    pub(crate) tls_root_ca: Option<Vec<u8>>,
+    #[cfg(feature = "test-util")]
+    pub(crate) test: test_util::TestHooks,
+}
 
 /// The Redis-backed [`Store`]: a single node ([`Redguard::redis`](crate::Redguard::redis)) or
 /// a Cluster ([`Redguard::redis_cluster`](crate::Redguard::redis_cluster)). Every key one
@@ -236,7 +247,7 @@ impl<T: ToRedisArgs + Sync> ToRedisArgsDyn for T {
 /// that finds data it never writes replies `CORRUPT <key> <what>` itself.
 pub(crate) fn corrupt_or(err: Error, key: &Key) -> Error {
     match err {
-        Error::Backend(BackendError::Redis { source, .. }) if source.code() == Some("CORRUPT") => {
+        Error::Backend(BackendError::Failed { source, .. }) if source.code() == Some("CORRUPT") => {
             let detail = source.detail().unwrap_or_default();
             let (at, what) = detail.split_once(' ').unwrap_or((detail, ""));
             Error::Corrupt {
@@ -244,7 +255,7 @@ pub(crate) fn corrupt_or(err: Error, key: &Key) -> Error {
                 detail: what.to_owned(),
             }
         }
-        Error::Backend(BackendError::Redis { source, .. })
+        Error::Backend(BackendError::Failed { source, .. })
             if source.code() == Some("WRONGTYPE") =>
         {
             Error::Corrupt {
@@ -267,7 +278,11 @@ pub(crate) async fn bounded<T>(
     match tokio::time::timeout(after, call).await {
         Ok(Ok(value)) => Ok(value),
         Ok(Err(source)) if source.is_timeout() => Err(BackendError::Timeout { op, after }.into()),
-        Ok(Err(source)) => Err(BackendError::Redis { op, source }.into()),
+        Ok(Err(source)) => Err(BackendError::Failed {
+            op,
+            source: StoreFailure::redis(source),
+        }
+        .into()),
         Err(_) => Err(BackendError::Timeout { op, after }.into()),
     }
 }

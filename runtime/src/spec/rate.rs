@@ -5,22 +5,11 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
+use redguard_grammar::rate as grammar;
+
 use crate::error::{Error, Result};
 
-/// Largest count of a rate or a burst. Keeps every quantity a script computes (in
-/// microseconds, or nanoseconds for intervals below 1 ms) below 2^53, where Lua's numbers
-/// stop being exact.
-pub const MAX_RATE_COUNT: u64 = 1_000_000_000;
-/// Largest count of a [`SlidingWindow`](Algorithm::SlidingWindow) limit. Its log keeps one
-/// entry per admitted call, whatever the cost, so a key holds at most `count` entries. Each
-/// call does O(log n) work (a call drops at most 16 entries that left the window), but
-/// freeing a whole log (its expiry) cannot be spread: measured on Redis 7 (2-core VM), a
-/// full log of 10,000 is ≈ 1 MB and is freed in ≈ 1 ms; 100,000 would be ≈ 10 MB and
-/// ≈ 10 ms, a stall for everyone on that Redis. Larger counts fit
-/// [`SlidingCounter`](Algorithm::SlidingCounter) or [`Gcra`](Algorithm::Gcra), O(1) per key.
-pub const MAX_SLIDING_WINDOW_COUNT: u64 = 10_000;
-/// Longest period of a rate (and longest `block`): 30 days.
-pub const MAX_RATE_PERIOD: Duration = Duration::from_secs(30 * 86_400);
+pub use redguard_grammar::rate::{MAX_RATE_COUNT, MAX_RATE_PERIOD, MAX_SLIDING_WINDOW_COUNT};
 
 /// `count` events per `period`: `"100/s"`, `"5/10s"`, `"1000/min"`, `"50000/h"`.
 ///
@@ -51,38 +40,8 @@ impl Rate {
     /// whole number of nanoseconds (`"500000000/s"`, 2 ns, is accepted; `"3000000/s"`,
     /// 333.3 ns, would run 0.2% slow and is refused).
     pub fn new(count: u64, period: Duration) -> Result<Rate> {
-        if count == 0 {
-            return Err(invalid(format!(
-                "a rate of 0 per {period:?} allows nothing; the count must be at least 1"
-            )));
-        }
-        if count > MAX_RATE_COUNT {
-            return Err(invalid(format!(
-                "a rate count of {count} is above the maximum {MAX_RATE_COUNT}"
-            )));
-        }
-        if period < Duration::from_millis(1) || period > MAX_RATE_PERIOD {
-            return Err(invalid(format!(
-                "a rate period of {period:?} is outside 1ms..=30 days"
-            )));
-        }
-        let rate = Rate { count, period };
-        let interval = rate.interval_ns();
-        let exact = period.as_nanos();
-        // How much longer the counted interval is than the exact one, over all `count` units.
-        let slower = u128::from(interval) * u128::from(count) - exact;
-        if slower * 1000 > exact {
-            let counted = u128::from(interval) * u128::from(count);
-            return Err(invalid(format!(
-                "a rate of {count} per {period:?} is one unit every {:.3} ns, which counted in \
-                 whole nanoseconds ({interval} ns) would admit {:.2}% fewer than asked (0.1% at \
-                 most); choose a rate whose interval is close to a whole number of nanoseconds \
-                 (e.g. 500000000/s, 2 ns), or at most 1000000/s",
-                exact as f64 / count as f64,
-                slower as f64 * 100.0 / counted as f64,
-            )));
-        }
-        Ok(rate)
+        grammar::check(count, period).map_err(Error::InvalidLimit)?;
+        Ok(Rate { count, period })
     }
 
     /// `count` per second.
@@ -136,14 +95,7 @@ impl Rate {
     /// limiter stricter than the exact rate, never looser: by less than 1 µs per unit from
     /// 1 ms up (< 0.1%), by less than 1 ns below, which [`Rate::new`] bounds to 0.1%.
     pub(crate) fn interval_ns(&self) -> u64 {
-        let (period, count) = (self.period.as_nanos(), u128::from(self.count));
-        let interval = if period >= 1_000_000 * count {
-            period.div_ceil(1000 * count) * 1000
-        } else {
-            period.div_ceil(count)
-        };
-        // At most MAX_RATE_PERIOD (2.6e15 ns) per unit.
-        u64::try_from(interval).unwrap_or(u64::MAX)
+        grammar::interval_ns(self.count, self.period)
     }
 }
 
@@ -151,43 +103,8 @@ impl FromStr for Rate {
     type Err = Error;
 
     fn from_str(s: &str) -> Result<Rate> {
-        let shape = || {
-            invalid(format!(
-                "`{s}` is not a rate; write count/period, e.g. \"100/s\", \"5/10s\", \
-                 \"1000/min\" or \"50000/h\""
-            ))
-        };
-        let (count, period) = s.trim().split_once('/').ok_or_else(shape)?;
-        let count = count.trim();
-        if count.is_empty() || !count.bytes().all(|b| b.is_ascii_digit()) {
-            return Err(shape());
-        }
-        let count: u64 = count.parse().map_err(|_| shape())?;
-        let period = period.trim();
-        let digits = period.bytes().take_while(u8::is_ascii_digit).count();
-        let (number, unit) = period.split_at(digits);
-        let number: u64 = if number.is_empty() {
-            1
-        } else {
-            number.parse().map_err(|_| shape())?
-        };
-        let unit = match unit {
-            "ms" => Duration::from_millis(1),
-            "s" => Duration::from_secs(1),
-            "m" | "min" => Duration::from_secs(60),
-            "h" => Duration::from_secs(3600),
-            "d" => Duration::from_secs(86_400),
-            _ => {
-                return Err(invalid(format!(
-                    "`{s}` has no valid period unit; use one of ms, s, m (or min), h, d"
-                )));
-            }
-        };
-        let period = u32::try_from(number)
-            .ok()
-            .and_then(|n| unit.checked_mul(n))
-            .ok_or_else(shape)?;
-        Rate::new(count, period)
+        let grammar::Rate { count, period } = grammar::parse(s).map_err(Error::InvalidLimit)?;
+        Ok(Rate { count, period })
     }
 }
 
@@ -222,6 +139,49 @@ impl fmt::Display for Rate {
             ms if ms % 1000 == 0 => write!(f, "{}/{}s", self.count, ms / 1000),
             ms => write!(f, "{}/{}ms", self.count, ms),
         }
+    }
+}
+
+/// What [`Limiter::rate`](crate::Limiter::rate) accepts: a [`Rate`], or text such as `"100/s"` from configuration
+/// (checked when the limiter runs: a bad value is [`Error::InvalidLimit`], never a panic).
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a rate",
+    label = "expected a `redguard::Rate`, or text such as \"100/s\"",
+    note = "build one with `redguard::Rate::new(count, period)` or `Rate::per_second(n)`, or \
+            pass the configured text (`&str` / `String`)"
+)]
+pub trait IntoRate {
+    /// The rate, or why the value is not one.
+    fn into_rate(self) -> Result<Rate>;
+}
+
+impl IntoRate for Rate {
+    fn into_rate(self) -> Result<Rate> {
+        Ok(self)
+    }
+}
+
+impl IntoRate for &Rate {
+    fn into_rate(self) -> Result<Rate> {
+        Ok(*self)
+    }
+}
+
+impl IntoRate for &str {
+    fn into_rate(self) -> Result<Rate> {
+        self.parse()
+    }
+}
+
+impl IntoRate for String {
+    fn into_rate(self) -> Result<Rate> {
+        self.parse()
+    }
+}
+
+impl IntoRate for &String {
+    fn into_rate(self) -> Result<Rate> {
+        self.parse()
     }
 }
 
@@ -303,7 +263,7 @@ impl FromStr for Algorithm {
             .into_iter()
             .find(|algorithm| algorithm.as_str() == s)
             .ok_or_else(|| {
-                invalid(format!(
+                Error::InvalidLimit(format!(
                     "unknown rate-limit algorithm `{s}`; expected one of gcra, fixed_window, \
                      sliding_window, sliding_counter, token_bucket, leaky_bucket"
                 ))
@@ -350,62 +310,16 @@ impl Limit {
         cost: u64,
         block: Duration,
     ) -> Result<Limit> {
-        if algorithm == Algorithm::SlidingWindow && rate.count > MAX_SLIDING_WINDOW_COUNT {
-            return Err(invalid(format!(
-                "`sliding_window` keeps one entry per call, up to the count: {} per {:?} is \
-                 above its maximum of {MAX_SLIDING_WINDOW_COUNT}; use `sliding_counter` or \
-                 `gcra` for larger counts",
-                rate.count, rate.period
-            )));
-        }
-        let burst = match burst {
-            Some(burst) if algorithm.is_window() && burst != rate.count => {
-                return Err(invalid(format!(
-                    "`{algorithm}` admits rate.count per period and takes no burst; set the \
-                     rate (e.g. \"{}/{}ms\") instead of burst = {burst}",
-                    burst,
-                    rate.period.as_millis()
-                )));
-            }
-            Some(0) => {
-                return Err(invalid(
-                    "a burst of 0 admits nothing; the burst must be at least 1".to_owned(),
-                ));
-            }
-            Some(burst) if burst > MAX_RATE_COUNT => {
-                return Err(invalid(format!(
-                    "a burst of {burst} is above the maximum {MAX_RATE_COUNT}"
-                )));
-            }
-            Some(burst) => burst,
-            None => rate.count,
+        let shape = match algorithm {
+            Algorithm::SlidingWindow => grammar::Shape::Log,
+            algorithm if algorithm.is_window() => grammar::Shape::Window,
+            _ => grammar::Shape::Bucket,
         };
-        if cost == 0 {
-            return Err(invalid(
-                "a cost of 0 is not a check; the cost must be at least 1 (use `peek` to look \
-                 without consuming)"
-                    .to_owned(),
-            ));
-        }
-        if cost > burst {
-            return Err(invalid(format!(
-                "a cost of {cost} exceeds the burst of {burst}: such a call could never be \
-                 admitted; raise the burst or lower the cost"
-            )));
-        }
-        // Keeps every quantity in the scripts exact in Lua's doubles: a debt of at most the
-        // burst and the cost, counted in µs (in ns for intervals below 1 ms, which keeps it
-        // below 1e15 ns whatever the burst), stays below 2^51.
-        if u128::from(burst) * u128::from(rate.interval_ns()) > 1000 << 50 {
-            return Err(invalid(format!(
-                "burst {burst} at {rate} spans more than 35 years; lower the burst or the period"
-            )));
-        }
-        if block > MAX_RATE_PERIOD {
-            return Err(invalid(format!(
-                "a block of {block:?} is longer than the maximum of 30 days"
-            )));
-        }
+        let spec = grammar::Rate {
+            count: rate.count,
+            period: rate.period,
+        };
+        let burst = grammar::limit(shape, spec, burst, cost, block).map_err(Error::InvalidLimit)?;
         Ok(Limit {
             algorithm,
             rate,
@@ -448,10 +362,6 @@ impl Limit {
             Duration::from_nanos(self.burst.saturating_mul(self.rate.interval_ns()))
         }
     }
-}
-
-fn invalid(message: String) -> Error {
-    Error::InvalidLimit(message)
 }
 
 pub(crate) fn micros(d: Duration) -> u64 {

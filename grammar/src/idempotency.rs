@@ -1,0 +1,27 @@
+//! Bounds of an idempotency record.
+
+use std::time::Duration;
+
+/// Shortest an idempotency record may live: it must outlive a retry's round trip.
+pub const MIN_EXPIRE: Duration = Duration::from_secs(1);
+/// Longest an idempotency record may live: a record without a bound is a memory leak waiting
+/// for a bad client.
+pub const MAX_EXPIRE: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// Checks `expire`.
+pub fn expire(expire: Duration) -> Result<(), String> {
+    if expire < MIN_EXPIRE || expire > MAX_EXPIRE {
+        return Err(format!(
+            "an idempotency record must expire within 1 s to 7 days, got {expire:?}"
+        ));
+    }
+    Ok(())
+}
+
+/// Checks a body's `timeout`.
+pub fn timeout(timeout: Duration) -> Result<(), String> {
+    if timeout.is_zero() {
+        return Err("an idempotent body's timeout must be greater than zero".to_owned());
+    }
+    Ok(())
+}

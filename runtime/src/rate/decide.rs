@@ -1,0 +1,178 @@
+//! Deciding resolved limits: the local tier, the store (with the rate-limit fail mode), the
+//! bounded wait, and the outcome's metrics.
+
+use std::time::Duration;
+
+use super::local;
+use crate::degrade::Degrade;
+use crate::error::{Error, Result};
+use crate::handle::Redguard;
+use crate::key::{GuardKind, Key};
+use crate::spec::{Decision, Limit};
+use crate::store::{RateCheck, RateMode};
+
+/// Checks `limits`; when rejected, and every rejecting limit's wait covers its
+/// `retry_after`, sleeps (with jitter) and checks once more.
+pub(super) async fn enforce_resolved(
+    handle: &Redguard,
+    limits: &[Resolved<'_>],
+    waits: &[Duration],
+) -> Result<Vec<Decision>> {
+    let decisions = decide(handle, limits, RateMode::Consume).await?;
+    let Some(rejected) = most_restrictive(&decisions) else {
+        return Ok(decisions);
+    };
+    let may_wait = decisions
+        .iter()
+        .zip(waits)
+        .all(|(d, wait)| d.allowed || d.retry_after <= *wait);
+    if !may_wait {
+        return Err(Error::RateLimited(rejected));
+    }
+    tokio::time::sleep(rejected.retry_after + jitter(rejected.retry_after)).await;
+    let decisions = decide(handle, limits, RateMode::Consume).await?;
+    match most_restrictive(&decisions) {
+        Some(rejected) => Err(Error::RateLimited(rejected)),
+        None => Ok(decisions),
+    }
+}
+
+/// Up to 10% of `base` (at most 50 ms), random: waiters released by the same refill do not
+/// all come back in the same millisecond.
+fn jitter(base: Duration) -> Duration {
+    let cap = (base / 10).min(Duration::from_millis(50));
+    let cap_us = u64::try_from(cap.as_micros()).unwrap_or(0);
+    if cap_us == 0 {
+        return Duration::ZERO;
+    }
+    let random = uuid::Uuid::new_v4().as_u128() as u64;
+    Duration::from_micros(random % cap_us)
+}
+
+/// The rejecting decision that asks to wait longest, if any limit rejected.
+fn most_restrictive(decisions: &[Decision]) -> Option<Decision> {
+    decisions
+        .iter()
+        .filter(|d| !d.allowed)
+        .max_by_key(|d| d.retry_after)
+        .copied()
+}
+
+/// One limit ready for the store.
+#[derive(Debug)]
+pub(super) struct Resolved<'a> {
+    pub(super) key: Key,
+    pub(super) limit: Limit,
+    pub(super) scope: &'a str,
+    pub(super) local: bool,
+}
+
+/// Asks the store (or the local tier), applying the fail mode, and records the outcome.
+pub(super) async fn decide(
+    handle: &Redguard,
+    limits: &[Resolved<'_>],
+    mode: RateMode,
+) -> Result<Vec<Decision>> {
+    let Some(first) = limits.first() else {
+        return Ok(Vec::new());
+    };
+    // The same key twice in one call would be decided twice on the same state and charged
+    // once: refuse it rather than under-count.
+    for (i, r) in limits.iter().enumerate() {
+        if limits[..i].iter().any(|other| other.key == r.key) {
+            return Err(Error::InvalidLimit(format!(
+                "two limits of one call use the key `{}`; give them different keys or scopes",
+                r.key
+            )));
+        }
+    }
+    if mode == RateMode::Consume
+        && let Some(decisions) = local_rejection(handle, limits)
+    {
+        return Ok(decisions);
+    }
+    let checks: Vec<RateCheck<'_>> = limits
+        .iter()
+        .map(|r| RateCheck {
+            key: &r.key,
+            limit: &r.limit,
+        })
+        .collect();
+    let op = match mode {
+        RateMode::Consume => "rate_check",
+        RateMode::Peek => "rate_peek",
+    };
+    let outcome = handle.store().rate_check(&checks, mode).await;
+    let Some(outcome) = outcome.or_degrade(handle, GuardKind::RateLimit, op, &first.key)? else {
+        return Ok(limits
+            .iter()
+            .map(|r| Decision::degraded(r.limit.burst, r.limit.window()))
+            .collect());
+    };
+    if mode == RateMode::Consume {
+        let allowed = outcome.allowed();
+        for (r, decision) in limits.iter().zip(&outcome.decisions) {
+            let (key, scope) = (&r.key, r.scope);
+            if r.local {
+                if decision.allowed {
+                    local::forget(handle, key);
+                } else {
+                    local::remember(handle, key, r.limit.cost, *decision);
+                }
+            }
+            let result = match (allowed, decision.allowed) {
+                (true, _) => "allowed",
+                (false, false) => "rejected",
+                // Admitted by this limit, turned away by another: not charged.
+                (false, true) => "not_charged",
+            };
+            metrics::counter!(
+                "redguard_rate_decisions_total",
+                "scope" => scope.to_string(),
+                "outcome" => result,
+            )
+            .increment(1);
+            if !decision.allowed {
+                tracing::debug!(
+                    guard = "rate",
+                    %key,
+                    outcome = result,
+                    retry_after_ms = decision.retry_after.as_millis() as u64,
+                    "rate limited"
+                );
+            }
+        }
+    }
+    Ok(outcome.decisions)
+}
+
+/// Decisions when the local tier already knows a limit is exhausted: the known rejection for
+/// those limits, and for the others an "admitted, not charged" decision (they were not asked).
+fn local_rejection(handle: &Redguard, limits: &[Resolved<'_>]) -> Option<Vec<Decision>> {
+    let known: Vec<Option<Decision>> = limits
+        .iter()
+        .map(|r| {
+            r.local
+                .then(|| local::rejected(handle, &r.key, r.limit.cost))
+                .flatten()
+        })
+        .collect();
+    if known.iter().all(Option::is_none) {
+        return None;
+    }
+    Some(
+        limits
+            .iter()
+            .zip(known)
+            .map(|(r, known)| {
+                metrics::counter!(
+                    "redguard_rate_decisions_total",
+                    "scope" => r.scope.to_string(),
+                    "outcome" => if known.is_some() { "rejected_local" } else { "not_charged" },
+                )
+                .increment(1);
+                known.unwrap_or_else(|| Decision::degraded(r.limit.burst, r.limit.window()))
+            })
+            .collect(),
+    )
+}

@@ -1,0 +1,361 @@
+//! The [`limiter`] API: one limit on one key ([`Limiter`]), or several decided together
+//! ([`RateLimits`]).
+
+use std::borrow::Cow;
+use std::time::Duration;
+
+use super::DEFAULT_SCOPE;
+use super::decide::{Resolved, decide, enforce_resolved};
+use crate::error::{Error, Result};
+use crate::handle::Redguard;
+use crate::key::{GuardKind, KeyBody, KeyBuilder, KeyPart, KeyRule};
+use crate::spec::{Algorithm, Decision, IntoRate, Limit, Rate};
+use crate::store::RateMode;
+
+/// Starts a limit on the key `text` (template text, `[A-Za-z0-9._@:-]`), to which
+/// [`Limiter::part`] appends request values.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> redguard::Result<()> {
+/// # redguard::Redguard::memory().scope(async {
+/// use redguard::{Algorithm, Rate};
+///
+/// let ip = "203.0.113.9";
+/// let login = redguard::limiter("login:ip:")
+///     .part("ip", ip)
+///     .rate(Rate::per_minute(10))
+///     .burst(3)
+///     .algorithm(Algorithm::Gcra);
+/// for _ in 0..3 {
+///     assert!(login.check().await?.allowed);
+/// }
+/// let d = login.check().await?;
+/// assert!(!d.allowed);
+/// // Looking does not count:
+/// assert!(!login.peek().await?.allowed);
+/// // Or turn a rejection into `Error::RateLimited`:
+/// assert!(matches!(login.enforce().await, Err(redguard::Error::RateLimited(_))));
+/// # Ok(()) }).await }
+/// ```
+pub fn limiter(text: &str) -> Limiter {
+    let key = if text.is_empty() {
+        None
+    } else {
+        Some(KeyBuilder::new().text(text).finish())
+    };
+    Limiter::new(key, Cow::Borrowed(DEFAULT_SCOPE))
+}
+
+/// One limit on one key, built by [`limiter`]. Cheap to keep and reuse.
+#[derive(Debug, Clone)]
+#[must_use = "a limiter does nothing until `.check().await`"]
+pub struct Limiter {
+    handle: Option<Redguard>,
+    rendered: Option<KeyBody>,
+    key_error: Option<KeyError>,
+    /// Borrowed for `#[rate_limit]` (its scope is a `&'static str`): no allocation per call.
+    scope: Cow<'static, str>,
+    rate: Option<std::result::Result<Rate, String>>,
+    burst: Option<u64>,
+    algorithm: Algorithm,
+    cost: u64,
+    block: Duration,
+    wait: Duration,
+    local: bool,
+    /// A configured value that is not one (a negative `cost` expression), reported on use.
+    invalid: Option<String>,
+}
+
+/// A key-rendering failure, kept so a reused limiter reports it on every check.
+#[derive(Debug, Clone)]
+enum KeyError {
+    Invalid { part: String, rule: KeyRule },
+    Missing { part: String },
+}
+
+impl KeyError {
+    fn from_error(err: Error) -> Option<KeyError> {
+        match err {
+            Error::InvalidKey { part, rule } => Some(KeyError::Invalid { part, rule }),
+            Error::MissingKey { part } => Some(KeyError::Missing { part }),
+            _ => None,
+        }
+    }
+
+    fn to_error(&self) -> Error {
+        match self {
+            KeyError::Invalid { part, rule } => Error::InvalidKey {
+                part: part.clone(),
+                rule: rule.clone(),
+            },
+            KeyError::Missing { part } => Error::MissingKey { part: part.clone() },
+        }
+    }
+}
+
+impl Limiter {
+    /// A limiter on `key` (none: the empty body) in `scope`.
+    pub(crate) fn new(key: Option<Result<KeyBody>>, scope: Cow<'static, str>) -> Limiter {
+        let mut limiter = Limiter {
+            handle: None,
+            rendered: None,
+            key_error: None,
+            scope,
+            rate: None,
+            burst: None,
+            algorithm: Algorithm::Gcra,
+            cost: 1,
+            block: Duration::ZERO,
+            wait: Duration::ZERO,
+            local: false,
+            invalid: None,
+        };
+        match key {
+            None => {}
+            Some(Ok(body)) => limiter.rendered = Some(body),
+            Some(Err(err)) => limiter.key_error = KeyError::from_error(err),
+        }
+        limiter
+    }
+
+    /// `burst` from a configured value that may not be one (what `#[rate_limit]` passes for an
+    /// expression): an error is kept and reported when the limiter runs.
+    pub(crate) fn try_burst(mut self, burst: Result<u64>) -> Self {
+        match burst {
+            Ok(burst) => self.burst = Some(burst),
+            Err(err) => self.invalid = Some(err.to_string()),
+        }
+        self
+    }
+
+    /// `cost` as [`try_burst`](Limiter::try_burst) takes a burst.
+    pub(crate) fn try_cost(mut self, cost: Result<u64>) -> Self {
+        match cost {
+            Ok(cost) => self.cost = cost,
+            Err(err) => self.invalid = Some(err.to_string()),
+        }
+        self
+    }
+
+    /// Appends the value of request field `name` to the key, validated as a key part
+    /// (`[A-Za-z0-9._@-]`, ≤ 64 bytes; `None` or empty is [`Error::MissingKey`]).
+    pub fn part<T: KeyPart + ?Sized>(mut self, name: &str, value: &T) -> Self {
+        if self.key_error.is_none() {
+            let builder = match self.rendered.take() {
+                Some(body) => KeyBuilder::continuing(body),
+                None => KeyBuilder::new(),
+            };
+            match builder.part(name, value).finish() {
+                Ok(body) => self.rendered = Some(body),
+                Err(err) => self.key_error = KeyError::from_error(err),
+            }
+        }
+        self
+    }
+
+    /// The scope of the key (default `limiter`): separates unrelated limits on equal keys.
+    pub fn scope(mut self, scope: impl Into<String>) -> Self {
+        self.scope = Cow::Owned(scope.into());
+        self
+    }
+
+    /// The rate (required): a [`Rate`] or text such as `"100/s"`.
+    pub fn rate(mut self, rate: impl IntoRate) -> Self {
+        self.rate = Some(rate.into_rate().map_err(|err| err.to_string()));
+        self
+    }
+
+    /// The burst of the bucket algorithms (default: the rate's count).
+    pub fn burst(mut self, burst: u64) -> Self {
+        self.burst = Some(burst);
+        self
+    }
+
+    /// The algorithm (default [`Algorithm::Gcra`]).
+    pub fn algorithm(mut self, algorithm: Algorithm) -> Self {
+        self.algorithm = algorithm;
+        self
+    }
+
+    /// Units this call consumes (default 1); more than the burst is [`Error::InvalidLimit`].
+    pub fn cost(mut self, cost: u64) -> Self {
+        self.cost = cost;
+        self
+    }
+
+    /// Penalty: once the key exceeds its limit, reject it for `block` without counting. A
+    /// limit configured without a penalty ignores one set under an earlier configuration.
+    pub fn block(mut self, block: Duration) -> Self {
+        self.block = block;
+        self
+    }
+
+    /// Bounded waiting for [`enforce`](Limiter::enforce): when rejected with a `retry_after`
+    /// of at most `wait`, sleep that long (plus up to 10% jitter, so waiters do not return in
+    /// lockstep) and try once more. [`check`](Limiter::check) never waits.
+    pub fn wait(mut self, wait: Duration) -> Self {
+        self.wait = wait;
+        self
+    }
+
+    /// The in-process first tier: once the store rejected this key, reject further calls
+    /// (of at least that cost) locally until its `retry_after`, without a round trip. It only
+    /// repeats the store's own rejections, so it never admits more than the store would.
+    pub fn local(mut self, local: bool) -> Self {
+        self.local = local;
+        self
+    }
+
+    /// Runs on `handle` instead of the current one.
+    pub fn on(mut self, handle: &Redguard) -> Self {
+        self.handle = Some(handle.clone());
+        self
+    }
+
+    /// Checks and, when admitted, counts this call. A rejection is `Ok` with
+    /// `allowed == false`; see [`Limiter::enforce`] for an `Err` instead.
+    pub async fn check(&self) -> Result<Decision> {
+        let (handle, resolved) = self.resolve_alone()?;
+        single(decide(&handle, &[resolved], RateMode::Consume).await?)
+    }
+
+    /// Reports what [`check`](Limiter::check) would decide, without counting.
+    pub async fn peek(&self) -> Result<Decision> {
+        let (handle, resolved) = self.resolve_alone()?;
+        single(decide(&handle, &[resolved], RateMode::Peek).await?)
+    }
+
+    /// Like [`check`](Limiter::check), with a rejection as [`Error::RateLimited`].
+    pub async fn enforce(&self) -> Result<Decision> {
+        let (handle, resolved) = self.resolve_alone()?;
+        single(enforce_resolved(&handle, &[resolved], &[self.wait]).await?)
+    }
+
+    /// This limit and `other`, decided together (see [`RateLimits`]).
+    pub fn and(self, other: Limiter) -> RateLimits {
+        RateLimits::new().with(self).with(other)
+    }
+
+    /// Bounded waiting allowed by this limit (see [`wait`](Limiter::wait)).
+    pub(super) fn max_wait(&self) -> Duration {
+        self.wait
+    }
+
+    /// This limit on its own handle (or the current one), ready for the store.
+    fn resolve_alone(&self) -> Result<(Redguard, Resolved<'_>)> {
+        let handle = match &self.handle {
+            Some(handle) => handle.clone(),
+            None => Redguard::current()?,
+        };
+        let resolved = self.resolve(&handle)?;
+        Ok((handle, resolved))
+    }
+
+    fn resolve(&self, handle: &Redguard) -> Result<Resolved<'_>> {
+        if let Some(err) = &self.key_error {
+            return Err(err.to_error());
+        }
+        if let Some(invalid) = &self.invalid {
+            return Err(Error::InvalidLimit(invalid.clone()));
+        }
+        let rate = match &self.rate {
+            None => {
+                return Err(Error::InvalidLimit(
+                    "no rate set; call `.rate(..)` on the limiter".to_owned(),
+                ));
+            }
+            Some(Err(message)) => return Err(Error::InvalidLimit(message.clone())),
+            Some(Ok(rate)) => *rate,
+        };
+        let limit = Limit::new(self.algorithm, rate, self.burst, self.cost, self.block)?;
+        let body = match &self.rendered {
+            Some(body) => body,
+            None => &KeyBuilder::new().finish()?,
+        };
+        let key = handle.key(GuardKind::RateLimit, &self.scope, body)?;
+        Ok(Resolved {
+            key,
+            limit,
+            scope: &self.scope,
+            local: self.local,
+        })
+    }
+}
+
+fn single(mut decisions: Vec<Decision>) -> Result<Decision> {
+    decisions.pop().ok_or_else(|| Error::Corrupt {
+        key: String::new(),
+        detail: "the store returned no decision".to_owned(),
+    })
+}
+
+/// Several limits decided all-or-nothing: the call is admitted only if every limit admits,
+/// and a rejection by one charges none of the others (the per-user limit turning a call away
+/// does not use up the global budget).
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> redguard::Result<()> {
+/// # redguard::Redguard::memory().scope(async {
+/// let global = redguard::limiter("orders").rate("100/s");
+/// let user = redguard::limiter("orders:user:").part("user", &7u64).rate("1/min");
+/// let both = global.clone().and(user);
+/// assert!(both.enforce().await.is_ok());
+/// assert!(both.enforce().await.is_err()); // the user limit says no...
+/// // ...and the global one was not charged: one call used, one more would leave 98.
+/// assert_eq!(global.peek().await?.remaining, 98);
+/// # Ok(()) }).await }
+/// ```
+#[derive(Debug, Clone, Default)]
+#[must_use = "limits do nothing until `.check().await`"]
+pub struct RateLimits {
+    limiters: Vec<Limiter>,
+}
+
+impl RateLimits {
+    /// No limits yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds a limit.
+    pub fn with(mut self, limiter: Limiter) -> Self {
+        self.limiters.push(limiter);
+        self
+    }
+
+    /// Decides and (when all admit) counts; one decision per limit, in order.
+    pub async fn check(&self) -> Result<Vec<Decision>> {
+        self.run(RateMode::Consume).await
+    }
+
+    /// Decides without counting.
+    pub async fn peek(&self) -> Result<Vec<Decision>> {
+        self.run(RateMode::Peek).await
+    }
+
+    /// Like [`check`](RateLimits::check), with a rejection as [`Error::RateLimited`] carrying
+    /// the rejecting decision that asks to wait longest. Waits once if every rejecting limit
+    /// allows it (see [`Limiter::wait`]).
+    pub async fn enforce(&self) -> Result<Vec<Decision>> {
+        let (handle, resolved) = self.resolve()?;
+        let waits: Vec<Duration> = self.limiters.iter().map(Limiter::max_wait).collect();
+        enforce_resolved(&handle, &resolved, &waits).await
+    }
+
+    fn resolve(&self) -> Result<(Redguard, Vec<Resolved<'_>>)> {
+        let handle = match self.limiters.first().and_then(|l| l.handle.clone()) {
+            Some(handle) => handle,
+            None => Redguard::current()?,
+        };
+        let mut resolved = Vec::with_capacity(self.limiters.len());
+        for limiter in &self.limiters {
+            resolved.push(limiter.resolve(&handle)?);
+        }
+        Ok((handle, resolved))
+    }
+
+    async fn run(&self, mode: RateMode) -> Result<Vec<Decision>> {
+        let (handle, resolved) = self.resolve()?;
+        decide(&handle, &resolved, mode).await
+    }
+}

@@ -1,0 +1,16 @@
+//! Values the guards and the stores share: what a limit is and what it decided, which kind a
+//! lock is.
+//!
+//! Below the guards and the stores, beside keys, errors and clocks: nothing here imports a
+//! guard, the handle or a store, so a store depends on these values and never on a guard.
+
+mod decision;
+mod lock;
+mod rate;
+
+pub use self::decision::Decision;
+pub use self::lock::LockKind;
+pub(crate) use self::rate::micros;
+pub use self::rate::{
+    Algorithm, IntoRate, Limit, MAX_RATE_COUNT, MAX_RATE_PERIOD, MAX_SLIDING_WINDOW_COUNT, Rate,
+};

@@ -1,0 +1,91 @@
+//! In-process state a handle keeps beside its store: the local queue of each lock key, and the
+//! local rate tier's recent rejections.
+//!
+//! It lives in the handle (not in process globals keyed by the store's address), so two
+//! handles never interact and nothing outlives its handle. The guards decide what to do with
+//! it; here are only the containers.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::time::Instant;
+
+use crate::key::Key;
+use crate::spec::Decision;
+
+/// Per-handle state; see the module docs.
+#[derive(Debug, Default)]
+pub(crate) struct State {
+    pub(crate) lock_queues: LockQueues,
+    pub(crate) rejections: Rejections,
+}
+
+/// One async mutex per lock key that local waiters are queued on.
+#[derive(Debug, Default)]
+pub(crate) struct LockQueues {
+    queues: Mutex<HashMap<String, Weak<tokio::sync::Mutex<()>>>>,
+}
+
+/// A key's local queue: whoever holds it is the one local waiter asking the store.
+pub(crate) type Queue = Arc<tokio::sync::Mutex<()>>;
+
+/// Queues nobody waits in are dropped once this many are kept.
+const SWEEP_QUEUES_AT: usize = 256;
+
+impl LockQueues {
+    /// The queue of `key`, shared by every task of this handle waiting for it.
+    pub(crate) fn queue(&self, key: &Key) -> Queue {
+        let mut queues = lock(&self.queues);
+        if let Some(queue) = queues.get(key.as_str()).and_then(Weak::upgrade) {
+            return queue;
+        }
+        if queues.len() >= SWEEP_QUEUES_AT {
+            queues.retain(|_, queue| queue.strong_count() > 0);
+        }
+        let queue = Queue::default();
+        queues.insert(key.as_str().to_owned(), Arc::downgrade(&queue));
+        queue
+    }
+}
+
+/// Recent rejections of rate-limit keys by the store: until when, at which cost, and the
+/// decision to repeat.
+#[derive(Debug, Default)]
+pub(crate) struct Rejections {
+    table: Mutex<HashMap<String, Rejection>>,
+}
+
+/// A key the store refused, and until when that holds.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Rejection {
+    pub(crate) until: Instant,
+    pub(crate) cost: u64,
+    pub(crate) decision: Decision,
+}
+
+/// Entries kept before expired ones are swept.
+const SWEEP_REJECTIONS_AT: usize = 10_000;
+
+impl Rejections {
+    pub(crate) fn get(&self, key: &Key) -> Option<Rejection> {
+        lock(&self.table).get(key.as_str()).copied()
+    }
+
+    pub(crate) fn insert(&self, key: &Key, rejection: Rejection) {
+        let mut table = lock(&self.table);
+        if table.len() >= SWEEP_REJECTIONS_AT {
+            let now = Instant::now();
+            table.retain(|_, entry| entry.until > now);
+        }
+        table.insert(key.as_str().to_owned(), rejection);
+    }
+
+    pub(crate) fn remove(&self, key: &Key) {
+        lock(&self.table).remove(key.as_str());
+    }
+}
+
+/// Every mutation here is a single map operation, so a panic elsewhere while a map was locked
+/// cannot have left it torn: a poisoned map is still consistent.
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
