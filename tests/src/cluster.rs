@@ -152,6 +152,14 @@ impl RedisCluster {
             .expect("master has no running replica")
     }
 
+    /// The URLs of the running masters.
+    pub fn master_urls(&self) -> Vec<String> {
+        self.running()
+            .filter(|node| role(node) == "master")
+            .map(RedisServer::url)
+            .collect()
+    }
+
     /// Every key on every running master.
     pub fn keys(&self) -> Vec<String> {
         self.running()

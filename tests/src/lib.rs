@@ -14,8 +14,11 @@
 pub mod cancel;
 pub mod history;
 pub mod metrics;
+pub mod model;
+pub mod props;
 pub mod proxy;
 pub mod rate;
+pub mod vclock;
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};

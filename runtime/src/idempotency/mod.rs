@@ -11,11 +11,13 @@ mod classify;
 mod replay;
 
 use std::future::Future;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use sha2::{Digest, Sha256};
+// Tokio's, so a test on paused Tokio time sees renewals at expire/3 of its clock.
+use tokio::time::Instant;
 
 use crate::degrade::Degrade;
 use crate::error::{Error, Result};
@@ -452,7 +454,7 @@ impl Execution {
         let retry = (self.expire / 10).max(Duration::from_millis(50));
         let mut next = Instant::now() + period;
         loop {
-            tokio::time::sleep_until(next.into()).await;
+            tokio::time::sleep_until(next).await;
             match self
                 .handle
                 .store()

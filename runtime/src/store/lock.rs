@@ -73,7 +73,8 @@ pub trait LockOps {
     /// Extends `owner`'s lease on its slot; false when the slot is gone.
     async fn semaphore_renew(&self, key: &Key, owner: &str, lease: Duration) -> Result<bool>;
 
-    /// Gives `owner`'s slot back and notifies waiters; `NotOwner` when it had none.
+    /// Gives `owner`'s slot back and notifies waiters; `NotOwner` when it had none (a slot
+    /// whose lease ran out is lost, as a lock is, whether or not it was dropped yet).
     async fn semaphore_release(&self, key: &Key, owner: &str) -> Result<LockRelease>;
 
     /// Takes the read/write lock at `key` in write mode (`write`: no readers, no writer) or
@@ -86,7 +87,8 @@ pub trait LockOps {
     /// [`semaphore_renew`](LockOps::semaphore_renew) on [`rw_readers`].
     async fn rw_acquire(&self, acquire: Acquire<'_>, write: bool) -> Result<LockAcquire>;
 
-    /// Leaves the read/write lock at `key` as reader `owner`, notifying waiters.
+    /// Leaves the read/write lock at `key` as reader `owner`, notifying waiters; `NotOwner`
+    /// when it was not a reader, or its lease ran out.
     async fn rw_release_read(&self, key: &Key, owner: &str) -> Result<LockRelease>;
 
     /// Like [`lock_acquire`](LockOps::lock_acquire), but a free lock goes to the waiter that

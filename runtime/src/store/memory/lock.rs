@@ -254,10 +254,12 @@ impl LockOps for MemoryStore {
     }
 
     async fn semaphore_release(&self, key: &Key, owner: &str) -> Result<LockRelease> {
-        let (mut sems, _) = self.lock(&self.tables.semaphores);
+        let (mut sems, now) = self.lock(&self.tables.semaphores);
         let Some(mut holders) = sems.remove(key) else {
             return Ok(LockRelease::NotOwner);
         };
+        // A lease that ran out lost its slot, dropped or not.
+        holders.retain(|_, until| *until > now);
         let released = holders.remove(owner).is_some();
         put_holders(&mut sems, key, holders);
         drop(sems);
@@ -331,11 +333,13 @@ impl LockOps for MemoryStore {
     }
 
     async fn rw_release_read(&self, key: &Key, owner: &str) -> Result<LockRelease> {
-        let (mut sems, _) = self.lock(&self.tables.semaphores);
+        let (mut sems, now) = self.lock(&self.tables.semaphores);
         let readers_key = rw_readers(key);
         let Some(mut readers) = sems.remove(&readers_key) else {
             return Ok(LockRelease::NotOwner);
         };
+        // A lease that ran out lost its read lock, dropped or not.
+        readers.retain(|_, until| *until > now);
         let released = readers.remove(owner).is_some();
         put_holders(&mut sems, &readers_key, readers);
         drop(sems);

@@ -11,13 +11,15 @@ use crate::error::Result;
 use crate::spec::{Algorithm, Decision, Limit, micros};
 use crate::store::{RateCheck, RateMode, RateOps, RateOutcome};
 
-/// A limit's state. Numbers are `f64` microseconds/units, as in the Lua script, so both
-/// stores round identically; GCRA's are exact integers in ns (the script counts in µs or ns
-/// relative to now, exactly).
+/// A limit's state. Window numbers are `f64` microseconds/units, as in the Lua script, so
+/// both stores round identically; GCRA's and the buckets' are exact integers in ns (the
+/// script counts them in µs or ns relative to now, exactly).
 #[derive(Debug, Clone)]
 pub(super) enum RateState {
-    Gcra {
-        /// Theoretical arrival time, ns since the epoch.
+    /// GCRA, or a token or leaky bucket (the same algorithm, see the script).
+    Debt {
+        algorithm: Algorithm,
+        /// Theoretical arrival time (when the bucket is empty again), ns since the epoch.
         tat: u128,
         /// The emission interval it was computed with, ns.
         interval: u64,
@@ -34,12 +36,6 @@ pub(super) enum RateState {
         win: f64,
         cur: f64,
         prev: f64,
-    },
-    /// Token and leaky bucket, both kept as the level in use.
-    Bucket {
-        algorithm: Algorithm,
-        level: f64,
-        at: f64,
     },
 }
 
@@ -124,9 +120,10 @@ struct Gcra {
     commit: Option<(RateState, u128)>,
 }
 
-/// GCRA in exact integers: the script's arithmetic, counted in ns throughout. An interval of
-/// whole µs keeps every value whole µs, as the script's µs counting does; a changed
-/// interval rescales the debt in units, rounded up to the script's unit.
+/// GCRA (and the buckets) in exact integers: the script's arithmetic, counted in ns
+/// throughout. An interval of whole µs keeps every value whole µs, as the script's µs
+/// counting does; a changed interval rescales the debt in units, rounded up to the script's
+/// unit.
 fn gcra(state: Option<&RateState>, limit: &Limit, now_us: u64) -> Gcra {
     let interval = limit.rate.interval_ns();
     let t = u128::from(interval);
@@ -137,7 +134,11 @@ fn gcra(state: Option<&RateState>, limit: &Limit, now_us: u64) -> Gcra {
     };
     let now = u128::from(now_us) * 1000;
     let debt = match state {
-        Some(RateState::Gcra { tat, interval: old }) if *tat > now && *old > 0 => {
+        Some(RateState::Debt {
+            algorithm,
+            tat,
+            interval: old,
+        }) if *algorithm == limit.algorithm && *tat > now && *old > 0 => {
             let d = tat - now;
             if *old == interval {
                 d
@@ -156,7 +157,8 @@ fn gcra(state: Option<&RateState>, limit: &Limit, now_us: u64) -> Gcra {
             reset_ns: new,
             retry_ns: 0,
             commit: Some((
-                RateState::Gcra {
+                RateState::Debt {
+                    algorithm: limit.algorithm,
                     tat: now + new,
                     interval,
                 },
@@ -188,8 +190,6 @@ impl RateOps for MemoryStore {
             let burst = limit.burst as f64;
             let cost = limit.cost as f64;
             let block = micros(limit.block) as f64;
-            // The emission interval in µs (a fraction below 1 ms), as the script has it.
-            let t = limit.rate.interval_ns() as f64 / 1000.0;
             let (mut allowed, mut remaining, mut reset, mut retry) = (false, 0.0, 0.0, 0.0);
             let mut commit = None;
             // As in the script: a limit without a penalty ignores one a former
@@ -205,7 +205,7 @@ impl RateOps for MemoryStore {
                 reset = retry;
             } else {
                 match limit.algorithm {
-                    Algorithm::Gcra => {
+                    Algorithm::Gcra | Algorithm::TokenBucket | Algorithm::LeakyBucket => {
                         let gcra = gcra(state, limit, micros(now_d));
                         allowed = gcra.commit.is_some();
                         remaining = gcra.remaining as f64;
@@ -279,43 +279,16 @@ impl RateOps for MemoryStore {
                         } else {
                             remaining = (burst - est).floor().max(0.0);
                             let room = burst - cost - cur;
+                            // From the window's end, relative to now, as the script counts.
+                            let edge = (win + 1.0) * period - now;
                             retry = if room >= 0.0 && prev > 0.0 {
-                                (win * period + period * (1.0 - room / prev) - now).ceil()
+                                edge - (period * room / prev).floor()
+                            } else if cur > burst - cost {
+                                edge + period - (period * (burst - cost) / cur).floor()
                             } else {
-                                let e = if cur > 0.0 {
-                                    (period * (1.0 - (burst - cost) / cur)).max(0.0)
-                                } else {
-                                    0.0
-                                };
-                                ((win + 1.0) * period + e - now).ceil()
+                                edge
                             };
                             retry = retry.max(1.0);
-                        }
-                    }
-                    algorithm @ (Algorithm::TokenBucket | Algorithm::LeakyBucket) => {
-                        let level = match state {
-                            Some(RateState::Bucket {
-                                algorithm: a,
-                                level,
-                                at,
-                            }) if *a == algorithm => (level - (now - at) / t).max(0.0),
-                            _ => 0.0,
-                        };
-                        if level + cost <= burst {
-                            allowed = true;
-                            let after = level + cost;
-                            remaining = (burst - after).floor();
-                            reset = (after * t).ceil();
-                            let state = RateState::Bucket {
-                                algorithm,
-                                level: after,
-                                at: now,
-                            };
-                            commit = Some((Commit::Put(state), after * t));
-                        } else {
-                            remaining = (burst - level).floor().max(0.0);
-                            reset = (level * t).ceil();
-                            retry = ((level + cost - burst) * t).ceil().max(1.0);
                         }
                     }
                 }

@@ -29,7 +29,8 @@ impl<V> Default for Table<V> {
 }
 
 impl<V> Table<V> {
-    /// Drops every entry whose time has come (`expires_at <= now`, as Redis does).
+    /// Drops every entry whose time has come (`expires_at <= now`; Redis keeps a key through
+    /// the millisecond of its expiry, so it may answer for it up to 1 ms longer).
     pub(crate) fn sweep(&mut self, now: Duration) {
         while let Some((at, _)) = self.expiry.first() {
             if *at > now {

@@ -83,6 +83,13 @@ if not owner then
   end
 end
 if ARGV[6] == '1' then
+  -- A place whose registration lapsed is lost (as if its waiter had left): coming back, the
+  -- waiter queues at the tail. Its ticket lingered until someone dropped it or the queue
+  -- expired, and handed it the lock ahead of waiters that had kept their places.
+  local registered = tonumber(redis.call('ZSCORE', KEYS[3], ARGV[1]))
+  if registered and registered <= now then
+    redis.call('ZREM', KEYS[2], ARGV[1])
+  end
   -- Tickets follow the queue's tail; an empty queue starts again from 1.
   local tail = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
   redis.call('ZADD', KEYS[2], 'NX', (tonumber(tail[2]) or 0) + 1, ARGV[1])

@@ -28,6 +28,14 @@ local function ms(us) -- a PX/PEXPIRE value covering `us`, at least 1
   if v < 1 then v = 1 end
   return int(v)
 end
+-- ceil(d * b / a) for whole d, a, b: a debt of d at interval a, in units of interval b. Exact
+-- while d * b < 2^53 (a quotient that is not whole is then at least 1/a from a whole number,
+-- more than a correctly rounded division can move it); beyond, the debt is past any burst.
+local function rescale(d, b, a)
+  local x = d * b
+  if x < 9007199254740992 then return math.ceil(x / a) end
+  return math.ceil(d / a * b)
+end
 
 -- Data this script never writes at a limit's keys (another type, a hand-edited value) is
 -- refused with a CORRUPT error naming the key: treating it as empty would silently admit.
@@ -180,7 +188,7 @@ for i = 1, n do
           -- Rescaled (a billion units owed at 1 ns are 82,000 years at 1 per 30 days), then
           -- capped at 2^52: more than any burst spans, so no decision changes, and every
           -- number stays exact.
-          debt = math.min(math.ceil(d / old_t * unit_t), 4503599627370496)
+          debt = math.min(rescale(d, unit_t, old_t), 4503599627370496)
         end
       end
     end
@@ -381,46 +389,76 @@ for i = 1, n do
     else
       remaining = math.max(math.floor(burst - est), 0)
       local room = burst - cost - cur
+      -- Counted from the window's end, relative to now: a time since the epoch (≈ 2^52 µs)
+      -- has no room left for a fraction, which lost up to a µs of the wait.
+      local edge = (win + 1) * period - now
       if room >= 0 and prev > 0 then
-        -- Later in this window, once the previous window's weight has shrunk enough.
-        retry = math.ceil(win * period + period * (1 - room / prev) - now)
+        -- Later in this window, once the previous window's weight has shrunk enough:
+        -- prev × (period - e) / period <= room.
+        retry = edge - math.floor(period * room / prev)
       else
-        -- In the next window, where this window's count becomes the weighted one.
+        -- In the next window, where this window's count becomes the weighted one:
+        -- cur × (period - e) / period + cost <= burst.
         local e = 0
-        if cur > 0 then e = period * (1 - (burst - cost) / cur) end
-        if e < 0 then e = 0 end
-        retry = math.ceil((win + 1) * period + e - now)
+        if cur > burst - cost then e = period - math.floor(period * (burst - cost) / cur) end
+        retry = edge + e
       end
       if retry < 1 then retry = 1 end
     end
   elseif algo == 'token_bucket' or algo == 'leaky_bucket' then
-    -- Both keep the level in use (tokens taken / water held), in units, draining one unit
-    -- per T microseconds; a token bucket's tokens are burst - level. Units rather than
-    -- tokens survive a change of burst without admitting beyond the new one.
+    -- Both are GCRA with the state spelled out: the level in use (tokens taken / water held)
+    -- in units, draining one unit per interval; a token bucket's tokens are burst - level.
+    -- Units rather than tokens survive a change of burst without admitting beyond the new
+    -- one. State: v the level (units), u its time (µs), t the interval it was counted at
+    -- (ns; absent before 0.2). Decisions are made on the debt, level × interval, a whole
+    -- number in the unit GCRA counts in (µs, or ns for an interval that is not whole µs):
+    -- the level is read back into it exactly (v × interval is within 2^-52 of it, and the
+    -- debt is below 2^51), so refills, resets and retries are exact; with floats throughout,
+    -- a drained 7/s bucket reported its reset 1 µs late. A level counted at another interval
+    -- drains at it until now, then keeps its units, rounded up to the new unit, as GCRA's
+    -- debt does.
     local tag = algo == 'token_bucket' and 'tb' or 'lb'
     local s, replace, bad = validators().hash_state(key, tag)
     if bad then return bad end
-    local level = 0 -- units in use, as a leaky bucket's level
+    local fine = interval % 1000 ~= 0
+    local unit_t = fine and interval or T
+    local per_us = fine and 1000 or 1
+    local debt = 0
     if s then
-      local last = tonumber(s.u) or now
-      level = (tonumber(s.v) or 0) - (now - last) / T
-      if level < 0 then level = 0 end
+      local v, old = tonumber(s.v), tonumber(s.t)
+      -- The unit the level was counted in: its interval's, or this one's before t was kept.
+      local old_fine, old_t = fine, unit_t
+      if old then
+        old_fine = old % 1000 ~= 0
+        old_t = old_fine and old or old / 1000
+      end
+      local d = v * old_t
+      if old then d = math.floor(d + 0.5) else d = math.ceil(d) end
+      -- Drained at that interval until now (as GCRA's TAT is), then in this one's units.
+      d = d - (now - tonumber(s.u)) * (old_fine and 1000 or 1)
+      if d > 0 then
+        if old == interval then
+          debt = d
+        else
+          debt = math.min(rescale(d, unit_t, old_t), 4503599627370496)
+        end
+      end
     end
-    if level + cost <= burst then
+    local tau = burst * unit_t
+    local new = debt + cost * unit_t
+    if new <= tau then
       allowed = 1
-      local after = level + cost
-      remaining = math.floor(burst - after)
-      reset = math.ceil(after * T)
+      remaining = math.floor((tau - new) / unit_t)
+      reset = math.ceil(new / per_us)
       commit = function()
         if replace then redis.call('UNLINK', key) end
-        redis.call('HSET', key, 'a', tag, 'v', num(after), 'u', int(now))
-        redis.call('PEXPIRE', key, ms(after * T))
+        redis.call('HSET', key, 'a', tag, 'v', num(new / unit_t), 'u', int(now), 't', int(interval))
+        redis.call('PEXPIRE', key, ms(reset))
       end
     else
-      remaining = math.max(math.floor(burst - level), 0)
-      reset = math.ceil(level * T)
-      retry = math.ceil((level + cost - burst) * T)
-      if retry < 1 then retry = 1 end
+      remaining = math.floor((tau - debt) / unit_t)
+      reset = math.ceil(debt / per_us)
+      retry = math.ceil((new - tau) / per_us)
     end
   else
     return redis.error_reply('ERR redguard rate_check: unknown algorithm ' .. tostring(algo))
