@@ -1,11 +1,12 @@
-//! In-process state a handle keeps beside its store: the local queue of each lock key, and the
-//! local rate tier's recent rejections.
+//! In-process state a handle keeps beside its store: the local queue of each lock key, the
+//! local rate tier's recent rejections, and a count of lock renewal tasks.
 //!
 //! It lives in the handle (not in process globals keyed by the store's address), so two
 //! handles never interact and nothing outlives its handle. The guards decide what to do with
 //! it; here are only the containers.
 
 use std::collections::HashMap;
+use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Instant;
 
@@ -17,6 +18,8 @@ use crate::spec::Decision;
 pub(crate) struct State {
     pub(crate) lock_queues: LockQueues,
     pub(crate) rejections: Rejections,
+    /// Lock renewal tasks alive.
+    pub(crate) watchdogs: AtomicUsize,
 }
 
 /// One async mutex per lock key that local waiters are queued on.

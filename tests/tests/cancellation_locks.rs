@@ -6,8 +6,8 @@
 //! After each drop, and once the cleanups it spawned have run: no lock is held by an owner
 //! that is gone (another owner can take it); inside nested levels, the levels still running
 //! hold the lock and, on Redis, the lock hash's `depth` is the number of live levels; no
-//! renewal task is left running; no key lacks a TTL. `live_watchdogs()` is process-wide, so
-//! this file holds one test, running the stores one after the other.
+//! renewal task of the handle is left running; no key lacks a TTL. One test runs the stores
+//! one after the other.
 
 use std::time::Duration;
 

@@ -1,21 +1,20 @@
 //! No renewal task outlives its guard, and a cancelled caller frees its lock promptly.
 //!
-//! `redguard::lock::live_watchdogs()` is process-wide, so this file holds a single test that
-//! runs its cases one after another on both stores.
+//! Each store's handle counts its own renewal tasks (`Redguard::live_watchdogs`).
 
 use std::time::{Duration, Instant};
 
 use redguard::{Error, Redguard};
 use redguard_tests::RedisServer;
 
-/// Waits (boundedly) until every renewal task is gone.
-async fn assert_no_watchdog_left(after: &str) {
+/// Waits (boundedly) until every renewal task of `rg` is gone.
+async fn assert_no_watchdog_left(rg: &Redguard, after: &str) {
     let deadline = Instant::now() + Duration::from_secs(2);
-    while redguard::lock::live_watchdogs() != 0 {
+    while rg.live_watchdogs() != 0 {
         assert!(
             Instant::now() < deadline,
             "{} renewal tasks still alive after {after}",
-            redguard::lock::live_watchdogs()
+            rg.live_watchdogs()
         );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
@@ -58,7 +57,7 @@ async fn mixed(n: u32, outcome: u32) -> redguard::Result<u32> {
 }
 
 async fn cases(rg: Redguard) {
-    assert_no_watchdog_left("the start").await;
+    assert_no_watchdog_left(&rg, "the start").await;
 
     // 1,000 guarded calls: ok, error, panic, refused (lock held), cancelled mid-body; then
     // every key is free again.
@@ -96,7 +95,7 @@ async fn cases(rg: Redguard) {
     println!("1000 calls: {ok} ok, {refused} refused, {errors} errors, {panics} panics");
     assert_eq!((ok, refused, errors, panics), (400, 200, 200, 200));
     blocker.release().await.unwrap();
-    assert_no_watchdog_left("1000 guarded calls").await;
+    assert_no_watchdog_left(&rg, "1000 guarded calls").await;
     for n in (0..1000).filter(|n| n % 5 != 3) {
         freed_within(&rg, &format!("mixed:{n}"), Duration::from_secs(1)).await;
     }
@@ -124,7 +123,7 @@ async fn cases(rg: Redguard) {
     task.abort();
     let freed = freed_within(&rg, "cancel-hold", Duration::from_secs(1)).await;
     println!("freed {freed:?} after cancelling its holder");
-    assert_no_watchdog_left("cancelling a holder").await;
+    assert_no_watchdog_left(&rg, "cancelling a holder").await;
 
     // Cancelled while waiting: nothing is left behind, the holder keeps its lock, and a later
     // waiter still gets it.
@@ -149,13 +148,13 @@ async fn cases(rg: Redguard) {
     );
     held.release().await.unwrap();
     freed_within(&rg, "cancel-wait", Duration::from_millis(500)).await;
-    assert_no_watchdog_left("cancelling a waiter").await;
+    assert_no_watchdog_left(&rg, "cancelling a waiter").await;
 
     // A guard dropped without `release` (early return, `?`) frees the key in the background.
     let guard = rg.lock("dropped").acquire().await.unwrap();
     drop(guard);
     freed_within(&rg, "dropped", Duration::from_millis(500)).await;
-    assert_no_watchdog_left("dropping a guard").await;
+    assert_no_watchdog_left(&rg, "dropping a guard").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -4,7 +4,7 @@
 //! a [`LockGuard`], and [`LockBuilder::run`] runs a future under the lock (what
 //! `#[dist_lock]` expands into). While a guard lives, a watchdog task renews its lease every
 //! lease/3; the task is aborted with the guard on every path (release, drop, panic,
-//! cancellation), and [`live_watchdogs`] counts the ones still alive.
+//! cancellation), and [`Redguard::live_watchdogs`] counts the ones still alive.
 //!
 //! Waiting is woken by release notifications (Redis pub/sub on the key's own name, or an
 //! in-process channel on the memory store) and falls back to polling, bounded by `wait`.
@@ -31,7 +31,6 @@ pub use self::builder::{
 pub use self::context::fence;
 pub use self::guard::LockGuard;
 pub use self::multi::{MultiLockBuilder, MultiLockGuard, lock_all};
-pub use self::watchdog::live_watchdogs;
 
 pub use redguard_grammar::lock::{
     DEFAULT_LEASE, MAX_HOLD_AT_LEAST, MAX_LEASE, MAX_WAIT, MIN_LEASE,

@@ -1,6 +1,6 @@
 //! The renewal task of a held lock.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
@@ -11,37 +11,42 @@ use super::ops;
 use crate::handle::Redguard;
 use crate::key::Key;
 
-static LIVE: AtomicUsize = AtomicUsize::new(0);
-
-/// Renewal tasks alive in this process right now. Each held lock has one; it ends with its
-/// guard, so this returns to its previous value shortly after every guard is gone (the task
-/// is dropped on the runtime's next turn). Exposed for tests and diagnostics.
-///
-/// ```
-/// # #[tokio::main(flavor = "current_thread")] async fn main() -> redguard::Result<()> {
-/// let rg = redguard::Redguard::memory();
-/// let guard = rg.lock("job").acquire().await?;
-/// assert!(redguard::lock::live_watchdogs() >= 1);
-/// guard.release().await?;
-/// # Ok(()) }
-/// ```
-pub fn live_watchdogs() -> usize {
-    LIVE.load(Ordering::SeqCst)
+impl Redguard {
+    /// Lock renewal tasks of this handle alive right now. Each held lock has one; it ends
+    /// with its guard, so this returns to its previous value shortly after every guard is gone
+    /// (the task is dropped on the runtime's next turn). For tests and diagnostics: per handle,
+    /// so tests running side by side in one process do not see each other's locks.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> redguard::Result<()> {
+    /// let rg = redguard::Redguard::memory();
+    /// let guard = rg.lock("job").acquire().await?;
+    /// assert_eq!(rg.live_watchdogs(), 1);
+    /// guard.release().await?;
+    /// tokio::task::yield_now().await;
+    /// assert_eq!(rg.live_watchdogs(), 0);
+    /// # Ok(()) }
+    /// ```
+    pub fn live_watchdogs(&self) -> usize {
+        self.state().watchdogs.load(Ordering::SeqCst)
+    }
 }
 
-/// Counts a task from spawn until its future is dropped (finished or aborted).
-struct Live;
+/// Counts a task of `handle` from spawn until its future is dropped (finished or aborted).
+struct Live {
+    handle: Redguard,
+}
 
 impl Live {
-    fn new() -> Self {
-        LIVE.fetch_add(1, Ordering::SeqCst);
-        Live
+    fn new(handle: Redguard) -> Self {
+        handle.state().watchdogs.fetch_add(1, Ordering::SeqCst);
+        Live { handle }
     }
 }
 
 impl Drop for Live {
     fn drop(&mut self) {
-        LIVE.fetch_sub(1, Ordering::SeqCst);
+        self.handle.state().watchdogs.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -84,7 +89,7 @@ impl Watchdog {
         // lease, a slow network) may hand over a key that is someone else's by now: lost
         // from the start, so `run` never starts the body.
         let (lost_tx, lost_rx) = watch::channel(Instant::now() >= tenure.valid_until);
-        let live = Live::new();
+        let live = Live::new(handle.clone());
         let task = tokio::spawn(async move {
             let _live = live;
             renew_until_lost(&handle, &key, &owner, &spec, tenure).await;

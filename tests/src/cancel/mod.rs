@@ -7,8 +7,8 @@
 //! cleanups the drop spawned run ([`Attempt::settle`]), and records its findings in a
 //! [`Verdict`]. [`Harness::sweep`] runs the attempts and, after each one, checks what every
 //! case must leave: no renewal task alive beyond the attempt's start
-//! ([`redguard::lock::live_watchdogs`], process-wide: one harness at a time per test
-//! binary), and on Redis no key without a TTL. [`finish`] prints the counts and fails the
+//! (the handle's [`redguard::Redguard::live_watchdogs`]), and on Redis no key without a
+//! TTL. [`finish`] prints the counts and fails the
 //! test on any violation.
 //!
 //! ```no_run
@@ -156,7 +156,7 @@ impl Harness {
         F: Future<Output = Verdict>,
     {
         self.attempts += 1;
-        let watchdogs = redguard::lock::live_watchdogs();
+        let watchdogs = self.rg.live_watchdogs();
         let attempt = Attempt {
             rg: self.rg.clone(),
             view: self.redis.as_ref().map(|(_, view)| view.clone()),
@@ -167,7 +167,7 @@ impl Harness {
         // thread's stack in a debug build.
         let mut verdict = Box::pin(case(attempt.clone())).await;
         attempt.settle().await;
-        let alive = redguard::lock::live_watchdogs();
+        let alive = self.rg.live_watchdogs();
         verdict.check(alive <= watchdogs, || {
             format!("{alive} renewal tasks alive, {watchdogs} before the attempt")
         });
