@@ -12,6 +12,7 @@
 //! ```
 
 pub mod cancel;
+pub mod faults;
 pub mod history;
 pub mod metrics;
 pub mod model;
