@@ -146,6 +146,12 @@ pub enum KeyRule {
     },
     /// The part is empty where a value is required.
     Empty,
+    /// A key given to an operator's tool ([`crate::admin`]) that is not one redguard writes
+    /// under this prefix.
+    Foreign {
+        /// The handle's prefix.
+        prefix: String,
+    },
 }
 
 impl fmt::Display for KeyRule {
@@ -156,6 +162,12 @@ impl fmt::Display for KeyRule {
                 write!(f, "contains {found:?}, only {allowed} are allowed")
             }
             KeyRule::Empty => f.write_str("is empty"),
+            KeyRule::Foreign { prefix } => write!(
+                f,
+                "is not a key redguard writes under the prefix `{prefix}` \
+                 (`{prefix}:<idem|lock|rate>:{{<scope>:<key>}}`, optionally followed by a \
+                 companion such as `:fence`); refused"
+            ),
         }
     }
 }
@@ -358,6 +370,12 @@ impl Key {
             });
         }
         Ok(Key(key))
+    }
+
+    /// A key as read back from the store (a `SCAN`), or one an operator typed after
+    /// [`crate::admin`] checked it: not re-rendered.
+    pub(crate) fn stored(key: impl Into<String>) -> Key {
+        Key(key.into())
     }
 
     /// The key as sent to the store.

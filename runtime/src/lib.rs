@@ -28,6 +28,7 @@
 
 #![cfg_attr(not(test), warn(clippy::unwrap_used))]
 
+pub mod admin;
 mod clock;
 mod degrade;
 mod error;

@@ -2,13 +2,15 @@
 //!
 //! [`Store`] is a small set of *guard operations* — each one atomic, each one a single round
 //! trip — not a list of Redis commands. Each guard declares its operations as a sub-trait in
-//! its own file here ([`TokenOps`], [`IdemOps`], [`LockOps`], [`RateOps`]); [`Store`] is all of them
+//! its own file here ([`TokenOps`], [`IdemOps`], [`LockOps`], [`RateOps`], and [`AdminOps`] for the operator's
+//! tools); [`Store`] is all of them
 //! together.
 //! [`RedisStore`] implements them as Lua scripts that read Redis's own clock;
 //! [`MemoryStore`] implements the same semantics in-process. Both run the same conformance
 //! suite (`tests/tests/conformance*.rs`), so a guard behaves the same on either, and the guards
 //! never know which one is behind.
 
+pub mod admin;
 mod idem;
 pub(crate) mod lock;
 mod memory;
@@ -23,6 +25,7 @@ use async_trait::async_trait;
 
 use crate::error::Result;
 
+pub use self::admin::AdminOps;
 pub use self::idem::{Begin, Finish, IdemBegin, IdemFinish, IdemFinished, IdemOps};
 pub use self::lock::{
     Acquire, FAIR_REGISTRATION, FENCE_TTL, LockAcquire, LockOps, LockRelease, LockWatch, Release,
@@ -53,7 +56,7 @@ pub use crate::error::StoreFailure;
 /// ```
 #[async_trait]
 pub trait Store:
-    TokenOps + IdemOps + LockOps + RateOps + Send + Sync + fmt::Debug + 'static
+    TokenOps + IdemOps + LockOps + RateOps + AdminOps + Send + Sync + fmt::Debug + 'static
 {
     /// Which implementation this is.
     fn kind(&self) -> StoreKind;

@@ -2,6 +2,7 @@
 //! instead of one per file). Tests that set process-wide state (the installed default
 //! handle, the global metrics recorder) are in `tests/global/`, a binary of their own.
 
+mod admin;
 mod cancellation_guards;
 mod cancellation_locks;
 mod cluster_failover;

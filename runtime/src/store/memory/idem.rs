@@ -7,6 +7,7 @@ use async_trait::async_trait;
 use super::MemoryStore;
 use crate::error::Result;
 use crate::key::Key;
+use crate::store::admin::Raw;
 use crate::store::{Begin, Finish, IdemBegin, IdemFinish, IdemFinished, IdemOps};
 
 #[derive(Debug)]
@@ -14,6 +15,26 @@ pub(super) struct Record {
     status: Status,
     owner: String,
     fingerprint: String,
+    /// When the current execution began (the store's clock).
+    started: Duration,
+}
+
+impl Record {
+    /// The record as the Redis scripts store it (see `store::admin`).
+    pub(super) fn raw(&self) -> Raw {
+        let (status, result_len) = match &self.status {
+            Status::Processing => ("P", None),
+            Status::Success(result) => ("S", Some(result.len() as u64)),
+            Status::Fail => ("F", None),
+        };
+        let fields = vec![
+            ("status".to_owned(), status.to_owned()),
+            ("owner".to_owned(), self.owner.clone()),
+            ("fp".to_owned(), self.fingerprint.clone()),
+            ("started".to_owned(), self.started.as_millis().to_string()),
+        ];
+        Raw::Hash { fields, result_len }
+    }
 }
 
 #[derive(Debug)]
@@ -38,6 +59,7 @@ impl IdemOps for MemoryStore {
                 status: Status::Processing,
                 owner: owner.to_owned(),
                 fingerprint: fingerprint.to_owned(),
+                started: now,
             };
             records.put(key, record, now + ttl);
             return Ok(IdemBegin::Started);
@@ -54,6 +76,7 @@ impl IdemOps for MemoryStore {
             Status::Fail => {
                 record.status = Status::Processing;
                 owner.clone_into(&mut record.owner);
+                record.started = now;
                 records.set_expiry(key, now + ttl);
                 IdemBegin::Retrying
             }

@@ -9,6 +9,7 @@ use super::MemoryStore;
 use super::table::Table;
 use crate::error::Result;
 use crate::key::Key;
+use crate::store::admin::{Raw, SNAPSHOT_MEMBERS};
 use crate::store::lock::{FAIR_REGISTRATION, FENCE_TTL, WRITER_INTENT, rw_readers};
 use crate::store::{Acquire, LockAcquire, LockOps, LockRelease, LockWatch, Release};
 
@@ -32,12 +33,57 @@ fn put_queue(queues: &mut Table<FairQueue>, key: &Key, queue: FairQueue) {
     }
 }
 
+/// Holders (or fair waiters' registrations) as the scripts' sorted set: owner -> ms.
+pub(super) fn raw_set<'a>(members: impl Iterator<Item = (&'a str, Duration)>) -> Raw {
+    let mut members: Vec<(String, f64)> = members
+        .map(|(owner, at)| (owner.to_owned(), at.as_millis() as f64))
+        .collect();
+    members.sort_by(|a, b| a.1.total_cmp(&b.1).then_with(|| a.0.cmp(&b.0)));
+    let card = members.len() as u64;
+    members.truncate(SNAPSHOT_MEMBERS);
+    Raw::ZSet { card, members }
+}
+
+/// A fair queue as the scripts' queue: owner -> arrival ticket.
+pub(super) fn raw_tickets(queue: &FairQueue) -> Raw {
+    let card = queue.len() as u64;
+    let members = queue
+        .iter()
+        .take(SNAPSHOT_MEMBERS)
+        .enumerate()
+        .map(|(i, (owner, _))| (owner.clone(), (i + 1) as f64))
+        .collect();
+    Raw::ZSet { card, members }
+}
+
 #[derive(Debug)]
 pub(super) struct LockState {
     /// Empty while a released lock is kept for `hold_at_least`: nobody can renew or enter it.
     owner: String,
     depth: u32,
     fence: u64,
+}
+
+impl LockState {
+    /// The holder's owner token (empty while kept for `hold_at_least`).
+    pub(super) fn owner(&self) -> &str {
+        &self.owner
+    }
+
+    /// The lock as the scripts store it: a hash, or (a writer's announcement) its owner.
+    pub(super) fn raw(&self, intent: bool) -> Raw {
+        if intent {
+            return Raw::String(self.owner.clone());
+        }
+        Raw::Hash {
+            fields: vec![
+                ("owner".to_owned(), self.owner.clone()),
+                ("depth".to_owned(), self.depth.to_string()),
+                ("fence".to_owned(), self.fence.to_string()),
+            ],
+            result_len: None,
+        }
+    }
 }
 
 impl MemoryStore {

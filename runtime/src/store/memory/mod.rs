@@ -4,6 +4,7 @@
 //! Each guard keeps its entries in its own [`Table`] behind its own mutex (key spaces of the
 //! guards never overlap), and implements its operations in its own file here.
 
+mod admin;
 mod idem;
 mod lock;
 mod rate;

@@ -8,6 +8,7 @@ use async_trait::async_trait;
 
 use super::MemoryStore;
 use crate::error::Result;
+use crate::store::admin::{Raw, SNAPSHOT_MEMBERS};
 use crate::spec::{Algorithm, Decision, Limit, micros};
 use crate::store::{RateCheck, RateMode, RateOps, RateOutcome};
 
@@ -37,6 +38,109 @@ pub(super) enum RateState {
         cur: f64,
         prev: f64,
     },
+}
+
+impl RateState {
+    /// The state as `rate_check.lua` stores it, with its `PEXPIRETIME` when the format keeps
+    /// part of the state there (GCRA's TAT). `now` in ns since the epoch.
+    pub(super) fn raw(&self, now: u128) -> (Raw, Option<u64>) {
+        let hash = |fields: Vec<(&str, String)>| Raw::Hash {
+            fields: fields
+                .into_iter()
+                .map(|(f, v)| (f.to_owned(), v))
+                .collect(),
+            result_len: None,
+        };
+        match self {
+            RateState::Debt {
+                algorithm: Algorithm::Gcra,
+                tat,
+                interval,
+            } => {
+                // The ns format: "-<T><rrrrrr>", the TAT being PEXPIRETIME less the rest.
+                let up = tat.div_ceil(1_000_000);
+                let rest = up * 1_000_000 - tat;
+                let value = format!("-{}{rest:06}", interval.max(&1));
+                (Raw::String(value), u64::try_from(up).ok())
+            }
+            RateState::Debt {
+                algorithm,
+                tat,
+                interval,
+            } => {
+                let tag = if *algorithm == Algorithm::TokenBucket {
+                    "tb"
+                } else {
+                    "lb"
+                };
+                let level = tat.saturating_sub(now) as f64 / (*interval).max(1) as f64;
+                let fields = vec![
+                    ("a", tag.to_owned()),
+                    ("v", format!("{level}")),
+                    ("u", (now / 1000).to_string()),
+                    ("t", interval.to_string()),
+                ];
+                (hash(fields), None)
+            }
+            RateState::FixedWindow { win, used } => (
+                hash(vec![
+                    ("a", "fw".to_owned()),
+                    ("w", format!("{win}")),
+                    ("n", format!("{used}")),
+                ]),
+                None,
+            ),
+            RateState::SlidingCounter { win, cur, prev } => (
+                hash(vec![
+                    ("a", "sc".to_owned()),
+                    ("w", format!("{win}")),
+                    ("c", format!("{cur}")),
+                    ("p", format!("{prev}")),
+                ]),
+                None,
+            ),
+            RateState::SlidingWindow { log } => {
+                let members = log
+                    .iter()
+                    .take(SNAPSHOT_MEMBERS)
+                    .map(|e| (format!("{}:{}", e.cum, e.cost), e.at as f64))
+                    .collect();
+                let card = log.len() as u64;
+                (Raw::ZSet { card, members }, None)
+            }
+        }
+    }
+
+    /// Gives back up to `units` charged units, as `admin_refund.lua` does; returns how many.
+    /// `now` in ns since the epoch.
+    pub(super) fn refund(&mut self, units: u64, now: u128) -> u64 {
+        match self {
+            RateState::Debt { tat, interval, .. } => {
+                let t = u128::from((*interval).max(1));
+                let owed = tat.saturating_sub(now).div_ceil(t);
+                let back = owed.min(u128::from(units));
+                *tat = tat.saturating_sub(back * t).max(now);
+                u64::try_from(back).unwrap_or(u64::MAX)
+            }
+            RateState::FixedWindow { used: level, .. }
+            | RateState::SlidingCounter { cur: level, .. } => {
+                let back = (units as f64).min(level.ceil());
+                *level = (*level - back).max(0.0);
+                back as u64
+            }
+            RateState::SlidingWindow { log } => {
+                let mut back = 0;
+                while let Some(newest) = log.back() {
+                    if back + newest.cost > units {
+                        break;
+                    }
+                    back += newest.cost;
+                    log.pop_back();
+                }
+                back
+            }
+        }
+    }
 }
 
 /// An admitted call in a sliding log, as the script's "<cum>:<cost>" member at score `at`.

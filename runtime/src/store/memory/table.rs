@@ -42,6 +42,11 @@ impl<V> Table<V> {
         }
     }
 
+    /// Every live key, in no particular order.
+    pub(crate) fn keys(&self) -> impl Iterator<Item = &str> {
+        self.entries.keys().map(String::as_str)
+    }
+
     pub(crate) fn len(&self) -> usize {
         self.entries.len()
     }

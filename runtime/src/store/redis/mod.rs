@@ -1,6 +1,7 @@
 //! [`Store`] on Redis: one multiplexed, self-reconnecting connection and one Lua script per
 //! guard operation. Each guard's operations and scripts live in their own file here.
 
+mod admin;
 mod conn;
 mod idem;
 mod lock;
@@ -34,6 +35,7 @@ fn all_scripts() -> impl Iterator<Item = &'static Lua> {
         .chain(idem::scripts())
         .chain(lock::scripts())
         .chain(rate::scripts())
+        .chain(admin::scripts())
 }
 
 pub(crate) use self::conn::Conn;

@@ -1,0 +1,309 @@
+//! Operator's tools: see, explain and repair guard state in production.
+//!
+//! [`Admin`] reads what the guards keep in the store through the [`Store`](crate::Store)
+//! seam ([`AdminOps`](crate::store::AdminOps)), on memory, a single Redis or a Cluster alike:
+//!
+//! - [`inspect`](Admin::inspect) decodes an idempotency record (status, owner, fingerprint,
+//!   age, TTL, result size), a lock of every kind (owner, depth, fencing token, since when,
+//!   lease left, holders, waiters) or a rate limit (algorithm, units in use, when it is
+//!   empty, penalty; with the limit given, the decision a call would get);
+//! - [`scan`](Admin::scan) counts the keys of a guard or scope, with their oldest ages, by
+//!   `SCAN` (never `KEYS`), bounded, on every Cluster master;
+//! - repairs, each explicit and logged at warn: [`unlock`](Admin::unlock) (a forced release
+//!   that raises the fencing counter, so the old holder's token is stale),
+//!   [`forget`](Admin::forget) an idempotency record, [`reset`](Admin::reset) a rate limit,
+//!   [`refund`](Admin::refund) units to it.
+//!
+//! Keys are named as the guards name them — guard, scope and rendered template, checked by
+//! the same rules ([`Admin::key`]) — or as found in Redis ([`Admin::raw_key`]); a key that is
+//! not one redguard writes under the handle's prefix is refused before anything is read.
+//! The `redguard` command-line tool (crate `redguard-cli`) is these calls.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> redguard::Result<()> {
+//! use redguard::{GuardKind, Redguard};
+//! use redguard::admin::Admin;
+//!
+//! let rg = Redguard::memory();
+//! let held = rg.lock("stock:SK-1").scope("shop::reserve").acquire().await?;
+//!
+//! let admin = Admin::new(rg.clone());
+//! let key = admin.key(GuardKind::Lock, "shop::reserve", "stock:SK-1")?;
+//! let seen = admin.inspect(&key).await?;
+//! assert_eq!(seen.locks[0].fence, Some(held.fence()));
+//!
+//! let freed = admin.unlock(&key, None).await?;
+//! assert!(freed.fence.unwrap() > held.fence()); // the old holder's token is stale
+//! assert!(admin.inspect(&key).await?.locks.is_empty());
+//! # Ok(()) }
+//! ```
+
+mod address;
+mod decode;
+mod scan;
+
+use serde::Serialize;
+
+pub use self::address::{AdminKey, LockKindName};
+pub use self::decode::{DecisionState, Holder, Inspection, LockState, RateState, RecordState};
+pub use self::scan::{DEFAULT_SCAN_LIMIT, ScanGroup, ScanReport, ScanSelect};
+
+use self::decode::View;
+use crate::error::{Error, Result};
+use crate::handle::Redguard;
+use crate::key::{GuardKind, Key};
+use crate::spec::Limit;
+use crate::store::admin::ForceUnlock;
+use crate::store::{RateCheck, RateMode};
+
+/// The operator's tools on a handle's store and prefix. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Admin {
+    handle: Redguard,
+}
+
+/// What [`Admin::unlock`] did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct Unlock {
+    /// The key.
+    pub key: String,
+    /// The locks as they were (the kinds held).
+    pub before: Vec<LockState>,
+    /// Holders removed (0: nothing was held, nothing changed).
+    pub removed: u64,
+    /// The fencing counter afterwards: above every token of the holders removed.
+    pub fence: Option<u64>,
+}
+
+impl Admin {
+    /// The tools on `handle`'s store, for keys under its prefix.
+    pub fn new(handle: Redguard) -> Admin {
+        Admin { handle }
+    }
+
+    /// The handle.
+    pub fn handle(&self) -> &Redguard {
+        &self.handle
+    }
+
+    /// The key `guard` uses for the rendered template `key` in `scope` — the rules and
+    /// layout of the guards themselves (`"stock:SK-1"` in scope `shop::reserve` is the lock
+    /// `#[dist_lock(key = "stock:{sku}", scope = "shop::reserve")]` takes for `SK-1`).
+    pub fn key(&self, guard: GuardKind, scope: &str, key: &str) -> Result<AdminKey> {
+        address::template(&self.handle, guard, scope, key)
+    }
+
+    /// A full key as found in Redis (companions such as `:fence` or `:block` address their
+    /// guard key); [`Error::InvalidKey`] when it is not one redguard writes under this
+    /// handle's prefix.
+    pub fn raw_key(&self, key: &str) -> Result<AdminKey> {
+        address::raw(&self.handle, key)
+    }
+
+    /// The keys read to inspect `key`, in one hash tag.
+    fn keys_of(key: &AdminKey) -> Vec<Key> {
+        match key.guard {
+            GuardKind::Lock => {
+                let kinds: Vec<LockKindName> = match key.lock_kind {
+                    Some(kind) => vec![kind],
+                    None => LockKindName::ALL.to_vec(),
+                };
+                let mut keys = Vec::new();
+                for kind in kinds {
+                    let lock = lock_key(key, kind);
+                    keys.push(lock.companion("fence"));
+                    match kind {
+                        LockKindName::Fair => {
+                            keys.push(lock.companion("queue"));
+                            keys.push(lock.companion("registered"));
+                        }
+                        LockKindName::ReadWrite => {
+                            keys.push(lock.companion("readers"));
+                            keys.push(lock.companion("intent"));
+                        }
+                        _ => {}
+                    }
+                    keys.push(lock);
+                }
+                keys
+            }
+            GuardKind::RateLimit => vec![key.base.clone(), key.at("block")],
+            _ => vec![key.base.clone()],
+        }
+    }
+
+    /// Decodes what is stored at `key` (see [`Inspection`]). Never fails on what it finds:
+    /// data redguard does not write is listed in [`Inspection::problems`].
+    pub async fn inspect(&self, key: &AdminKey) -> Result<Inspection> {
+        let snapshot = self.handle.store().admin_read(&Self::keys_of(key)).await?;
+        let mut view = View::new(&snapshot);
+        let base = key.as_str();
+        let mut seen = Inspection {
+            key: base.to_owned(),
+            guard: key.guard.as_str(),
+            now_ms: view.now_ms,
+            record: None,
+            locks: Vec::new(),
+            fence_counter: None,
+            rate: None,
+            decision: None,
+            problems: Vec::new(),
+        };
+        match key.guard {
+            GuardKind::Idempotency => seen.record = view.record(base),
+            GuardKind::Lock => {
+                let kinds: Vec<LockKindName> = match key.lock_kind {
+                    Some(kind) => vec![kind],
+                    None => LockKindName::ALL.to_vec(),
+                };
+                for kind in kinds {
+                    let lock = lock_key(key, kind);
+                    if let Some(state) = view.lock(kind, lock.as_str()) {
+                        seen.locks.push(state);
+                    } else if kind == LockKindName::Exclusive || key.lock_kind.is_some() {
+                        seen.fence_counter = view.lock_counter(lock.as_str());
+                    }
+                }
+            }
+            _ => seen.rate = view.rate(base),
+        }
+        seen.problems = view.problems;
+        Ok(seen)
+    }
+
+    /// [`inspect`](Admin::inspect) a rate limit, plus the decision a call of `limit` would
+    /// get now (peeked: nothing is charged).
+    pub async fn inspect_rate(&self, key: &AdminKey, limit: &Limit) -> Result<Inspection> {
+        self.expect(key, GuardKind::RateLimit)?;
+        let mut seen = self.inspect(key).await?;
+        let check = RateCheck {
+            key: &key.base,
+            limit,
+        };
+        let outcome = self
+            .handle
+            .store()
+            .rate_check(&[check], RateMode::Peek)
+            .await?;
+        seen.decision = outcome.decisions.into_iter().next().map(Into::into);
+        Ok(seen)
+    }
+
+    /// Counts the keys `select` names (see [`ScanReport`]).
+    pub async fn scan(&self, select: &ScanSelect) -> Result<ScanReport> {
+        scan::scan(&self.handle, select).await
+    }
+
+    fn expect(&self, key: &AdminKey, guard: GuardKind) -> Result<()> {
+        if key.guard == guard {
+            Ok(())
+        } else {
+            Err(Error::Config(format!(
+                "{key} is a `{}` key; this repair applies to `{}` keys",
+                key.guard.as_str(),
+                guard.as_str(),
+                key = key.as_str()
+            )))
+        }
+    }
+
+    /// Frees the lock at `key` whoever holds it (`owner`: only that holder — a semaphore's
+    /// slot, a reader, or the lock if that owner holds it), for every kind held there (or
+    /// the kind a raw key names). The fencing counter is raised past every token handed out,
+    /// so storage that checks tokens refuses the old holder's writes; its watchdog finds
+    /// the lock gone at its next renewal and reports it lost. Waiters are woken. Logged at
+    /// warn.
+    pub async fn unlock(&self, key: &AdminKey, owner: Option<&str>) -> Result<Unlock> {
+        self.expect(key, GuardKind::Lock)?;
+        let before = self.inspect(key).await?.locks;
+        let mut done = Unlock {
+            key: key.as_str().to_owned(),
+            before: Vec::new(),
+            removed: 0,
+            fence: None,
+        };
+        for state in before.into_iter().filter(|s| s.held) {
+            let lock = lock_key(key, state.kind);
+            let fence = lock.companion("fence");
+            let readers = lock.companion("readers");
+            let unlocked = self
+                .handle
+                .store()
+                .admin_unlock(ForceUnlock {
+                    lock: &lock,
+                    fence: &fence,
+                    readers: (state.kind == LockKindName::ReadWrite).then_some(&readers),
+                    owner,
+                    semaphore: state.kind == LockKindName::Semaphore,
+                })
+                .await?;
+            tracing::warn!(
+                key = %lock,
+                kind = state.kind.as_str(),
+                holder = state.owner.as_deref().unwrap_or(""),
+                holders = state.holders.len(),
+                old_fence = state.fence,
+                new_fence = unlocked.fence,
+                removed = unlocked.removed,
+                "redguard admin: lock released by force"
+            );
+            done.removed += unlocked.removed;
+            done.fence = done.fence.max(unlocked.fence);
+            done.before.push(state);
+        }
+        Ok(done)
+    }
+
+    /// Deletes the idempotency record at `key` (e.g. a PROCESSING left by a crash, so the
+    /// retry runs); returns it as it was. A running execution that still owns it can no
+    /// longer record its outcome. Logged at warn.
+    pub async fn forget(&self, key: &AdminKey) -> Result<Option<RecordState>> {
+        self.expect(key, GuardKind::Idempotency)?;
+        let before = self.inspect(key).await?.record;
+        let deleted = self
+            .handle
+            .store()
+            .admin_delete(std::slice::from_ref(&key.base))
+            .await?;
+        tracing::warn!(
+            key = %key.base,
+            status = before.as_ref().map(|r| r.status.as_str()),
+            owner = before.as_ref().map(|r| r.owner.as_str()),
+            deleted,
+            "redguard admin: idempotency record forgotten"
+        );
+        Ok(before)
+    }
+
+    /// Deletes the rate-limit state at `key` and its penalty: the next call starts afresh.
+    /// Returns how many keys existed. Logged at warn.
+    pub async fn reset(&self, key: &AdminKey) -> Result<u64> {
+        self.expect(key, GuardKind::RateLimit)?;
+        let deleted = self
+            .handle
+            .store()
+            .admin_delete(&[key.base.clone(), key.at("block")])
+            .await?;
+        tracing::warn!(key = %key.base, deleted, "redguard admin: rate limit reset");
+        Ok(deleted)
+    }
+
+    /// Gives back up to `units` units charged to the rate limit at `key` (a sliding log gives
+    /// back whole calls, newest first); returns how many. A penalty is left as it is (see
+    /// [`reset`](Admin::reset)). Logged at warn.
+    pub async fn refund(&self, key: &AdminKey, units: u64) -> Result<u64> {
+        self.expect(key, GuardKind::RateLimit)?;
+        let back = self.handle.store().admin_refund(&key.base, units).await?;
+        tracing::warn!(key = %key.base, units, back, "redguard admin: rate units refunded");
+        Ok(back)
+    }
+}
+
+/// The key the lock of `kind` lives at.
+fn lock_key(key: &AdminKey, kind: LockKindName) -> Key {
+    match kind.suffix() {
+        Some(suffix) => key.at(suffix),
+        None => key.base.clone(),
+    }
+}

@@ -1,0 +1,123 @@
+//! Store operations of the operator's tools ([`crate::admin`]): read guard state as it is
+//! stored, list keys, and the few repairs an on-call engineer needs.
+//!
+//! Reads return the state *as Redis holds it* ([`Raw`]): strings, hashes and sorted sets with
+//! their expiry. The in-memory store answers in the same shapes, so one decoder
+//! (`admin::decode`) serves both, and what it shows for a Redis key is what the scripts read.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::error::Result;
+use crate::key::Key;
+
+/// At most this many members of a sorted set are returned by a read (the count is exact).
+pub const SNAPSHOT_MEMBERS: usize = 100;
+
+/// Operator operations of a [`Store`](super::Store). Keys passed here were checked by
+/// [`crate::admin`] to lie under the handle's prefix.
+#[async_trait]
+pub trait AdminOps {
+    /// Reads `keys` (all in one hash tag: one Redis Cluster slot) in one atomic step, with
+    /// the store's time.
+    async fn admin_read(&self, keys: &[Key]) -> Result<Snapshot>;
+
+    /// Keys starting with `prefix`, at most `limit` of them, found without blocking the
+    /// store (`SCAN`, never `KEYS`; on a Cluster, on every master). `truncated` when more
+    /// may exist.
+    async fn admin_scan(&self, prefix: &str, limit: usize) -> Result<ScanKeys>;
+
+    /// Frees the lock at `lock` whoever holds it (`owner` given: only that holder's slot of
+    /// a semaphore or read lock, or the lock if that owner holds it), raises its fencing
+    /// counter at `fence` so every token handed out before is stale, and wakes waiters.
+    /// `readers` is the readers' set of a read/write lock, freed too.
+    async fn admin_unlock(&self, unlock: ForceUnlock<'_>) -> Result<Unlocked>;
+
+    /// Deletes `keys` (one hash tag); returns how many existed.
+    async fn admin_delete(&self, keys: &[Key]) -> Result<u64>;
+
+    /// Gives back up to `units` units charged to the rate-limit state at `key`; returns the
+    /// units given back (a sliding log gives back whole calls only).
+    async fn admin_refund(&self, key: &Key, units: u64) -> Result<u64>;
+}
+
+/// What [`AdminOps::admin_read`] saw.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Snapshot {
+    /// The store's time, since the Unix epoch.
+    pub now: Duration,
+    /// One entry per key asked for, in order.
+    pub entries: Vec<RawEntry>,
+}
+
+/// One key as stored.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RawEntry {
+    /// The key.
+    pub key: String,
+    /// Its value.
+    pub value: Raw,
+    /// When it expires, in ms since the Unix epoch (`PEXPIRETIME`); `None` when absent or
+    /// without a TTL.
+    pub expires_at_ms: Option<u64>,
+}
+
+/// A stored value, in Redis's types.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Raw {
+    /// Nothing at the key.
+    None,
+    /// A string.
+    String(String),
+    /// A hash's fields, except a field `result`, of which only the length is kept.
+    Hash {
+        /// The fields and values.
+        fields: Vec<(String, String)>,
+        /// Length in bytes of the `result` field, when present.
+        result_len: Option<u64>,
+    },
+    /// A sorted set: its size and up to [`SNAPSHOT_MEMBERS`] members, lowest score first.
+    ZSet {
+        /// Number of members.
+        card: u64,
+        /// Members and scores.
+        members: Vec<(String, f64)>,
+    },
+    /// A type redguard never writes (its name).
+    Other(String),
+}
+
+/// What [`AdminOps::admin_scan`] found.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ScanKeys {
+    /// Keys found (each once).
+    pub keys: Vec<String>,
+    /// More keys may match: the limit was reached.
+    pub truncated: bool,
+}
+
+/// A forced release: what [`AdminOps::admin_unlock`] takes.
+#[derive(Debug, Clone, Copy)]
+pub struct ForceUnlock<'a> {
+    /// The lock: a hash (exclusive, fair, the writer of a read/write lock) or a sorted set
+    /// (semaphore).
+    pub lock: &'a Key,
+    /// Its fencing counter.
+    pub fence: &'a Key,
+    /// The readers of a read/write lock.
+    pub readers: Option<&'a Key>,
+    /// Only this holder; `None`: every holder.
+    pub owner: Option<&'a str>,
+    /// Whether `lock` is a semaphore's sorted set.
+    pub semaphore: bool,
+}
+
+/// What [`AdminOps::admin_unlock`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Unlocked {
+    /// Holders removed (0: nothing was held; nothing changed).
+    pub removed: u64,
+    /// The fencing counter after the release: above every token handed out before.
+    pub fence: Option<u64>,
+}

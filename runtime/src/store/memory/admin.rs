@@ -1,0 +1,222 @@
+//! Operator operations in memory, answering in the shapes Redis stores (see
+//! [`store::admin`](crate::store::admin)).
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use super::MemoryStore;
+use super::lock::{raw_set, raw_tickets};
+use crate::error::Result;
+use crate::key::Key;
+use crate::store::admin::{AdminOps, ForceUnlock, Raw, RawEntry, ScanKeys, Snapshot, Unlocked};
+use crate::store::lock::FENCE_TTL;
+
+/// Suffix of a rate limit's penalty key, which memory keeps under the state key.
+const BLOCK: &str = ":block";
+
+impl MemoryStore {
+    /// One key as Redis would hold it, at `now`; with its expiry in ms.
+    fn raw_entry(&self, key: &Key, now: Duration) -> (Raw, Option<Duration>) {
+        let k = key.as_str();
+        if let Some(base) = k.strip_suffix(BLOCK) {
+            let base = Key::stored(base);
+            let (blocks, _) = self.lock(&self.tables.rate_blocks);
+            if let Some(until) = blocks.get(&base) {
+                return (
+                    Raw::String(format!("{until:.0}")),
+                    blocks.expires_at(&base),
+                );
+            }
+        }
+        if let Some(base) = k.strip_suffix(":registered") {
+            let queue = Key::stored(format!("{base}:queue"));
+            let (queues, _) = self.lock(&self.tables.fair_queues);
+            if let Some(waiters) = queues.get(&queue) {
+                let raw = raw_set(waiters.iter().map(|(owner, at)| (owner.as_str(), *at)));
+                return (raw, queues.expires_at(&queue));
+            }
+            return (Raw::None, None);
+        }
+        {
+            let (records, _) = self.lock(&self.tables.idem);
+            if let Some(record) = records.get(key) {
+                return (record.raw(), records.expires_at(key));
+            }
+        }
+        {
+            let (locks, _) = self.lock(&self.tables.locks);
+            if let Some(state) = locks.get(key) {
+                return (state.raw(k.ends_with(":intent")), locks.expires_at(key));
+            }
+        }
+        {
+            let (sems, _) = self.lock(&self.tables.semaphores);
+            if let Some(holders) = sems.get(key) {
+                let raw = raw_set(holders.iter().map(|(owner, at)| (owner.as_str(), *at)));
+                return (raw, sems.expires_at(key));
+            }
+        }
+        {
+            let (queues, _) = self.lock(&self.tables.fair_queues);
+            if let Some(queue) = queues.get(key) {
+                return (raw_tickets(queue), queues.expires_at(key));
+            }
+        }
+        {
+            let (fences, _) = self.lock(&self.tables.fences);
+            if let Some(fence) = fences.get(key) {
+                return (Raw::String(fence.to_string()), fences.expires_at(key));
+            }
+        }
+        let (rates, _) = self.lock(&self.tables.rates);
+        if let Some(state) = rates.get(key) {
+            let (raw, at_ms) = state.raw(now.as_nanos());
+            let at = at_ms.map(Duration::from_millis).or(rates.expires_at(key));
+            return (raw, at);
+        }
+        (Raw::None, None)
+    }
+}
+
+#[async_trait]
+impl AdminOps for MemoryStore {
+    async fn admin_read(&self, keys: &[Key]) -> Result<Snapshot> {
+        let now = self.clock.now();
+        let entries = keys
+            .iter()
+            .map(|key| {
+                let (value, at) = self.raw_entry(key, now);
+                RawEntry {
+                    key: key.to_string(),
+                    value,
+                    expires_at_ms: at.map(|at| u64::try_from(at.as_millis()).unwrap_or(u64::MAX)),
+                }
+            })
+            .collect();
+        Ok(Snapshot { now, entries })
+    }
+
+    async fn admin_scan(&self, prefix: &str, limit: usize) -> Result<ScanKeys> {
+        let mut keys: Vec<String> = Vec::new();
+        let mut collect = |table_keys: &mut dyn Iterator<Item = &str>| {
+            keys.extend(
+                table_keys
+                    .filter(|k| k.starts_with(prefix))
+                    .map(str::to_owned),
+            );
+        };
+        collect(&mut self.lock(&self.tables.idem).0.keys());
+        collect(&mut self.lock(&self.tables.locks).0.keys());
+        collect(&mut self.lock(&self.tables.semaphores).0.keys());
+        collect(&mut self.lock(&self.tables.fences).0.keys());
+        collect(&mut self.lock(&self.tables.rates).0.keys());
+        {
+            let (queues, _) = self.lock(&self.tables.fair_queues);
+            for key in queues.keys().filter(|k| k.starts_with(prefix)) {
+                keys.push(key.to_owned());
+                if let Some(base) = key.strip_suffix(":queue") {
+                    keys.push(format!("{base}:registered"));
+                }
+            }
+        }
+        {
+            let (blocks, _) = self.lock(&self.tables.rate_blocks);
+            keys.extend(
+                blocks
+                    .keys()
+                    .map(|k| format!("{k}{BLOCK}"))
+                    .filter(|k| k.starts_with(prefix)),
+            );
+        }
+        keys.sort();
+        keys.dedup();
+        let truncated = keys.len() > limit;
+        keys.truncate(limit);
+        Ok(ScanKeys { keys, truncated })
+    }
+
+    async fn admin_unlock(&self, unlock: ForceUnlock<'_>) -> Result<Unlocked> {
+        let everyone = unlock.owner.is_none();
+        let mut removed = 0u64;
+        {
+            // Same order as the lock operations: locks, then semaphores, then fences.
+            let (mut locks, now) = self.lock(&self.tables.locks);
+            let (mut sems, _) = self.lock(&self.tables.semaphores);
+            let mut drop_holders = |key: &Key| {
+                if let Some(holders) = sems.get_mut(key) {
+                    let before = holders.len();
+                    holders.retain(|owner, _| !everyone && Some(owner.as_str()) != unlock.owner);
+                    removed += (before - holders.len()) as u64;
+                    if holders.is_empty() {
+                        sems.remove(key);
+                    }
+                }
+            };
+            if unlock.semaphore {
+                drop_holders(unlock.lock);
+            } else {
+                if let Some(readers) = unlock.readers {
+                    drop_holders(readers);
+                }
+                if locks
+                    .get(unlock.lock)
+                    .is_some_and(|state| everyone || Some(state.owner()) == unlock.owner)
+                {
+                    locks.remove(unlock.lock);
+                    removed += 1;
+                }
+            }
+            if removed == 0 {
+                return Ok(Unlocked {
+                    removed: 0,
+                    fence: None,
+                });
+            }
+            let (mut fences, _) = self.lock(&self.tables.fences);
+            let clock = u64::try_from(now.as_micros()).unwrap_or(u64::MAX);
+            let fence = fences
+                .get(unlock.fence)
+                .map_or(0, |last| last.saturating_add(1))
+                .max(clock);
+            fences.put(unlock.fence, fence, now + FENCE_TTL);
+            drop(fences);
+            drop(sems);
+            drop(locks);
+            self.tables.lock_waiters.notify(unlock.lock.as_str());
+            Ok(Unlocked {
+                removed,
+                fence: Some(fence),
+            })
+        }
+    }
+
+    async fn admin_delete(&self, keys: &[Key]) -> Result<u64> {
+        let mut deleted = 0;
+        for key in keys {
+            let k = key.as_str();
+            let existed = if let Some(base) = k.strip_suffix(BLOCK) {
+                self.lock(&self.tables.rate_blocks)
+                    .0
+                    .remove(&Key::stored(base))
+                    .is_some()
+            } else {
+                self.lock(&self.tables.idem).0.remove(key).is_some()
+                    || self.lock(&self.tables.rates).0.remove(key).is_some()
+                    || self.lock(&self.tables.locks).0.remove(key).is_some()
+                    || self.lock(&self.tables.semaphores).0.remove(key).is_some()
+                    || self.lock(&self.tables.fair_queues).0.remove(key).is_some()
+                    || self.lock(&self.tables.fences).0.remove(key).is_some()
+            };
+            deleted += u64::from(existed);
+        }
+        Ok(deleted)
+    }
+
+    async fn admin_refund(&self, key: &Key, units: u64) -> Result<u64> {
+        let (mut rates, now) = self.lock(&self.tables.rates);
+        Ok(rates
+            .get_mut(key)
+            .map_or(0, |state| state.refund(units, now.as_nanos())))
+    }
+}
