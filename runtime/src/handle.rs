@@ -187,33 +187,34 @@ impl Redguard {
         }
     }
 
-    /// Builds a handle from the environment: `REDGUARD_REDIS_URL`, else `REDIS_URL`, selects
-    /// Redis; with neither set the in-process store is used (logged once at info level).
+    /// Builds a handle from the environment: `REDGUARD_REDIS_CLUSTER_URLS` (comma-separated)
+    /// selects a Cluster, else `REDGUARD_REDIS_URL` or `REDIS_URL` one Redis;
+    /// `REDGUARD_TLS_CA` names a PEM file of roots to trust, `REDGUARD_PREFIX` the prefix.
+    /// With no Redis named, the in-process store is used (logged once at info level).
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> redguard::Result<()> {
-    /// // With neither variable set, this is the in-memory store.
+    /// // With no Redis variable set, this is the in-memory store.
     /// # unsafe { std::env::remove_var("REDGUARD_REDIS_URL"); std::env::remove_var("REDIS_URL"); }
     /// let rg = redguard::Redguard::from_env().await?;
     /// assert_eq!(rg.store().kind(), redguard::store::StoreKind::Memory);
     /// # Ok(()) }
     /// ```
     pub async fn from_env() -> Result<Redguard> {
-        let url = ["REDGUARD_REDIS_URL", "REDIS_URL"]
-            .into_iter()
-            .find_map(|name| std::env::var(name).ok().filter(|v| !v.trim().is_empty()));
-        match url {
-            Some(url) => Redguard::redis(url).connect().await,
-            None => {
-                static LOGGED: Once = Once::new();
-                LOGGED.call_once(|| {
-                    tracing::info!(
-                        "REDGUARD_REDIS_URL and REDIS_URL are unset: using the in-memory store, \
-                         which guards this process only"
-                    );
-                });
-                Ok(Redguard::memory())
-            }
+        if let Some(builder) = crate::env::builder()? {
+            return builder.connect().await;
+        }
+        static LOGGED: Once = Once::new();
+        LOGGED.call_once(|| {
+            tracing::info!(
+                "REDGUARD_REDIS_URL and REDIS_URL are unset: using the in-memory store, \
+                 which guards this process only"
+            );
+        });
+        let builder = Redguard::memory_builder();
+        match crate::env::prefix() {
+            Some(prefix) => builder.prefix(prefix).connect().await,
+            None => builder.connect().await,
         }
     }
 

@@ -31,6 +31,7 @@
 pub mod admin;
 mod clock;
 mod degrade;
+mod env;
 mod error;
 pub mod handle;
 pub mod idempotency;

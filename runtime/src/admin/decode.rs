@@ -180,9 +180,10 @@ impl<'a> View<'a> {
                     "{} holds a {ty}, which redguard never writes there",
                     entry.key
                 )),
-                _ if entry.expires_at_ms.is_none() => {
-                    problems.push(format!("{} has no TTL: redguard never writes one", entry.key))
-                }
+                _ if entry.expires_at_ms.is_none() => problems.push(format!(
+                    "{} has no TTL: redguard never writes one",
+                    entry.key
+                )),
                 _ => {}
             }
         }
@@ -206,14 +207,13 @@ impl<'a> View<'a> {
     }
 
     fn ttl_ms(&self, entry: &RawEntry) -> Option<u64> {
-        entry
-            .expires_at_ms
-            .map(|at| at.saturating_sub(self.now_ms))
+        entry.expires_at_ms.map(|at| at.saturating_sub(self.now_ms))
     }
 
     fn wrong(&mut self, key: &str, what: &str) {
-        self.problems
-            .push(format!("{key} is not {what} redguard writes: left as it is"));
+        self.problems.push(format!(
+            "{key} is not {what} redguard writes: left as it is"
+        ));
     }
 
     /// The idempotency record at `key`.

@@ -165,9 +165,7 @@ pub(crate) async fn scan(handle: &Redguard, select: &ScanSelect) -> Result<ScanR
                 (_, suffix) => (suffix.to_owned(), None),
             };
             problems.append(&mut view.problems);
-            let ttl = entry
-                .expires_at_ms
-                .map(|at| at.saturating_sub(view.now_ms));
+            let ttl = entry.expires_at_ms.map(|at| at.saturating_sub(view.now_ms));
             let group = groups
                 .entry((guard.to_owned(), role.clone()))
                 .or_insert_with(|| ScanGroup {

@@ -94,7 +94,13 @@ async fn lock_kinds(rg: Redguard) {
     assert!(nested.problems.is_empty(), "{:?}", nested.problems);
 
     // Fair, with a waiter queued.
-    let fair = rg.lock("fair:1").scope(SCOPE).fair().acquire().await.unwrap();
+    let fair = rg
+        .lock("fair:1")
+        .scope(SCOPE)
+        .fair()
+        .acquire()
+        .await
+        .unwrap();
     let waiter = rg.lock("fair:1").scope(SCOPE).fair().wait(wait).acquire();
     assert!(waiter.await.is_err());
     let key = admin.key(GuardKind::Lock, SCOPE, "fair:1").unwrap();
@@ -106,8 +112,20 @@ async fn lock_kinds(rg: Redguard) {
     assert!(lock.waiters.unwrap_or(0) <= 1, "{lock:?}");
 
     // Semaphore, two of three permits.
-    let a = rg.lock("sem:1").scope(SCOPE).permits(3).acquire().await.unwrap();
-    let b = rg.lock("sem:1").scope(SCOPE).permits(3).acquire().await.unwrap();
+    let a = rg
+        .lock("sem:1")
+        .scope(SCOPE)
+        .permits(3)
+        .acquire()
+        .await
+        .unwrap();
+    let b = rg
+        .lock("sem:1")
+        .scope(SCOPE)
+        .permits(3)
+        .acquire()
+        .await
+        .unwrap();
     let key = admin.key(GuardKind::Lock, SCOPE, "sem:1").unwrap();
     let lock = admin.inspect(&key).await.unwrap().locks.remove(0);
     assert_eq!(lock.kind, LockKindName::Semaphore);
@@ -116,8 +134,20 @@ async fn lock_kinds(rg: Redguard) {
     assert_eq!(lock.fence_counter, Some(a.fence().max(b.fence())));
 
     // Read/write: two readers, then a writer announcing itself.
-    let r1 = rg.lock("doc:1").scope(SCOPE).read().acquire().await.unwrap();
-    let r2 = rg.lock("doc:1").scope(SCOPE).read().acquire().await.unwrap();
+    let r1 = rg
+        .lock("doc:1")
+        .scope(SCOPE)
+        .read()
+        .acquire()
+        .await
+        .unwrap();
+    let r2 = rg
+        .lock("doc:1")
+        .scope(SCOPE)
+        .read()
+        .acquire()
+        .await
+        .unwrap();
     let writer = rg.lock("doc:1").scope(SCOPE).write().wait(wait).acquire();
     assert!(writer.await.is_err());
     let key = admin.key(GuardKind::Lock, SCOPE, "doc:1").unwrap();
@@ -128,13 +158,22 @@ async fn lock_kinds(rg: Redguard) {
     for guard in [r1, r2] {
         guard.release().await.unwrap();
     }
-    let w = rg.lock("doc:1").scope(SCOPE).write().wait(Duration::from_secs(3)).acquire().await.unwrap();
+    let w = rg
+        .lock("doc:1")
+        .scope(SCOPE)
+        .write()
+        .wait(Duration::from_secs(3))
+        .acquire()
+        .await
+        .unwrap();
     let lock = admin.inspect(&key).await.unwrap().locks.remove(0);
     assert_eq!(lock.fence, Some(w.fence()));
     assert!(lock.holders.is_empty());
 
     // A raw key names its kind by its suffix.
-    let raw = admin.raw_key(&format!("{}:sem", key_of(&rg, "sem:1"))).unwrap();
+    let raw = admin
+        .raw_key(&format!("{}:sem", key_of(&rg, "sem:1")))
+        .unwrap();
     let seen = admin.inspect(&raw).await.unwrap();
     assert_eq!(seen.locks.len(), 1);
     assert_eq!(seen.locks[0].kind, LockKindName::Semaphore);
@@ -173,8 +212,20 @@ async fn unlock_is_fenced(rg: Redguard) {
     assert!(free.locks.is_empty());
     assert!(free.fence_counter.unwrap() >= last);
     // Semaphore: one holder freed by owner.
-    let a = rg.lock("sem:9").scope(SCOPE).permits(2).acquire().await.unwrap();
-    let b = rg.lock("sem:9").scope(SCOPE).permits(2).acquire().await.unwrap();
+    let a = rg
+        .lock("sem:9")
+        .scope(SCOPE)
+        .permits(2)
+        .acquire()
+        .await
+        .unwrap();
+    let b = rg
+        .lock("sem:9")
+        .scope(SCOPE)
+        .permits(2)
+        .acquire()
+        .await
+        .unwrap();
     let key = admin.key(GuardKind::Lock, SCOPE, "sem:9").unwrap();
     let owner = admin.inspect(&key).await.unwrap().locks[0].holders[0]
         .owner
@@ -197,14 +248,23 @@ async fn rate_algorithms(rg: Redguard) {
                 .rate("10/min")
                 .algorithm(algorithm)
                 .on(&rg);
-            if algorithm.is_window() { l } else { l.burst(10) }
+            if algorithm.is_window() {
+                l
+            } else {
+                l.burst(10)
+            }
         };
         for _ in 0..3 {
             assert!(limiter().check().await.unwrap().allowed);
         }
-        let key = admin.key(GuardKind::RateLimit, SCOPE, &format!("{text}:1")).unwrap();
+        let key = admin
+            .key(GuardKind::RateLimit, SCOPE, &format!("{text}:1"))
+            .unwrap();
         let seen = admin.inspect(&key).await.unwrap();
-        let state = seen.rate.as_ref().unwrap_or_else(|| panic!("{algorithm}: {seen:?}"));
+        let state = seen
+            .rate
+            .as_ref()
+            .unwrap_or_else(|| panic!("{algorithm}: {seen:?}"));
         assert_eq!(state.algorithm, algorithm.as_str(), "{seen:?}");
         assert_eq!(state.used, Some(3), "{algorithm}: {seen:?}");
         assert!(seen.problems.is_empty(), "{algorithm}: {:?}", seen.problems);
@@ -215,7 +275,10 @@ async fn rate_algorithms(rg: Redguard) {
         assert!(decision.allowed);
         assert_eq!(decision.remaining, 6, "{algorithm}: {decision:?}");
         // Peeking charged nothing.
-        assert_eq!(admin.inspect(&key).await.unwrap().rate.unwrap().used, Some(3));
+        assert_eq!(
+            admin.inspect(&key).await.unwrap().rate.unwrap().used,
+            Some(3)
+        );
     }
 }
 
@@ -247,15 +310,27 @@ async fn rate_repairs(rg: Redguard) {
             "{algorithm}"
         );
         for _ in 0..2 {
-            assert!(limiter().check().await.unwrap().allowed, "{algorithm}: refunded");
+            assert!(
+                limiter().check().await.unwrap().allowed,
+                "{algorithm}: refunded"
+            );
         }
         // Over the limit: a penalty.
         assert!(!limiter().check().await.unwrap().allowed);
-        let penalty = admin.inspect(&key).await.unwrap().rate.unwrap().penalty_left_ms;
+        let penalty = admin
+            .inspect(&key)
+            .await
+            .unwrap()
+            .rate
+            .unwrap()
+            .penalty_left_ms;
         assert!(penalty.unwrap() > 50_000, "{algorithm}: {penalty:?}");
         assert_eq!(admin.reset(&key).await.unwrap(), 2, "{algorithm}");
         assert!(admin.inspect(&key).await.unwrap().is_empty());
-        assert!(limiter().check().await.unwrap().allowed, "{algorithm}: reset");
+        assert!(
+            limiter().check().await.unwrap().allowed,
+            "{algorithm}: reset"
+        );
     }
 }
 
@@ -263,7 +338,10 @@ async fn scan_counts(rg: Redguard) {
     let admin = Admin::new(rg.clone());
     let mut guards = Vec::new();
     for i in 0..5 {
-        let lock = rg.lock(format!("scan:{i}").as_str()).scope("ops::scan").acquire();
+        let lock = rg
+            .lock(format!("scan:{i}").as_str())
+            .scope("ops::scan")
+            .acquire();
         guards.push(lock.await.unwrap());
     }
     for i in 0..3 {
@@ -319,7 +397,11 @@ async fn foreign_keys_refused(rg: Redguard) {
         );
     }
     assert!(admin.key(GuardKind::Lock, SCOPE, "stock:{SK-1}").is_err());
-    assert!(admin.key(GuardKind::Lock, "bad scope", "stock:SK-1").is_err());
+    assert!(
+        admin
+            .key(GuardKind::Lock, "bad scope", "stock:SK-1")
+            .is_err()
+    );
     // A repair of the wrong guard is refused too.
     let lock = admin.key(GuardKind::Lock, SCOPE, "stock:SK-1").unwrap();
     assert!(admin.forget(&lock).await.is_err());

@@ -23,10 +23,7 @@ impl MemoryStore {
             let base = Key::stored(base);
             let (blocks, _) = self.lock(&self.tables.rate_blocks);
             if let Some(until) = blocks.get(&base) {
-                return (
-                    Raw::String(format!("{until:.0}")),
-                    blocks.expires_at(&base),
-                );
+                return (Raw::String(format!("{until:.0}")), blocks.expires_at(&base));
             }
         }
         if let Some(base) = k.strip_suffix(":registered") {

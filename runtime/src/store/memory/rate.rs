@@ -8,8 +8,8 @@ use async_trait::async_trait;
 
 use super::MemoryStore;
 use crate::error::Result;
-use crate::store::admin::{Raw, SNAPSHOT_MEMBERS};
 use crate::spec::{Algorithm, Decision, Limit, micros};
+use crate::store::admin::{Raw, SNAPSHOT_MEMBERS};
 use crate::store::{RateCheck, RateMode, RateOps, RateOutcome};
 
 /// A limit's state. Window numbers are `f64` microseconds/units, as in the Lua script, so
@@ -45,10 +45,7 @@ impl RateState {
     /// part of the state there (GCRA's TAT). `now` in ns since the epoch.
     pub(super) fn raw(&self, now: u128) -> (Raw, Option<u64>) {
         let hash = |fields: Vec<(&str, String)>| Raw::Hash {
-            fields: fields
-                .into_iter()
-                .map(|(f, v)| (f.to_owned(), v))
-                .collect(),
+            fields: fields.into_iter().map(|(f, v)| (f.to_owned(), v)).collect(),
             result_len: None,
         };
         match self {

@@ -136,7 +136,9 @@ impl AdminOps for RedisStore {
 impl RedisStore {
     /// The Cluster's masters that are up, as `(host, port)`.
     async fn masters(&self) -> Result<Vec<(String, u16)>> {
-        let nodes: String = self.on_node(None, redis::cmd("CLUSTER").arg("NODES").clone()).await?;
+        let nodes: String = self
+            .on_node(None, redis::cmd("CLUSTER").arg("NODES").clone())
+            .await?;
         let masters: Vec<(String, u16)> = nodes
             .lines()
             .filter_map(|line| {
@@ -184,9 +186,8 @@ impl RedisStore {
             }
         })
         .await?;
-        redis::from_redis_value(value).map_err(|err| {
-            Error::Config(format!("unexpected reply to an admin command: {err}"))
-        })
+        redis::from_redis_value(value)
+            .map_err(|err| Error::Config(format!("unexpected reply to an admin command: {err}")))
     }
 }
 

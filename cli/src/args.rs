@@ -1,0 +1,133 @@
+//! The command line, declared with clap's derive.
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+/// Inspect, list and repair redguard's state: idempotency records, locks and rate limits.
+///
+/// Connects like the library (`Redguard::from_env`): REDGUARD_REDIS_CLUSTER_URLS
+/// (comma-separated) or REDGUARD_REDIS_URL / REDIS_URL (`redis://user:password@host:port`,
+/// `rediss://` for TLS), REDGUARD_TLS_CA (a PEM file of roots to trust), REDGUARD_PREFIX.
+/// Every repair refuses keys outside the prefix and is logged at warn on stderr.
+#[derive(Debug, Parser)]
+#[command(name = "redguard", version)]
+pub(crate) struct Cli {
+    /// Print JSON instead of text.
+    #[arg(long, global = true)]
+    pub(crate) json: bool,
+    #[command(subcommand)]
+    pub(crate) command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum Command {
+    /// Decode what is stored at a key: a record's status, owner and age; a lock's holder,
+    /// fence, since when and lease; a rate limit's usage, penalty and (given the limit) the
+    /// decision a call would get now.
+    Inspect(Inspect),
+    /// Count the keys of a guard or scope, with their oldest ages (SCAN, bounded, on every
+    /// Cluster master).
+    Scan(Scan),
+    /// Free a lock by force. The fencing counter is raised, so the old holder's token is
+    /// stale: storage that checks tokens refuses its writes.
+    Unlock(Unlock),
+    /// Delete an idempotency record (e.g. a PROCESSING left by a crash), so a retry runs.
+    Forget(Target),
+    /// Delete a rate limit's state and penalty: the next call starts afresh.
+    Reset(Target),
+    /// Give units back to a rate limit.
+    Refund(Refund),
+    /// Per-guard numbers from the store and, with --metrics-url, the service's redguard
+    /// metrics.
+    Stats(Stats),
+}
+
+/// Which guard's key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum Guard {
+    /// `#[idempotent]` records.
+    Idem,
+    /// `#[dist_lock]` and `redguard::lock` locks, of every kind.
+    Lock,
+    /// `#[rate_limit]` and `redguard::limiter` state.
+    Rate,
+    /// A full key as stored in Redis (any of the above).
+    Raw,
+}
+
+/// A key: the guard's scope and rendered template, or (`--raw`) the full key.
+#[derive(Debug, Args)]
+pub(crate) struct Target {
+    /// The guard's scope: the fn's path (`shop::orders::reserve_stock`) or its `scope = ".."`.
+    #[arg(long, short, required_unless_present = "raw")]
+    pub(crate) scope: Option<String>,
+    /// The rendered key template (`stock:SK-1`), or with --raw the full key as stored.
+    pub(crate) key: String,
+    /// KEY is a full key as stored (`redguard:lock:{..}`).
+    #[arg(long)]
+    pub(crate) raw: bool,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct Inspect {
+    /// The guard whose key this is (`raw`: KEY is a full key as stored).
+    #[arg(value_enum)]
+    pub(crate) guard: Guard,
+    /// The rendered key template (`stock:SK-1`), or the full key for `raw`.
+    pub(crate) key: String,
+    /// The guard's scope (not for `raw`).
+    #[arg(long, short)]
+    pub(crate) scope: Option<String>,
+    /// A rate limit's rate (`5/s`, `100/min`): also show the decision a call would get now.
+    #[arg(long)]
+    pub(crate) rate: Option<String>,
+    /// With --rate: the burst (bucket algorithms).
+    #[arg(long, requires = "rate")]
+    pub(crate) burst: Option<u64>,
+    /// With --rate: the algorithm (default gcra).
+    #[arg(long, requires = "rate", default_value = "gcra")]
+    pub(crate) algorithm: String,
+    /// With --rate: the cost of the call.
+    #[arg(long, requires = "rate", default_value_t = 1)]
+    pub(crate) cost: u64,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct Scan {
+    /// Only this guard's keys.
+    #[arg(value_enum)]
+    pub(crate) guard: Option<Guard>,
+    /// Only this scope's keys (with a guard).
+    #[arg(long, short, requires = "guard")]
+    pub(crate) scope: Option<String>,
+    /// Look at no more than this many keys.
+    #[arg(long, default_value_t = 10_000)]
+    pub(crate) limit: usize,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct Unlock {
+    #[command(flatten)]
+    pub(crate) target: Target,
+    /// Only this holder (a semaphore's or read lock's holder, or the lock if it holds it).
+    #[arg(long)]
+    pub(crate) owner: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct Refund {
+    #[command(flatten)]
+    pub(crate) target: Target,
+    /// Units to give back.
+    #[arg(long)]
+    pub(crate) units: u64,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct Stats {
+    /// The service's Prometheus endpoint (`http://host:port/metrics`).
+    #[arg(long)]
+    pub(crate) metrics_url: Option<String>,
+    /// Look at no more than this many keys.
+    #[arg(long, default_value_t = 10_000)]
+    pub(crate) limit: usize,
+}

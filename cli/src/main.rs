@@ -1,0 +1,164 @@
+//! `redguard`: the operator's command-line tool over [`redguard::admin`].
+
+mod args;
+mod human;
+mod metrics;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use redguard::admin::{Admin, AdminKey, ScanSelect};
+use redguard::store::StoreKind;
+use redguard::{Algorithm, GuardKind, Limit, Rate, Redguard};
+use serde::Serialize;
+
+use crate::args::{Cli, Command, Guard, Target};
+
+/// Any failure: printed as `redguard: <message>`, exit status 1.
+type Failure = Box<dyn std::error::Error>;
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    // Repairs log at warn: shown on stderr unless RUST_LOG says otherwise.
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match run(cli).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("redguard: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn guard_kind(guard: Guard) -> Option<GuardKind> {
+    match guard {
+        Guard::Idem => Some(GuardKind::Idempotency),
+        Guard::Lock => Some(GuardKind::Lock),
+        Guard::Rate => Some(GuardKind::RateLimit),
+        Guard::Raw => None,
+    }
+}
+
+fn key(admin: &Admin, guard: GuardKind, target: &Target) -> Result<AdminKey, Failure> {
+    let key = if target.raw {
+        admin.raw_key(&target.key)?
+    } else {
+        let scope = target.scope.as_deref().unwrap_or_default();
+        admin.key(guard, scope, &target.key)?
+    };
+    Ok(key)
+}
+
+fn print<T: Serialize>(json: bool, value: &T, text: impl FnOnce(&T) -> String) {
+    if json {
+        // Serializing plain data structures cannot fail.
+        println!(
+            "{}",
+            serde_json::to_string_pretty(value).unwrap_or_default()
+        );
+    } else {
+        print!("{}", text(value));
+    }
+}
+
+async fn run(cli: Cli) -> Result<(), Failure> {
+    let rg = Redguard::from_env().await?;
+    if rg.store().kind() == StoreKind::Memory {
+        return Err(
+            "no Redis configured: set REDGUARD_REDIS_URL (or REDGUARD_REDIS_CLUSTER_URLS) \
+                    to the Redis your services use"
+                .into(),
+        );
+    }
+    let admin = Admin::new(rg);
+    let json = cli.json;
+    match cli.command {
+        Command::Inspect(args) => {
+            let key = match guard_kind(args.guard) {
+                None => admin.raw_key(&args.key)?,
+                Some(guard) => {
+                    let scope = args
+                        .scope
+                        .as_deref()
+                        .ok_or("--scope is required (the guard's scope; or inspect raw KEY)")?;
+                    admin.key(guard, scope, &args.key)?
+                }
+            };
+            let seen = match &args.rate {
+                Some(rate) => {
+                    let algorithm: Algorithm = args.algorithm.parse()?;
+                    let rate: Rate = rate.parse()?;
+                    let limit =
+                        Limit::new(algorithm, rate, args.burst, args.cost, Default::default())?;
+                    admin.inspect_rate(&key, &limit).await?
+                }
+                None => admin.inspect(&key).await?,
+            };
+            print(json, &seen, human::inspection);
+        }
+        Command::Scan(args) => {
+            let mut select = match args.guard.and_then(guard_kind) {
+                Some(guard) => ScanSelect::guard(guard),
+                None => ScanSelect::all(),
+            };
+            if let Some(scope) = args.scope {
+                select = select.scope(scope);
+            }
+            let report = admin.scan(&select.limit(args.limit)).await?;
+            print(json, &report, human::scan);
+        }
+        Command::Unlock(args) => {
+            let key = key(&admin, GuardKind::Lock, &args.target)?;
+            let done = admin.unlock(&key, args.owner.as_deref()).await?;
+            print(json, &done, human::unlock);
+        }
+        Command::Forget(target) => {
+            let key = key(&admin, GuardKind::Idempotency, &target)?;
+            let before = admin.forget(&key).await?;
+            let done = human::Forgot {
+                key: key.as_str().to_owned(),
+                record: before,
+            };
+            print(json, &done, human::forget);
+        }
+        Command::Reset(target) => {
+            let key = key(&admin, GuardKind::RateLimit, &target)?;
+            let deleted = admin.reset(&key).await?;
+            let done = human::Repaired {
+                key: key.as_str().to_owned(),
+                count: deleted,
+            };
+            print(json, &done, |d| {
+                format!("reset {}: {} key(s) deleted\n", d.key, d.count)
+            });
+        }
+        Command::Refund(args) => {
+            let key = key(&admin, GuardKind::RateLimit, &args.target)?;
+            let back = admin.refund(&key, args.units).await?;
+            let done = human::Repaired {
+                key: key.as_str().to_owned(),
+                count: back,
+            };
+            print(json, &done, |d| {
+                format!("refunded {} unit(s) to {}\n", d.count, d.key)
+            });
+        }
+        Command::Stats(args) => {
+            let store = admin.scan(&ScanSelect::all().limit(args.limit)).await?;
+            let metrics = match &args.metrics_url {
+                Some(url) => Some(metrics::fetch(url).await?),
+                None => None,
+            };
+            let stats = human::Stats { store, metrics };
+            print(json, &stats, human::stats);
+        }
+    }
+    Ok(())
+}

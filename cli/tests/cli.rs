@@ -1,0 +1,348 @@
+//! The `redguard` binary against real Redis servers (and a Cluster for `scan`), each
+//! subcommand as an operator runs it: state made by the library, read and repaired by the
+//! built binary, checked through its JSON and its text.
+
+use std::process::Output;
+use std::time::Duration;
+
+use redguard::admin::Admin;
+use redguard::store::Begin;
+use redguard::{Algorithm, GuardKind, KeyBuilder};
+use redguard_tests::{RedisCluster, RedisServer};
+use serde_json::Value;
+
+const SCOPE: &str = "shop::orders::reserve_stock";
+
+/// Runs the binary with `env` as its only redguard settings.
+async fn redguard(env: Vec<(&'static str, String)>, args: &[&str]) -> Output {
+    let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+    tokio::task::spawn_blocking(move || {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_redguard"));
+        for var in [
+            "REDGUARD_REDIS_URL",
+            "REDIS_URL",
+            "REDGUARD_REDIS_CLUSTER_URLS",
+            "REDGUARD_TLS_CA",
+            "REDGUARD_PREFIX",
+            "RUST_LOG",
+        ] {
+            cmd.env_remove(var);
+        }
+        cmd.envs(env).args(&args).output().expect("run redguard")
+    })
+    .await
+    .expect("join")
+}
+
+fn on(server: &RedisServer) -> Vec<(&'static str, String)> {
+    vec![("REDGUARD_REDIS_URL", server.url())]
+}
+
+fn ok(output: &Output) -> String {
+    assert!(
+        output.status.success(),
+        "redguard failed: {}\n{}",
+        String::from_utf8_lossy(&output.stderr),
+        String::from_utf8_lossy(&output.stdout)
+    );
+    String::from_utf8(output.stdout.clone()).expect("utf-8")
+}
+
+fn json(output: &Output) -> Value {
+    serde_json::from_str(&ok(output)).expect("JSON output")
+}
+
+async fn inspect_json(server: &RedisServer, guard: &str, key: &str, extra: &[&str]) -> Value {
+    let mut args = vec!["--json", "inspect", guard, key, "--scope", SCOPE];
+    args.extend_from_slice(extra);
+    json(&redguard(on(server), &args).await)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_decodes_every_lock_kind() {
+    let server = RedisServer::start();
+    let rg = redguard_tests::connect(&server).await;
+    let lock = || rg.lock("stock:SK-1").scope(SCOPE);
+    let held = lock().acquire().await.unwrap();
+    let seen = inspect_json(&server, "lock", "stock:SK-1", &[]).await;
+    let first = &seen["locks"][0];
+    assert_eq!(first["kind"], "exclusive");
+    assert_eq!(first["fence"], held.fence());
+    assert_eq!(first["depth"], 1);
+    assert!(first["lease_left_ms"].as_u64().unwrap() > 20_000);
+    assert!(first["held_for_ms"].as_u64().unwrap() < 10_000);
+    let text = ok(&redguard(on(&server), &["inspect", "lock", "stock:SK-1", "-s", SCOPE]).await);
+    for line in [
+        "kind          exclusive",
+        "held          yes, by ",
+        "since",
+        "lease left",
+    ] {
+        assert!(text.contains(line), "{line:?} in\n{text}");
+    }
+    assert!(
+        text.contains(&format!("fence         {}", held.fence())),
+        "{text}"
+    );
+
+    let fair = lock().fair().acquire().await.unwrap();
+    let a = lock().permits(2).acquire().await.unwrap();
+    let r = lock().read().acquire().await.unwrap();
+    let seen = inspect_json(&server, "lock", "stock:SK-1", &[]).await;
+    let kinds: Vec<&str> = seen["locks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(kinds, ["exclusive", "fair", "semaphore", "read_write"]);
+    assert_eq!(seen["locks"][1]["fence"], fair.fence());
+    assert_eq!(seen["locks"][2]["holders"].as_array().unwrap().len(), 1);
+    assert_eq!(seen["locks"][3]["holders"].as_array().unwrap().len(), 1);
+    // A raw key names one kind.
+    let raw = format!("redguard:lock:{{{SCOPE}:stock:SK-1}}:sem");
+    let seen = json(&redguard(on(&server), &["--json", "inspect", "raw", &raw]).await);
+    assert_eq!(seen["locks"].as_array().unwrap().len(), 1);
+    assert_eq!(seen["locks"][0]["kind"], "semaphore");
+    for guard in [held, fair, a, r] {
+        guard.release().await.unwrap();
+    }
+    let free = ok(&redguard(on(&server), &["inspect", "lock", "stock:SK-1", "-s", SCOPE]).await);
+    assert!(free.contains("no (free)"), "{free}");
+    server.assert_every_key_has_ttl();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_and_forget_a_record() {
+    let server = RedisServer::start();
+    let rg = redguard_tests::connect(&server).await;
+    let body = KeyBuilder::new().text("7:req-1").finish().unwrap();
+    let key = rg.key(GuardKind::Idempotency, SCOPE, &body).unwrap();
+    let begin = Begin {
+        key: &key,
+        owner: "crashed-execution",
+        fingerprint: "",
+        ttl: Duration::from_secs(600),
+    };
+    rg.store().idem_begin(begin).await.unwrap();
+    let seen = inspect_json(&server, "idem", "7:req-1", &[]).await;
+    assert_eq!(seen["record"]["status"], "processing");
+    assert_eq!(seen["record"]["owner"], "crashed-execution");
+    assert!(seen["record"]["ttl_ms"].as_u64().unwrap() > 590_000);
+    let out = redguard(on(&server), &["forget", "-s", SCOPE, "7:req-1"]).await;
+    let text = ok(&out);
+    assert!(
+        text.contains("forgot") && text.contains("processing"),
+        "{text}"
+    );
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(log.contains("WARN") && log.contains("forgotten"), "{log}");
+    let seen = inspect_json(&server, "idem", "7:req-1", &[]).await;
+    assert!(seen.get("record").is_none(), "{seen}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_reset_and_refund_every_algorithm() {
+    let server = RedisServer::start();
+    let rg = redguard_tests::connect(&server).await;
+    for algorithm in Algorithm::ALL {
+        let name = algorithm.as_str();
+        let text = format!("login:{name}");
+        let limiter = || {
+            let l = redguard::limiter(&format!("{text}:"))
+                .part("ip", &"10.0.0.1")
+                .scope(SCOPE)
+                .rate("4/min")
+                .algorithm(algorithm)
+                .block(Duration::from_secs(60))
+                .on(&rg);
+            if algorithm.is_window() { l } else { l.burst(4) }
+        };
+        for _ in 0..3 {
+            assert!(limiter().check().await.unwrap().allowed);
+        }
+        let key = format!("{text}:10.0.0.1");
+        let mut args = vec!["--rate", "4/min", "--algorithm", name];
+        if !algorithm.is_window() {
+            args.extend(["--burst", "4"]);
+        }
+        let seen = inspect_json(&server, "rate", &key, &args).await;
+        assert_eq!(seen["rate"]["algorithm"], name, "{seen}");
+        assert_eq!(seen["rate"]["used"], 3, "{name}: {seen}");
+        assert_eq!(seen["decision"]["allowed"], true, "{name}: {seen}");
+        assert_eq!(seen["decision"]["remaining"], 0, "{name}: {seen}");
+
+        let out = redguard(
+            on(&server),
+            &["--json", "refund", "-s", SCOPE, &key, "--units", "2"],
+        )
+        .await;
+        assert_eq!(json(&out)["count"], 2, "{name}");
+        let seen = inspect_json(&server, "rate", &key, &[]).await;
+        assert_eq!(seen["rate"]["used"], 1, "{name}: {seen}");
+        for _ in 0..3 {
+            limiter().check().await.unwrap();
+        }
+        assert!(!limiter().check().await.unwrap().allowed, "{name}");
+        let seen = inspect_json(&server, "rate", &key, &[]).await;
+        assert!(
+            seen["rate"]["penalty_left_ms"].as_u64().unwrap() > 50_000,
+            "{name}: {seen}"
+        );
+        let text = ok(&redguard(on(&server), &["inspect", "rate", &key, "-s", SCOPE]).await);
+        assert!(text.contains("penalty left"), "{text}");
+
+        let out = redguard(on(&server), &["reset", "-s", SCOPE, &key]).await;
+        assert!(ok(&out).contains("2 key(s) deleted"), "{name}");
+        assert!(limiter().check().await.unwrap().allowed, "{name}: reset");
+    }
+    server.assert_every_key_has_ttl();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unlock_frees_and_fences() {
+    let server = RedisServer::start();
+    let rg = redguard_tests::connect(&server).await;
+    let stuck = rg.lock("stock:SK-1").scope(SCOPE).acquire().await.unwrap();
+    let out = redguard(
+        on(&server),
+        &["--json", "unlock", "-s", SCOPE, "stock:SK-1"],
+    )
+    .await;
+    let done = json(&out);
+    assert_eq!(done["removed"], 1);
+    assert_eq!(done["before"][0]["fence"], stuck.fence());
+    let fence = done["fence"].as_u64().unwrap();
+    assert!(fence > stuck.fence());
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        log.contains("WARN") && log.contains("released by force"),
+        "{log}"
+    );
+    let next = rg.lock("stock:SK-1").scope(SCOPE).acquire().await.unwrap();
+    assert!(next.fence() > fence);
+    let again = ok(&redguard(
+        on(&server),
+        &["unlock", "-s", SCOPE, "stock:SK-1", "--owner", "x"],
+    )
+    .await);
+    assert!(again.contains("nothing held"), "{again}");
+    next.release().await.unwrap();
+    drop(stuck);
+    server.assert_every_key_has_ttl();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_outside_the_prefix_are_refused() {
+    let server = RedisServer::start();
+    let mut conn = server.connection();
+    let _: () = redis::cmd("SET")
+        .arg("sessions:42")
+        .arg("x")
+        .arg("EX")
+        .arg(60)
+        .query(&mut conn)
+        .unwrap();
+    for args in [
+        &["inspect", "raw", "sessions:42"][..],
+        &["unlock", "--raw", "sessions:42"],
+        &["forget", "--raw", "other:idem:{a:b}"],
+        &["reset", "--raw", "redguard:rate:{a:b}:weird"],
+        &["refund", "--raw", "redguard:lock:{a:b}", "--units", "1"],
+        &["inspect", "lock", "stock:{SK-1}", "-s", SCOPE],
+    ] {
+        let out = redguard(on(&server), args).await;
+        assert!(!out.status.success(), "{args:?} succeeded");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.starts_with("redguard: "), "{args:?}: {err}");
+    }
+    // Untouched.
+    let value: String = redis::cmd("GET")
+        .arg("sessions:42")
+        .query(&mut conn)
+        .unwrap();
+    assert_eq!(value, "x");
+    // Another prefix is another application's keys.
+    let mut env = on(&server);
+    env.push(("REDGUARD_PREFIX", "shop".to_owned()));
+    let out = redguard(env, &["inspect", "raw", "redguard:lock:{a:b}"]).await;
+    assert!(!out.status.success());
+    // No Redis configured: said so.
+    let out = redguard(Vec::new(), &["scan"]).await;
+    assert!(String::from_utf8_lossy(&out.stderr).contains("REDGUARD_REDIS_URL"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scan_and_stats_on_a_cluster() {
+    let cluster = RedisCluster::start();
+    let rg = cluster.connect().await;
+    let mut held = Vec::new();
+    for i in 0..20 {
+        held.push(
+            rg.lock(format!("stock:SK-{i}").as_str())
+                .scope(SCOPE)
+                .acquire()
+                .await
+                .unwrap(),
+        );
+    }
+    // The keys are spread over every master.
+    let masters: std::collections::HashSet<usize> = cluster
+        .keys()
+        .iter()
+        .map(|key| cluster.master_of(key))
+        .collect();
+    assert!(masters.len() >= 2, "{masters:?}");
+    let env = vec![("REDGUARD_REDIS_CLUSTER_URLS", cluster.urls().join(","))];
+    let report = json(&redguard(env.clone(), &["--json", "scan", "lock", "-s", SCOPE]).await);
+    let groups = report["groups"].as_array().unwrap();
+    let exclusive = groups.iter().find(|g| g["role"] == "exclusive").unwrap();
+    assert_eq!(exclusive["count"], 20, "{report}");
+    assert!(
+        exclusive["oldest_key"]
+            .as_str()
+            .unwrap()
+            .starts_with("redguard:lock:{")
+    );
+    assert_eq!(report["truncated"], false);
+    let bounded = json(&redguard(env.clone(), &["--json", "scan", "--limit", "5"]).await);
+    assert_eq!(bounded["keys"], 5);
+    assert_eq!(bounded["truncated"], true);
+    let text = ok(&redguard(env.clone(), &["scan", "lock", "-s", SCOPE]).await);
+    assert!(text.contains("40 key(s) matching"), "{text}");
+
+    // stats: the store's numbers and a service's metrics.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/metrics", listener.local_addr().unwrap());
+    let serve = tokio::spawn(async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (mut socket, _) = listener.accept().await.unwrap();
+        let mut request = [0u8; 1024];
+        let _ = socket.read(&mut request).await.unwrap();
+        let body = "# TYPE redguard_lock_acquired_total counter\n\
+                    redguard_lock_acquired_total{scope=\"shop\"} 20\nprocess_cpu 1\n";
+        let response = format!(
+            "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        socket.write_all(response.as_bytes()).await.unwrap();
+    });
+    let stats = json(&redguard(env, &["--json", "stats", "--metrics-url", &url]).await);
+    serve.await.unwrap();
+    assert_eq!(stats["store"]["keys"], 40, "{stats}");
+    assert_eq!(stats["metrics"][0]["name"], "redguard_lock_acquired_total");
+    assert_eq!(stats["metrics"].as_array().unwrap().len(), 1);
+    let admin = Admin::new(rg.clone());
+    assert_eq!(
+        admin
+            .scan(&redguard::admin::ScanSelect::guard(GuardKind::Lock))
+            .await
+            .unwrap()
+            .keys,
+        40
+    );
+    for guard in held {
+        guard.release().await.unwrap();
+    }
+    cluster.assert_every_key_has_ttl();
+}

@@ -1,0 +1,45 @@
+//! The connection settings every redguard program reads from its environment: the library's
+//! [`Redguard::from_env`](crate::Redguard::from_env) and the `redguard` command-line tool.
+//!
+//! | variable | meaning |
+//! |---|---|
+//! | `REDGUARD_REDIS_CLUSTER_URLS` | comma-separated Cluster node URLs (takes precedence) |
+//! | `REDGUARD_REDIS_URL`, else `REDIS_URL` | one Redis: `redis://[user:password@]host[:port][/db]`, `rediss://` for TLS |
+//! | `REDGUARD_TLS_CA` | path of PEM root certificate(s) to trust for `rediss://` |
+//! | `REDGUARD_PREFIX` | the key prefix (default `redguard`) |
+
+use crate::error::{Error, Result};
+use crate::handle::{Builder, Redguard};
+
+fn var(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
+}
+
+/// A builder for the store the environment names; `None` when it names no Redis.
+pub(crate) fn builder() -> Result<Option<Builder>> {
+    let builder = if let Some(urls) = var("REDGUARD_REDIS_CLUSTER_URLS") {
+        Redguard::redis_cluster(urls.split(',').map(str::trim).filter(|u| !u.is_empty()))
+    } else if let Some(url) = var("REDGUARD_REDIS_URL").or_else(|| var("REDIS_URL")) {
+        Redguard::redis(url)
+    } else {
+        return Ok(None);
+    };
+    let builder = match var("REDGUARD_TLS_CA") {
+        Some(path) => {
+            let pem = std::fs::read(&path).map_err(|err| {
+                Error::Config(format!("REDGUARD_TLS_CA: cannot read {path}: {err}"))
+            })?;
+            builder.tls_root_ca(pem)
+        }
+        None => builder,
+    };
+    Ok(Some(match var("REDGUARD_PREFIX") {
+        Some(prefix) => builder.prefix(prefix),
+        None => builder,
+    }))
+}
+
+/// The prefix the environment names, for the in-memory store.
+pub(crate) fn prefix() -> Option<String> {
+    var("REDGUARD_PREFIX")
+}
