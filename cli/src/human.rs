@@ -194,7 +194,7 @@ pub(crate) fn scan(report: &ScanReport) -> String {
     );
     let _ = writeln!(
         out,
-        "  {:<6}{:<16}{:>7}  {:<12}{:<20}",
+        "  {:<6}{:<16}{:>7}  {:<12}{}",
         "guard", "role", "count", "oldest", "ttl min..max"
     );
     for g in &report.groups {
@@ -205,7 +205,7 @@ pub(crate) fn scan(report: &ScanReport) -> String {
         let oldest = g.oldest_ms.map_or("-".to_owned(), duration);
         let _ = writeln!(
             out,
-            "  {:<6}{:<16}{:>7}  {:<12}{:<20}",
+            "  {:<6}{:<16}{:>7}  {:<12}{}",
             g.guard, g.role, g.count, oldest, ttl
         );
         if let Some(key) = &g.oldest_key {
