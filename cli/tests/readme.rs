@@ -89,9 +89,15 @@ async fn on_call_session_runs_as_shown() {
         .unwrap();
         let actual = String::from_utf8(output.stdout).unwrap();
         printed.push_str(&format!("$ {command}\n{actual}"));
-        assert!(output.status.success(), "{command}: {}", String::from_utf8_lossy(&output.stderr));
+        assert!(
+            output.status.success(),
+            "{command}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
         if shape(&actual) != shape(&expected) {
-            differ.push(format!("`{command}` printed:\n{actual}README shows:\n{expected}"));
+            differ.push(format!(
+                "`{command}` printed:\n{actual}README shows:\n{expected}"
+            ));
         }
     }
     assert!(

@@ -414,6 +414,7 @@ impl Builder {
         }
         let settings = self.settings;
         check_name("prefix", &settings.prefix, 64)?;
+        crate::telemetry::describe_metrics();
         if settings.timeout.is_zero() || settings.connect_timeout.is_zero() {
             return Err(Error::Config(
                 "timeouts must be greater than zero".to_owned(),

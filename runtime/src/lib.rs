@@ -42,6 +42,7 @@ mod scope;
 mod spec;
 mod state;
 pub mod store;
+mod telemetry;
 pub mod tokens;
 
 #[doc(hidden)]
@@ -62,6 +63,7 @@ pub use crate::lock::{
 };
 pub use crate::rate::{Limiter, RateLimits, limiter};
 pub use crate::spec::{Algorithm, Decision, IntoRate, Limit, LockKind, Rate};
+pub use crate::telemetry::{METRICS, Metric, MetricKind, describe_metrics};
 pub use crate::tokens::{Tokens, tokens};
 
 #[doc(inline)]

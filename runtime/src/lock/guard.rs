@@ -192,6 +192,7 @@ impl LockGuard {
         // The watchdog must not renew what we are giving back.
         held.watchdog.take();
         held.released = true;
+        held.record_hold();
         let keep = held.keep();
         let store = held.handle.store().clone();
         let outcome = ops::release(
@@ -271,6 +272,11 @@ impl Held {
             .saturating_sub(self.acquired_at.elapsed())
     }
 
+    fn record_hold(&self) {
+        metrics::histogram!("redguard_lock_held_seconds", "scope" => self.spec.scope.clone())
+            .record(self.acquired_at.elapsed().as_secs_f64());
+    }
+
     fn not_owner(&self, key: &Key) {
         metrics::counter!(
             "redguard_lock_release_not_owner_total",
@@ -291,6 +297,9 @@ impl Drop for LockGuard {
             return;
         };
         held.watchdog.take();
+        if !held.released {
+            held.record_hold();
+        }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             tracing::debug!(key = %self.key, "lock dropped outside a Tokio runtime; its lease will free it");
             return;

@@ -116,6 +116,17 @@ async fn renew_until_lost(handle: &Redguard, key: &Key, owner: &str, spec: &Spec
             return;
         }
         let renewed = ops::renew(spec.kind, handle.store().as_ref(), key, owner, spec.lease).await;
+        let outcome = match &renewed {
+            Ok(true) => "renewed",
+            Ok(false) => "lost",
+            Err(_) => "error",
+        };
+        metrics::counter!(
+            "redguard_lock_renewals_total",
+            "scope" => spec.scope.clone(),
+            "outcome" => outcome,
+        )
+        .increment(1);
         match renewed {
             Ok(true) => {
                 valid_until = sent_at + spec.lease;

@@ -111,7 +111,7 @@ pub(super) async fn decide(
     };
     if mode == RateMode::Consume {
         let allowed = outcome.allowed();
-        for (r, decision) in limits.iter().zip(&outcome.decisions) {
+        for (i, (r, decision)) in limits.iter().zip(&outcome.decisions).enumerate() {
             let (key, scope) = (&r.key, r.scope);
             if r.local {
                 if decision.allowed {
@@ -129,6 +129,7 @@ pub(super) async fn decide(
             metrics::counter!(
                 "redguard_rate_decisions_total",
                 "scope" => scope.to_string(),
+                "limit" => crate::telemetry::limit_label(i),
                 "outcome" => result,
             )
             .increment(1);
@@ -164,10 +165,12 @@ fn local_rejection(handle: &Redguard, limits: &[Resolved<'_>]) -> Option<Vec<Dec
         limits
             .iter()
             .zip(known)
-            .map(|(r, known)| {
+            .enumerate()
+            .map(|(i, (r, known))| {
                 metrics::counter!(
                     "redguard_rate_decisions_total",
                     "scope" => r.scope.to_string(),
+                    "limit" => crate::telemetry::limit_label(i),
                     "outcome" => if known.is_some() { "rejected_local" } else { "not_charged" },
                 )
                 .increment(1);

@@ -22,6 +22,7 @@ mod lock_processes;
 mod lock_safety;
 mod lock_slow_network;
 mod memory_store;
+mod metrics;
 mod models;
 mod pinned_clock;
 mod rate_accuracy;
