@@ -44,6 +44,7 @@ mod state;
 pub mod store;
 mod telemetry;
 pub mod tokens;
+mod trace;
 
 #[doc(hidden)]
 pub mod __private;

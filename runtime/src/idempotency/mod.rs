@@ -18,6 +18,7 @@ use serde::de::DeserializeOwned;
 use sha2::{Digest, Sha256};
 // Tokio's, so a test on paused Tokio time sees renewals at expire/3 of its clock.
 use tokio::time::Instant;
+use tracing::Instrument;
 
 use crate::degrade::Degrade;
 use crate::error::{Error, Result};
@@ -167,10 +168,15 @@ impl Idempotency {
         E: From<Error> + Classify,
     {
         let handle = Redguard::current()?;
-        match self.begin(&handle).await? {
-            Begun::Replayed(value) => Ok(value),
-            Begun::Run(execution) => execution.run(body).await,
+        let span = crate::trace::idempotent(&self.scope, handle.store().kind());
+        async move {
+            match self.begin(&handle).await? {
+                Begun::Replayed(value) => Ok(value),
+                Begun::Run(execution) => execution.run(body).await,
+            }
         }
+        .instrument(span)
+        .await
     }
 
     /// Checks the settings, renders the keys, and begins: records PROCESSING (or finds the
@@ -313,12 +319,13 @@ impl Detached {
         E: From<Error> + Classify + Send + 'static,
     {
         let handle = Redguard::current()?;
-        let execution = match self.guard.begin(&handle).await? {
+        let span = crate::trace::idempotent(&self.guard.scope, handle.store().kind());
+        let execution = match self.guard.begin(&handle).instrument(span.clone()).await? {
             Begun::Replayed(value) => return Ok(value),
             Begun::Run(execution) => execution,
         };
         // Scoped, so guards inside the body find the caller's handle.
-        let task = tokio::spawn(handle.scope(execution.run(body)));
+        let task = tokio::spawn(handle.scope(execution.run(body)).instrument(span));
         match task.await {
             Ok(result) => result,
             Err(err) if err.is_panic() => std::panic::resume_unwind(err.into_panic()),
@@ -511,7 +518,17 @@ impl Execution {
             outcome: finish,
             ttl: self.expire,
         };
-        match self.handle.store().idem_finish(finish).await {
+        let result = self.handle.store().idem_finish(finish).await;
+        crate::trace::record(
+            "recorded",
+            match (&result, &outcome) {
+                (Ok(IdemFinished::Recorded), Outcome::Success(_)) => "success",
+                (Ok(IdemFinished::Recorded), Outcome::Fail) => "fail",
+                (Ok(IdemFinished::NotOwner), _) => "not_owner",
+                (Err(_), _) => "unrecorded",
+            },
+        );
+        match result {
             Ok(IdemFinished::Recorded) => {}
             Ok(IdemFinished::NotOwner) => {
                 metrics::counter!("redguard_idempotency_lost_total", "scope" => self.scope.clone())
@@ -546,6 +563,7 @@ fn replayable<T: Serialize + DeserializeOwned>(value: &T) -> std::result::Result
 }
 
 fn record_outcome(scope: &str, outcome: &'static str) {
+    crate::trace::record("outcome", outcome);
     metrics::counter!("redguard_idempotency_total", "scope" => scope.to_owned(), "outcome" => outcome)
         .increment(1);
 }

@@ -3,6 +3,8 @@
 
 use std::time::{Duration, Instant};
 
+use tracing::Instrument;
+
 use super::context::{new_owner, owner_for};
 use super::guard::LockGuard;
 use super::ops;
@@ -70,6 +72,21 @@ impl Drop for FairPlace {
 }
 
 pub(super) async fn acquire(handle: Redguard, key: Key, spec: Spec) -> Result<LockGuard> {
+    let span = crate::trace::lock(&spec.scope, spec.kind, handle.store().kind());
+    let started = Instant::now();
+    let result = acquire_traced(handle, key, spec)
+        .instrument(span.clone())
+        .await;
+    let done = match &result {
+        Ok(guard) if guard.is_degraded() => Ok(None),
+        Ok(guard) => Ok(Some(guard.fence())),
+        Err(err) => Err(err),
+    };
+    crate::trace::lock_done(&span, started.elapsed(), done);
+    result
+}
+
+async fn acquire_traced(handle: Redguard, key: Key, spec: Spec) -> Result<LockGuard> {
     let started = Instant::now();
     let deadline = started + spec.wait;
     let (owner, level) = if spec.kind.is_reentrant() {

@@ -3,6 +3,8 @@
 
 use std::time::Duration;
 
+use tracing::Instrument;
+
 use super::local;
 use crate::degrade::Degrade;
 use crate::error::{Error, Result};
@@ -69,6 +71,44 @@ pub(super) struct Resolved<'a> {
 
 /// Asks the store (or the local tier), applying the fail mode, and records the outcome.
 pub(super) async fn decide(
+    handle: &Redguard,
+    limits: &[Resolved<'_>],
+    mode: RateMode,
+) -> Result<Vec<Decision>> {
+    let scope = limits.first().map_or("", |r| r.scope);
+    let span = crate::trace::rate_limit(scope, limits.len(), handle.store().kind());
+    let result = decide_traced(handle, limits, mode)
+        .instrument(span.clone())
+        .await;
+    match &result {
+        Ok(decisions) => {
+            let rejected = most_restrictive(decisions);
+            span.record(
+                "decision",
+                if rejected.is_some() {
+                    "rejected"
+                } else {
+                    "allowed"
+                },
+            );
+            if let Some(remaining) = decisions.iter().map(|d| d.remaining).min() {
+                span.record("remaining", remaining);
+            }
+            if let Some(rejected) = rejected {
+                span.record(
+                    "retry_after_ms",
+                    rejected.retry_after.as_secs_f64() * 1000.0,
+                );
+            }
+        }
+        Err(err) => {
+            span.record("decision", crate::trace::error_name(err));
+        }
+    }
+    result
+}
+
+async fn decide_traced(
     handle: &Redguard,
     limits: &[Resolved<'_>],
     mode: RateMode,

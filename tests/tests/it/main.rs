@@ -35,4 +35,5 @@ mod rate_throughput;
 mod redis_store;
 mod scopes;
 mod security;
+mod spans;
 mod stacking;

@@ -277,6 +277,7 @@ pub(crate) async fn bounded<T>(
     after: Duration,
     call: impl Future<Output = Result<T, RedisError>>,
 ) -> Result<T> {
+    let call = tracing::Instrument::instrument(call, crate::trace::store_call(op));
     match tokio::time::timeout(after, call).await {
         Ok(Ok(value)) => Ok(value),
         Ok(Err(source)) if source.is_timeout() => Err(BackendError::Timeout { op, after }.into()),
