@@ -233,3 +233,32 @@ async fn workload(url: String, mut server: RedisServer) {
     server.kill();
     limiter().check().await.unwrap();
 }
+
+#[test]
+fn dashboard_queries_exactly_the_exported_metrics() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/order-service/grafana/redguard.json");
+    let dashboard = std::fs::read_to_string(path).unwrap();
+    let mut queried = BTreeSet::new();
+    for line in dashboard.lines().filter(|l| l.trim_start().starts_with("\"expr\"")) {
+        for (at, _) in line.match_indices("redguard_") {
+            let name: String = line[at..]
+                .chars()
+                .take_while(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '_')
+                .collect();
+            let base = ["_bucket", "_sum", "_count"]
+                .iter()
+                .find_map(|suffix| {
+                    name.strip_suffix(suffix).filter(|base| {
+                        METRICS
+                            .iter()
+                            .any(|m| m.name == *base && m.kind == MetricKind::Histogram)
+                    })
+                })
+                .unwrap_or(&name)
+                .to_owned();
+            queried.insert(base);
+        }
+    }
+    let exported: BTreeSet<String> = METRICS.iter().map(|m| m.name.to_owned()).collect();
+    assert_eq!(queried, exported, "panels query exactly what redguard exports");
+}
