@@ -194,8 +194,8 @@ pub(crate) fn scan(report: &ScanReport) -> String {
     );
     let _ = writeln!(
         out,
-        "  {:<6}{:<16}{:>7}  {:<12}{}",
-        "guard", "role", "count", "oldest", "ttl min..max"
+        "  {:<6}{:<16}{:>7}  {:<12}ttl min..max",
+        "guard", "role", "count", "oldest"
     );
     for g in &report.groups {
         let ttl = match (g.ttl_min_ms, g.ttl_max_ms) {
