@@ -346,3 +346,94 @@ async fn scan_and_stats_on_a_cluster() {
     }
     cluster.assert_every_key_has_ttl();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_is_shown_not_fatal() {
+    let server = RedisServer::start();
+    let mut conn = server.connection();
+    let lock = format!("redguard:lock:{{{SCOPE}:stock:SK-1}}");
+    let idem = format!("redguard:idem:{{{SCOPE}:7:req-1}}");
+    let rate = format!("redguard:rate:{{{SCOPE}:login:1}}");
+    let _: () = redis::pipe()
+        .cmd("RPUSH")
+        .arg(&lock)
+        .arg("x")
+        .ignore()
+        .cmd("EXPIRE")
+        .arg(&lock)
+        .arg(60)
+        .ignore()
+        .cmd("HSET")
+        .arg(&idem)
+        .arg("status")
+        .arg("?")
+        .ignore()
+        .cmd("EXPIRE")
+        .arg(&idem)
+        .arg(60)
+        .ignore()
+        .cmd("HSET")
+        .arg(&rate)
+        .arg("a")
+        .arg("zz")
+        .ignore()
+        .query(&mut conn)
+        .unwrap();
+    for (guard, key, problem) in [
+        ("lock", "stock:SK-1", "holds a list"),
+        ("idem", "7:req-1", "is not an idempotency record"),
+        ("rate", "login:1", "has no TTL"),
+    ] {
+        let text = ok(&redguard(on(&server), &["inspect", guard, key, "-s", SCOPE]).await);
+        assert!(
+            text.contains("PROBLEM") && text.contains(problem),
+            "{guard}: {text}"
+        );
+    }
+}
+
+/// README's ACL line for services, plus what README says an operator's user needs on top.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_acl_user_is_enough() {
+    let server = RedisServer::start();
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).unwrap();
+    let service = readme
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("ACL SETUSER redguard "))
+        .expect("README's ACL line");
+    let extra = readme
+        .lines()
+        .find_map(|l| {
+            l.split_once("operator's user needs `")
+                .map(|(_, rest)| rest)
+        })
+        .and_then(|rest| rest.split('`').next())
+        .expect("README's operator grants")
+        .to_owned();
+    let mut conn = server.connection();
+    let mut cmd = redis::cmd("ACL");
+    cmd.arg("SETUSER").arg("operator");
+    for rule in service.split_whitespace().chain(extra.split_whitespace()) {
+        cmd.arg(rule);
+    }
+    let _: () = cmd.query(&mut conn).unwrap();
+    let url = format!("redis://operator:secret@127.0.0.1:{}", server.port());
+    let rg = redguard::Redguard::redis(url.clone())
+        .connect()
+        .await
+        .unwrap();
+    let held = rg.lock("stock:SK-1").scope(SCOPE).acquire().await.unwrap();
+    let env = vec![("REDGUARD_REDIS_URL", url)];
+    for args in [
+        &["scan"][..],
+        &["inspect", "lock", "stock:SK-1", "-s", SCOPE],
+        &["unlock", "stock:SK-1", "-s", SCOPE],
+        &["forget", "7:req-1", "-s", SCOPE],
+        &["reset", "login:1", "-s", SCOPE],
+        &["refund", "login:1", "-s", SCOPE, "--units", "1"],
+    ] {
+        ok(&redguard(env.clone(), args).await);
+    }
+    drop(held);
+}

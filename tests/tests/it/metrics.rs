@@ -236,10 +236,16 @@ async fn workload(url: String, mut server: RedisServer) {
 
 #[test]
 fn dashboard_queries_exactly_the_exported_metrics() {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/order-service/grafana/redguard.json");
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../examples/order-service/grafana/redguard.json"
+    );
     let dashboard = std::fs::read_to_string(path).unwrap();
     let mut queried = BTreeSet::new();
-    for line in dashboard.lines().filter(|l| l.trim_start().starts_with("\"expr\"")) {
+    for line in dashboard
+        .lines()
+        .filter(|l| l.trim_start().starts_with("\"expr\""))
+    {
         for (at, _) in line.match_indices("redguard_") {
             let name: String = line[at..]
                 .chars()
@@ -260,5 +266,8 @@ fn dashboard_queries_exactly_the_exported_metrics() {
         }
     }
     let exported: BTreeSet<String> = METRICS.iter().map(|m| m.name.to_owned()).collect();
-    assert_eq!(queried, exported, "panels query exactly what redguard exports");
+    assert_eq!(
+        queried, exported,
+        "panels query exactly what redguard exports"
+    );
 }
