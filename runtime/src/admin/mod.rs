@@ -174,6 +174,22 @@ impl Admin {
 
     /// [`inspect`](Admin::inspect) a rate limit, plus the decision a call of `limit` would
     /// get now (peeked: nothing is charged).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> redguard::Result<()> {
+    /// use redguard::{Algorithm, GuardKind, Limit, Rate, Redguard};
+    /// use redguard::admin::Admin;
+    ///
+    /// let rg = Redguard::memory();
+    /// redguard::limiter("login:").part("ip", "10.0.0.1").rate("5/min").on(&rg).check().await?;
+    /// let admin = Admin::new(rg);
+    /// let key = admin.key(GuardKind::RateLimit, "limiter", "login:10.0.0.1")?;
+    /// let limit = Limit::new(Algorithm::Gcra, Rate::per_minute(5), None, 1, Default::default())?;
+    /// let seen = admin.inspect_rate(&key, &limit).await?;
+    /// assert_eq!(seen.rate.unwrap().used, Some(1));
+    /// assert_eq!(seen.decision.unwrap().remaining, 3); // after a call now: 5 - 1 - 1
+    /// # Ok(()) }
+    /// ```
     pub async fn inspect_rate(&self, key: &AdminKey, limit: &Limit) -> Result<Inspection> {
         self.expect(key, GuardKind::RateLimit)?;
         let mut seen = self.inspect(key).await?;
@@ -191,6 +207,19 @@ impl Admin {
     }
 
     /// Counts the keys `select` names (see [`ScanReport`]).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> redguard::Result<()> {
+    /// use redguard::{GuardKind, Redguard};
+    /// use redguard::admin::{Admin, ScanSelect};
+    ///
+    /// let rg = Redguard::memory();
+    /// let _held = rg.lock("job:nightly").scope("jobs").acquire().await?;
+    /// let report = Admin::new(rg).scan(&ScanSelect::guard(GuardKind::Lock).scope("jobs")).await?;
+    /// let locks = report.groups.iter().find(|g| g.role == "exclusive").unwrap();
+    /// assert_eq!(locks.count, 1);
+    /// # Ok(()) }
+    /// ```
     pub async fn scan(&self, select: &ScanSelect) -> Result<ScanReport> {
         scan::scan(&self.handle, select).await
     }
@@ -258,6 +287,22 @@ impl Admin {
     /// Deletes the idempotency record at `key` (e.g. a PROCESSING left by a crash, so the
     /// retry runs); returns it as it was. A running execution that still owns it can no
     /// longer record its outcome. Logged at warn.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> redguard::Result<()> {
+    /// use redguard::{GuardKind, KeyBuilder, Redguard};
+    /// use redguard::admin::Admin;
+    ///
+    /// let rg = Redguard::memory();
+    /// let body = KeyBuilder::new().text("order:1").finish()?;
+    /// rg.scope(redguard::Idempotency::new("shop", body).run(async { Ok::<_, redguard::Error>(1) }))
+    ///     .await?;
+    /// let admin = Admin::new(rg);
+    /// let key = admin.key(GuardKind::Idempotency, "shop", "order:1")?;
+    /// assert_eq!(admin.forget(&key).await?.unwrap().status, "success");
+    /// assert!(admin.inspect(&key).await?.record.is_none());
+    /// # Ok(()) }
+    /// ```
     pub async fn forget(&self, key: &AdminKey) -> Result<Option<RecordState>> {
         self.expect(key, GuardKind::Idempotency)?;
         let before = self.inspect(key).await?.record;
@@ -278,6 +323,21 @@ impl Admin {
 
     /// Deletes the rate-limit state at `key` and its penalty: the next call starts afresh.
     /// Returns how many keys existed. Logged at warn.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> redguard::Result<()> {
+    /// use redguard::{GuardKind, Redguard};
+    /// use redguard::admin::Admin;
+    ///
+    /// let rg = Redguard::memory();
+    /// let limiter = || redguard::limiter("export").rate("1/h").on(&rg);
+    /// limiter().check().await?;
+    /// assert!(!limiter().check().await?.allowed);
+    /// let admin = Admin::new(rg.clone());
+    /// admin.reset(&admin.key(GuardKind::RateLimit, "limiter", "export")?).await?;
+    /// assert!(limiter().check().await?.allowed);
+    /// # Ok(()) }
+    /// ```
     pub async fn reset(&self, key: &AdminKey) -> Result<u64> {
         self.expect(key, GuardKind::RateLimit)?;
         let deleted = self
@@ -292,6 +352,21 @@ impl Admin {
     /// Gives back up to `units` units charged to the rate limit at `key` (a sliding log gives
     /// back whole calls, newest first); returns how many. A penalty is left as it is (see
     /// [`reset`](Admin::reset)). Logged at warn.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> redguard::Result<()> {
+    /// use redguard::{GuardKind, Redguard};
+    /// use redguard::admin::Admin;
+    ///
+    /// let rg = Redguard::memory();
+    /// let limiter = || redguard::limiter("sms").rate("2/h").on(&rg);
+    /// limiter().check().await?;
+    /// limiter().check().await?;
+    /// let admin = Admin::new(rg.clone());
+    /// assert_eq!(admin.refund(&admin.key(GuardKind::RateLimit, "limiter", "sms")?, 1).await?, 1);
+    /// assert!(limiter().check().await?.allowed); // the unit given back
+    /// # Ok(()) }
+    /// ```
     pub async fn refund(&self, key: &AdminKey, units: u64) -> Result<u64> {
         self.expect(key, GuardKind::RateLimit)?;
         let back = self.handle.store().admin_refund(&key.base, units).await?;
