@@ -169,8 +169,14 @@ impl World {
         self.sweep();
     }
 
-    /// Deletes every Redis key the virtual clock has expired.
+    /// Deletes every Redis key the virtual clock has expired, and checks the rule every key
+    /// is written under: it has a TTL, and no longer than the longest any guard setting
+    /// allows (a rate key: a 30-day period plus a 30-day block).
+    ///
+    /// # Panics
+    /// On a key without a TTL, or one that outlives every bound.
     pub fn sweep(&self) {
+        const LONGEST_MS: i64 = 61 * 86_400 * 1000;
         let now_ms = i64::try_from(self.now() / 1000).expect("ms");
         for node in &self.nodes {
             let mut conn = connection(node);
@@ -180,6 +186,15 @@ impl World {
                     .arg(&key)
                     .query(&mut conn)
                     .expect("PEXPIRETIME");
+                assert!(
+                    at != -1,
+                    "{key} has no TTL: every key redguard writes must expire"
+                );
+                assert!(
+                    at - now_ms <= LONGEST_MS,
+                    "{key} expires in {} ms, beyond every guard's bound",
+                    at - now_ms
+                );
                 let expired = match self.expiry {
                     Expiry::AtInstant => at >= 0 && at <= now_ms,
                     Expiry::AfterMillisecond => at >= 0 && at < now_ms,
