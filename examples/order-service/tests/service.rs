@@ -830,10 +830,16 @@ fn read_until_closed(stream: &mut std::net::TcpStream, within: Duration) -> (Str
 }
 
 /// Issue 19 item 9: a connection that sends half a header, or nothing, is closed after the
-/// header timeout; a body that trickles gets `408 body_timeout`.
+/// header timeout; a body that trickles gets `408 body_timeout`; connections over
+/// `MAX_CONNECTIONS` wait until the timeout frees a slot.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_and_half_sent_connections_are_closed_within_the_timeouts() {
-    let (_redis, _dir, svc) = service(&[("HEADER_TIMEOUT_MS", "500"), ("BODY_TIMEOUT_MS", "500")]).await;
+    let (_redis, _dir, svc) = service(&[
+        ("HEADER_TIMEOUT_MS", "500"),
+        ("BODY_TIMEOUT_MS", "500"),
+        ("MAX_CONNECTIONS", "4"),
+    ])
+    .await;
     let port = svc.port;
     tokio::task::spawn_blocking(move || {
         let connect = || std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
@@ -853,6 +859,20 @@ async fn idle_and_half_sent_connections_are_closed_within_the_timeouts() {
         assert!(response.starts_with("HTTP/1.1 408"), "{response}");
         assert!(response.contains("body_timeout"), "{response}");
         assert!(took < Duration::from_secs(3), "{took:?}");
+
+        // Four silent connections take every slot: the fifth is not served until they time out.
+        let _silent: Vec<_> = (0..4).map(|_| connect()).collect();
+        std::thread::sleep(Duration::from_millis(100));
+        let started = Instant::now();
+        let mut health = connect();
+        health.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+        let (response, _) = read_until_closed(&mut health, Duration::from_secs(10));
+        assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+        let waited = started.elapsed();
+        assert!(
+            (Duration::from_millis(300)..Duration::from_secs(3)).contains(&waited),
+            "served after {waited:?}"
+        );
     })
     .await
     .unwrap();
