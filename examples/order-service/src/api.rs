@@ -162,10 +162,8 @@ async fn submit_order(
         .stock(req.sku.clone())
         .await?
         .ok_or(ApiError::NotFound)?;
-    let (placed, replayed) = redguard::track_replay(orders::submit_order(
-        &app, user_id, idem_key, token, req,
-    ))
-    .await;
+    let (placed, replayed) =
+        redguard::track_replay(orders::submit_order(&app, user_id, idem_key, token, req)).await;
     let placed = placed?;
     let replayed = replayed || placed.from_database;
     let mut response = (StatusCode::CREATED, Json(placed)).into_response();

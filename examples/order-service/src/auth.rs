@@ -35,7 +35,7 @@ impl Keys {
             user: bytes(&config.auth_secret),
             admin: Sha256::digest(bytes(&config.admin_token)).into(),
             payment: bytes(&config.payment_secret),
-            trusted_proxies: config.trusted_proxies.clone(),
+            trusted_proxies: config.trusted_proxies.0.clone(),
             callback_window_s: config.callback_window_s,
         }
     }
@@ -44,7 +44,9 @@ impl Keys {
     /// `<user_id>.<expires>.<hex HMAC-SHA256(AUTH_SECRET, "<user_id>.<expires>")>`.
     pub(crate) fn user_token(&self, user_id: u64, expires: u64) -> String {
         let claims = format!("{user_id}.{expires}");
-        let tag = hex(&mac(&self.user, &[claims.as_bytes()]).finalize().into_bytes());
+        let tag = hex(&mac(&self.user, &[claims.as_bytes()])
+            .finalize()
+            .into_bytes());
         format!("{claims}.{tag}")
     }
 
@@ -91,9 +93,7 @@ fn unhex(text: &str) -> Option<Vec<u8>> {
 
 /// User ids fit SQLite's signed 64-bit integers.
 fn user_id(text: &str) -> Option<u64> {
-    text.parse()
-        .ok()
-        .filter(|id| i64::try_from(*id).is_ok())
+    text.parse().ok().filter(|id| i64::try_from(*id).is_ok())
 }
 
 fn bearer(headers: &HeaderMap) -> Option<&str> {
@@ -116,7 +116,9 @@ impl FromRequestParts<Shared> for User {
             return keys
                 .verify_user(token)
                 .map(User)
-                .ok_or(ApiError::Unauthenticated("the bearer token is invalid or expired"));
+                .ok_or(ApiError::Unauthenticated(
+                    "the bearer token is invalid or expired",
+                ));
         }
         let Some(claimed) = parts.headers.get("x-user-id") else {
             return Err(ApiError::Unauthenticated(
@@ -126,7 +128,8 @@ impl FromRequestParts<Shared> for User {
         let peer = parts
             .extensions
             .get::<ConnectInfo<SocketAddr>>()
-            .map(|ConnectInfo(peer)| peer.ip());
+            // An IPv4 client of a dual-stack listener shows as ::ffff:a.b.c.d.
+            .map(|ConnectInfo(peer)| peer.ip().to_canonical());
         if !peer.is_some_and(|peer| keys.trusted_proxies.contains(&peer)) {
             return Err(ApiError::Unauthenticated(
                 "X-User-Id is only accepted from a trusted proxy",
@@ -201,7 +204,13 @@ impl FromRequest<Shared> for Signed {
     }
 }
 
-/// What a provider (or a test) sends as `X-Signature` for `body` at `timestamp`.
+/// What a payment provider (or a test) sends as `X-Signature` for `body` at `timestamp`
+/// (Unix seconds, sent as `X-Signature-Timestamp`).
+///
+/// ```
+/// let signature = order_service::sign_callback(b"shared-payment-secret", 1_700_000_000, br#"{"amount":1}"#);
+/// assert_eq!(signature.len(), 64);
+/// ```
 pub fn sign_callback(secret: &[u8], timestamp: u64, body: &[u8]) -> String {
     let timestamp = timestamp.to_string();
     hex(&mac(secret, &[timestamp.as_bytes(), b".", body])

@@ -11,7 +11,11 @@ use redguard::Rate;
 
 /// Everything the service reads at startup. `order-service --help` lists it.
 #[derive(Debug, Clone, Parser)]
-#[command(name = "order-service", version, about = "The redguard example order service")]
+#[command(
+    name = "order-service",
+    version,
+    about = "The redguard example order service"
+)]
 pub struct Config {
     /// Address to listen on.
     #[arg(long, env = "BIND", default_value = "127.0.0.1")]
@@ -43,8 +47,8 @@ pub struct Config {
     pub payment_secret: Option<String>,
     /// Peers whose `X-User-Id` header is believed (your authenticating gateway), comma
     /// separated. Empty: only bearer tokens identify users.
-    #[arg(long, env = "TRUSTED_PROXIES", value_delimiter = ',')]
-    pub trusted_proxies: Vec<IpAddr>,
+    #[arg(long, env = "TRUSTED_PROXIES", default_value = "", value_parser = addresses)]
+    pub trusted_proxies: Addresses,
     /// Try it locally: well-known secrets and admin token, 127.0.0.1 and ::1 trusted as
     /// proxies, for any of them not set. Refused with a non-loopback `--bind`.
     #[arg(long)]
@@ -127,8 +131,9 @@ impl Config {
             fill(&mut config.auth_secret, DEV_AUTH_SECRET);
             fill(&mut config.admin_token, DEV_ADMIN_TOKEN);
             fill(&mut config.payment_secret, DEV_PAYMENT_SECRET);
-            if config.trusted_proxies.is_empty() {
-                config.trusted_proxies = vec![[127, 0, 0, 1].into(), std::net::Ipv6Addr::LOCALHOST.into()];
+            if config.trusted_proxies.0.is_empty() {
+                config.trusted_proxies.0 =
+                    vec![[127, 0, 0, 1].into(), std::net::Ipv6Addr::LOCALHOST.into()];
             }
         }
         for (value, name) in [
@@ -168,6 +173,24 @@ impl Config {
     }
 }
 
+/// IP addresses, comma separated; empty for none.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Addresses(pub Vec<IpAddr>);
+
+fn addresses(value: &str) -> Result<Addresses, String> {
+    value
+        .split(',')
+        .map(str::trim)
+        .filter(|address| !address.is_empty())
+        .map(|address| {
+            address
+                .parse()
+                .map_err(|_| format!("{address:?} is not an IP address"))
+        })
+        .collect::<Result<_, _>>()
+        .map(Addresses)
+}
+
 fn secret(value: &str) -> Result<String, String> {
     if value.len() < 16 {
         return Err("must be at least 16 bytes".to_owned());
@@ -176,7 +199,9 @@ fn secret(value: &str) -> Result<String, String> {
 }
 
 fn rate(value: &str) -> Result<Rate, String> {
-    value.parse().map_err(|err: redguard::Error| err.to_string())
+    value
+        .parse()
+        .map_err(|err: redguard::Error| err.to_string())
 }
 
 /// A database file no earlier run used: the process id and the start time name it.
@@ -207,12 +232,29 @@ mod tests {
 
     #[test]
     fn flags_override_defaults_and_bad_values_are_refused() {
-        let config = load(&["--dev", "--port", "9001", "--user-burst=3", "--instance-id", "a"]).unwrap();
+        let config = load(&[
+            "--dev",
+            "--port",
+            "9001",
+            "--user-burst=3",
+            "--instance-id",
+            "a",
+        ])
+        .unwrap();
         assert_eq!(config.port, 9001);
         assert_eq!(config.user_burst, 3);
         assert_eq!(config.instance(), "a");
         assert_eq!(config.job_tick_ms, 1000);
         assert_eq!(config.admin_token.as_deref(), Some(DEV_ADMIN_TOKEN));
+        assert_eq!(config.trusted_proxies.0.len(), 2);
+        let config = load(&["--dev", "--trusted-proxies", "10.0.0.1, ::1"]).unwrap();
+        assert_eq!(
+            config.trusted_proxies.0,
+            [
+                "10.0.0.1".parse::<IpAddr>().unwrap(),
+                "::1".parse().unwrap()
+            ]
+        );
         for bad in [
             &["--dev", "--port"][..],
             &["--dev", "--port", "x"],
@@ -220,6 +262,7 @@ mod tests {
             &["--dev", "--bind", "0.0.0.0"],
             &["--dev", "--auth-secret", "short"],
             &["--dev", "--unknown-flag", "1"],
+            &["--dev", "--trusted-proxies", "10.0.0.1,gateway"],
             &["--port", "9001"],
         ] {
             let err = load(bad).expect_err(&format!("{bad:?} accepted"));

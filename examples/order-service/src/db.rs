@@ -263,7 +263,8 @@ impl Db {
                 )
                 .optional()?;
             if let Some((recorded_order, recorded_amount, status)) = recorded {
-                let same = recorded_order == order_id && u64::try_from(recorded_amount) == Ok(amount);
+                let same =
+                    recorded_order == order_id && u64::try_from(recorded_amount) == Ok(amount);
                 return Ok(match (same, status.as_str()) {
                     (false, _) => Payment::Conflict,
                     (true, "applied") => Payment::Applied,
@@ -297,10 +298,17 @@ impl Db {
                 ],
             )?;
             if applies {
-                tx.execute("UPDATE orders SET status = 'paid' WHERE order_id = ?1", [order_id])?;
+                tx.execute(
+                    "UPDATE orders SET status = 'paid' WHERE order_id = ?1",
+                    [order_id],
+                )?;
             }
             tx.commit()?;
-            Ok(if applies { Payment::Applied } else { Payment::RefundDue })
+            Ok(if applies {
+                Payment::Applied
+            } else {
+                Payment::RefundDue
+            })
         })
         .await
     }

@@ -83,7 +83,11 @@ impl IntoResponse for ApiError {
                 "forbidden",
                 "this credential does not allow it".into(),
             ),
-            ApiError::NotFound => (StatusCode::NOT_FOUND, "not_found", "no such resource".into()),
+            ApiError::NotFound => (
+                StatusCode::NOT_FOUND,
+                "not_found",
+                "no such resource".into(),
+            ),
             ApiError::MethodNotAllowed => (
                 StatusCode::METHOD_NOT_ALLOWED,
                 "method_not_allowed",
@@ -190,7 +194,11 @@ impl IntoResponse for ApiError {
 /// or floods its body is cut off.
 pub(crate) async fn read_body(body: Body, app: &Shared) -> Result<Bytes, ApiError> {
     let timeout = Duration::from_millis(app.config.body_timeout_ms);
-    match tokio::time::timeout(timeout, axum::body::to_bytes(body, app.config.max_body_bytes)).await
+    match tokio::time::timeout(
+        timeout,
+        axum::body::to_bytes(body, app.config.max_body_bytes),
+    )
+    .await
     {
         Ok(Ok(bytes)) => Ok(bytes),
         Ok(Err(_)) => Err(ApiError::Body(

@@ -178,7 +178,11 @@ pub(crate) async fn payment_callback(
             order_id: callback.order_id,
             status: "paid".to_owned(),
         }),
-        Payment::RefundDue => Err(ApiError::Payment(StatusCode::CONFLICT, "order_closed", refund)),
+        Payment::RefundDue => Err(ApiError::Payment(
+            StatusCode::CONFLICT,
+            "order_closed",
+            refund,
+        )),
         Payment::Conflict => Err(ApiError::Payment(
             StatusCode::CONFLICT,
             "payment_conflict",

@@ -64,8 +64,14 @@ pub(crate) async fn serve(
     }
     drop(listener);
     let grace = Duration::from_millis(config.shutdown_grace_ms);
-    if tokio::time::timeout(grace, graceful.shutdown()).await.is_err() {
-        tracing::warn!(?grace, "requests still running after the grace period; stopping them");
+    if tokio::time::timeout(grace, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            ?grace,
+            "requests still running after the grace period; stopping them"
+        );
     }
 }
 

@@ -66,7 +66,10 @@ async fn start(redis: &RedisServer, db: &Path, name: &str, env: &[(&str, &str)])
     };
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let health = instance.client.get(format!("{}/healthz", instance.url)).send();
+        let health = instance
+            .client
+            .get(format!("{}/healthz", instance.url))
+            .send();
         if let Ok(response) = health.await {
             let health: Value = response.json().await.unwrap();
             assert_eq!(health["store"], "redis");
@@ -286,28 +289,51 @@ async fn every_status_of_the_contract() {
     let client = &svc.client;
 
     svc.set_stock("SK-1", 5, 1999).await;
-    let stock: Value = svc.get("/stock/SK-1", As::Anonymous).send().await.unwrap().json().await.unwrap();
-    assert_eq!(stock, json!({ "sku": "SK-1", "available": 5, "price": 1999 }));
+    let stock: Value = svc
+        .get("/stock/SK-1", As::Anonymous)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        stock,
+        json!({ "sku": "SK-1", "available": 5, "price": 1999 })
+    );
     let missing = svc.get("/stock/NOPE", As::Anonymous).send().await.unwrap();
-    assert_eq!(error_code(missing).await, (StatusCode::NOT_FOUND, "not_found".into()));
+    assert_eq!(
+        error_code(missing).await,
+        (StatusCode::NOT_FOUND, "not_found".into())
+    );
 
     // 201, then the replay with the same status and body.
-    let first = svc.order(As::Proxied(1), "k-1", json!({ "sku": "SK-1", "qty": 2 })).await;
+    let first = svc
+        .order(As::Proxied(1), "k-1", json!({ "sku": "SK-1", "qty": 2 }))
+        .await;
     assert_eq!(first.status(), 201);
     assert!(!first.headers().contains_key("idempotent-replayed"));
     let first: Value = first.json().await.unwrap();
     assert_eq!(
-        (first["user_id"].as_u64(), first["qty"].as_u64(), first["total"].as_u64()),
+        (
+            first["user_id"].as_u64(),
+            first["qty"].as_u64(),
+            first["total"].as_u64()
+        ),
         (Some(1), Some(2), Some(3998))
     );
     assert!(first["fence"].as_u64().unwrap() > 0);
-    let again = svc.order(As::Proxied(1), "k-1", json!({ "sku": "SK-1", "qty": 2 })).await;
+    let again = svc
+        .order(As::Proxied(1), "k-1", json!({ "sku": "SK-1", "qty": 2 }))
+        .await;
     assert_eq!(again.status(), 201);
     assert_eq!(again.headers()["idempotent-replayed"], "true");
     assert_eq!(again.json::<Value>().await.unwrap(), first);
 
     // 422: same key, different body.
-    let reuse = svc.order(As::Proxied(1), "k-1", json!({ "sku": "SK-1", "qty": 3 })).await;
+    let reuse = svc
+        .order(As::Proxied(1), "k-1", json!({ "sku": "SK-1", "qty": 3 }))
+        .await;
     assert_eq!(
         error_code(reuse).await,
         (StatusCode::UNPROCESSABLE_ENTITY, "key_reuse".into())
@@ -333,8 +359,13 @@ async fn every_status_of_the_contract() {
         let (status, _) = error_code(request.send().await.unwrap()).await;
         assert_eq!(status, 400, "user {user:?} key {key:?}");
     }
-    let anonymous = svc.order(As::Anonymous, "k-2", json!({ "sku": "SK-1", "qty": 1 })).await;
-    assert_eq!(error_code(anonymous).await, (StatusCode::UNAUTHORIZED, "unauthenticated".into()));
+    let anonymous = svc
+        .order(As::Anonymous, "k-2", json!({ "sku": "SK-1", "qty": 1 }))
+        .await;
+    assert_eq!(
+        error_code(anonymous).await,
+        (StatusCode::UNAUTHORIZED, "unauthenticated".into())
+    );
     // Nothing new and nothing changed; a key may only have gone (GCRA state expires as soon
     // as its bucket is full again).
     for (key, value) in snapshot(&redis) {
@@ -342,13 +373,17 @@ async fn every_status_of_the_contract() {
     }
 
     // 409 out_of_stock is a business error: after a restock the same key runs again.
-    let short = svc.order(As::Proxied(2), "k-3", json!({ "sku": "SK-1", "qty": 4 })).await;
+    let short = svc
+        .order(As::Proxied(2), "k-3", json!({ "sku": "SK-1", "qty": 4 }))
+        .await;
     assert_eq!(
         error_code(short).await,
         (StatusCode::CONFLICT, "out_of_stock".into())
     );
     svc.set_stock("SK-1", 10, 1999).await;
-    let retried = svc.order(As::Proxied(2), "k-3", json!({ "sku": "SK-1", "qty": 4 })).await;
+    let retried = svc
+        .order(As::Proxied(2), "k-3", json!({ "sku": "SK-1", "qty": 4 }))
+        .await;
     assert_eq!(retried.status(), 201);
 
     // 409 in_progress: a record left PROCESSING (an instance died mid-order).
@@ -369,7 +404,9 @@ async fn every_status_of_the_contract() {
         .arg(60)
         .query(&mut conn)
         .unwrap();
-    let busy = svc.order(As::Proxied(3), "k-4", json!({ "sku": "SK-1", "qty": 1 })).await;
+    let busy = svc
+        .order(As::Proxied(3), "k-4", json!({ "sku": "SK-1", "qty": 1 }))
+        .await;
     assert_eq!(
         error_code(busy).await,
         (StatusCode::CONFLICT, "in_progress".into())
@@ -386,7 +423,9 @@ async fn every_status_of_the_contract() {
         .acquire()
         .await
         .unwrap();
-    let waited = svc.order(As::Proxied(4), "k-5", json!({ "sku": "SK-1", "qty": 1 })).await;
+    let waited = svc
+        .order(As::Proxied(4), "k-5", json!({ "sku": "SK-1", "qty": 1 }))
+        .await;
     assert_eq!(
         waited
             .headers()
@@ -435,7 +474,11 @@ async fn every_status_of_the_contract() {
     let mut limited = None;
     for i in 0..15 {
         let response = svc
-            .order(As::Proxied(6), &format!("burst-{i}"), json!({ "sku": "SK-1", "qty": 1 }))
+            .order(
+                As::Proxied(6),
+                &format!("burst-{i}"),
+                json!({ "sku": "SK-1", "qty": 1 }),
+            )
             .await;
         if response.status() == StatusCode::TOO_MANY_REQUESTS {
             limited = Some(response);
@@ -450,15 +493,34 @@ async fn every_status_of_the_contract() {
 
     // Orders by id and by user.
     let order_id = first["order_id"].as_i64().unwrap();
-    let order: Value = svc.get(&format!("/orders/{order_id}"), As::Proxied(1)).send().await.unwrap().json().await.unwrap();
+    let order: Value = svc
+        .get(&format!("/orders/{order_id}"), As::Proxied(1))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert_eq!(order["idempotency_key"], "k-1");
-    let missing = svc.get("/orders/999999", As::Proxied(1)).send().await.unwrap();
+    let missing = svc
+        .get("/orders/999999", As::Proxied(1))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(missing.status(), 404);
-    let mine: Value = svc.get("/orders", As::Proxied(1)).send().await.unwrap().json().await.unwrap();
+    let mine: Value = svc
+        .get("/orders", As::Proxied(1))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert_eq!(mine["orders"].as_array().unwrap().len(), 1);
 
     // Payment callbacks: retried by the provider, recorded once.
-    let callback = json!({ "payment_id": "pay-1", "order_id": order_id, "amount": 3998 }).to_string();
+    let callback =
+        json!({ "payment_id": "pay-1", "order_id": order_id, "amount": 3998 }).to_string();
     let mut answers = Vec::new();
     for _ in 0..3 {
         let response = svc.callback(&callback, PAYMENT_SECRET, now_s()).await;
@@ -470,7 +532,13 @@ async fn every_status_of_the_contract() {
             .iter()
             .all(|a| *a == json!({ "order_id": order_id, "status": "paid" }))
     );
-    assert_eq!(db_count(&dir, "SELECT COUNT(*) FROM ledger WHERE payment_id = 'pay-1'"), 1);
+    assert_eq!(
+        db_count(
+            &dir,
+            "SELECT COUNT(*) FROM ledger WHERE payment_id = 'pay-1'"
+        ),
+        1
+    );
 
     let metrics = client
         .get(format!("{url}/metrics"))
@@ -509,7 +577,11 @@ fn footprint(redis: &RedisServer) -> (std::collections::BTreeSet<String>, u64) {
 fn status_of(dir: &tempfile::TempDir, order_id: i64) -> String {
     rusqlite::Connection::open(temp_db(dir))
         .unwrap()
-        .query_row("SELECT status FROM orders WHERE order_id = ?1", [order_id], |r| r.get(0))
+        .query_row(
+            "SELECT status FROM orders WHERE order_id = ?1",
+            [order_id],
+            |r| r.get(0),
+        )
         .unwrap()
 }
 
@@ -521,7 +593,13 @@ async fn reads_belong_to_their_owner_and_admin_needs_its_credential() {
     svc.set_stock("SK-1", 10, 500).await;
     let alice = svc.user_token(1).await;
     let bob = svc.user_token(2).await;
-    let placed = svc.order(As::Bearer(&alice), "a-1", json!({ "sku": "SK-1", "qty": 1 })).await;
+    let placed = svc
+        .order(
+            As::Bearer(&alice),
+            "a-1",
+            json!({ "sku": "SK-1", "qty": 1 }),
+        )
+        .await;
     assert_eq!(placed.status(), 201);
     let placed: Value = placed.json().await.unwrap();
     assert_eq!(placed["user_id"], 1);
@@ -530,7 +608,10 @@ async fn reads_belong_to_their_owner_and_admin_needs_its_credential() {
     let mine = svc.get(&path, As::Bearer(&alice)).send().await.unwrap();
     assert_eq!(mine.status(), 200);
     let theirs = svc.get(&path, As::Bearer(&bob)).send().await.unwrap();
-    assert_eq!(error_code(theirs).await, (StatusCode::NOT_FOUND, "not_found".into()));
+    assert_eq!(
+        error_code(theirs).await,
+        (StatusCode::NOT_FOUND, "not_found".into())
+    );
     let listed: Value = svc
         .get("/orders?user_id=1", As::Bearer(&bob))
         .send()
@@ -553,16 +634,32 @@ async fn reads_belong_to_their_owner_and_admin_needs_its_credential() {
             .send()
             .await
             .unwrap();
-        response.json::<Value>().await.unwrap()["token"].as_str().unwrap().to_owned()
+        response.json::<Value>().await.unwrap()["token"]
+            .as_str()
+            .unwrap()
+            .to_owned()
     };
     tokio::time::sleep(Duration::from_millis(2100)).await;
-    for who in [As::Anonymous, As::Proxied(1), As::Bearer(&tampered), As::Bearer(&expiring), As::Bearer("1.99999999999.00")] {
+    for who in [
+        As::Anonymous,
+        As::Proxied(1),
+        As::Bearer(&tampered),
+        As::Bearer(&expiring),
+        As::Bearer("1.99999999999.00"),
+    ] {
         let response = svc.get(&path, who).send().await.unwrap();
-        assert_eq!(error_code(response).await, (StatusCode::UNAUTHORIZED, "unauthenticated".into()));
+        assert_eq!(
+            error_code(response).await,
+            (StatusCode::UNAUTHORIZED, "unauthenticated".into())
+        );
     }
 
     // The admin credential: 401 missing, 403 wrong (a user's token is not one).
-    for (token, status) in [(None, 401), (Some("wrong-admin-token-000000"), 403), (Some(alice.as_str()), 403)] {
+    for (token, status) in [
+        (None, 401),
+        (Some("wrong-admin-token-000000"), 403),
+        (Some(alice.as_str()), 403),
+    ] {
         for path in ["/admin/stock", "/admin/tokens"] {
             let mut request = svc
                 .client
@@ -580,8 +677,18 @@ async fn reads_belong_to_their_owner_and_admin_needs_its_credential() {
         }
         assert_eq!(metrics.send().await.unwrap().status(), status);
     }
-    let stock: Value = svc.get("/stock/SK-1", As::Anonymous).send().await.unwrap().json().await.unwrap();
-    assert_eq!(stock["available"], 9, "a refused admin call changed the stock");
+    let stock: Value = svc
+        .get("/stock/SK-1", As::Anonymous)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        stock["available"], 9,
+        "a refused admin call changed the stock"
+    );
 }
 
 /// Issue 19 item 8: 40 orders under 40 `X-User-Id` values are one client's: refused from an
@@ -617,7 +724,10 @@ async fn per_client_limit_is_keyed_on_the_authenticated_identity() {
     }
     // Burst 10 at 5/s: the loop takes well under 4 s.
     assert!((10..=30).contains(&admitted), "{admitted} admitted");
-    assert_eq!(db_count(&dir, "SELECT COUNT(*) FROM orders WHERE user_id != 2"), 0);
+    assert_eq!(
+        db_count(&dir, "SELECT COUNT(*) FROM orders WHERE user_id != 2"),
+        0
+    );
 }
 
 /// Issue 19 item 7: 200 requests of each kind of abuse, the Redis keys and bytes before and
@@ -642,9 +752,18 @@ async fn abuse_cannot_fill_redis() {
     ];
     for (kind, expected) in kinds {
         for i in 0..200 {
-            let callback = json!({ "payment_id": format!("p-{i}"), "order_id": order_id, "amount": 1 }).to_string();
+            let callback =
+                json!({ "payment_id": format!("p-{i}"), "order_id": order_id, "amount": 1 })
+                    .to_string();
             let response = match kind {
-                "anonymous orders" => svc.order(As::Anonymous, &format!("k-{i}"), json!({ "sku": "SK-1", "qty": 1 })).await,
+                "anonymous orders" => {
+                    svc.order(
+                        As::Anonymous,
+                        &format!("k-{i}"),
+                        json!({ "sku": "SK-1", "qty": 1 }),
+                    )
+                    .await
+                }
                 "orders under X-User-Id from an untrusted peer" => svc
                     .post("/orders", As::Anonymous)
                     .header("x-user-id", (1000 + i).to_string())
@@ -653,7 +772,14 @@ async fn abuse_cannot_fill_redis() {
                     .send()
                     .await
                     .unwrap(),
-                "orders for unknown SKUs" => svc.order(As::Bearer(&user), &format!("k-{i}"), json!({ "sku": format!("NO-{i}"), "qty": 1 })).await,
+                "orders for unknown SKUs" => {
+                    svc.order(
+                        As::Bearer(&user),
+                        &format!("k-{i}"),
+                        json!({ "sku": format!("NO-{i}"), "qty": 1 }),
+                    )
+                    .await
+                }
                 "unsigned payment callbacks" => svc
                     .client
                     .post(format!("{}/payments/callback", svc.url))
@@ -662,9 +788,16 @@ async fn abuse_cannot_fill_redis() {
                     .send()
                     .await
                     .unwrap(),
-                "badly signed payment callbacks" => svc.callback(&callback, "not-the-payment-secret", now_s()).await,
-                "signed callbacks for no order" => svc.callback(&callback, PAYMENT_SECRET, now_s()).await,
-                "anonymous token requests" => svc.post("/tokens", As::Anonymous).send().await.unwrap(),
+                "badly signed payment callbacks" => {
+                    svc.callback(&callback, "not-the-payment-secret", now_s())
+                        .await
+                }
+                "signed callbacks for no order" => {
+                    svc.callback(&callback, PAYMENT_SECRET, now_s()).await
+                }
+                "anonymous token requests" => {
+                    svc.post("/tokens", As::Anonymous).send().await.unwrap()
+                }
                 _ => svc
                     .post("/orders", As::Bearer(&user))
                     .header("idempotency-key", format!("k-{i}"))
@@ -677,8 +810,16 @@ async fn abuse_cannot_fill_redis() {
             assert_eq!(response.status(), expected, "{kind}");
         }
         let (keys, bytes) = footprint(&redis);
-        println!("{kind} ×200: {} keys, {bytes} bytes (before {} keys, {start_bytes} bytes)", keys.len(), start_keys.len());
-        assert!(keys.is_subset(&start_keys), "{kind} wrote {:?}", keys.difference(&start_keys).collect::<Vec<_>>());
+        println!(
+            "{kind} ×200: {} keys, {bytes} bytes (before {} keys, {start_bytes} bytes)",
+            keys.len(),
+            start_keys.len()
+        );
+        assert!(
+            keys.is_subset(&start_keys),
+            "{kind} wrote {:?}",
+            keys.difference(&start_keys).collect::<Vec<_>>()
+        );
     }
     // An authenticated user asking for tokens as fast as it can: its burst, then 429s.
     let mut issued = 0;
@@ -713,7 +854,13 @@ async fn payment_callbacks_are_signed_and_checked() {
     let mut orders = Vec::new();
     for user in [1, 2] {
         // A: user 1, 2 × 1999 = 3998; B: user 2, 1 × 1999.
-        let placed = svc.order(As::Proxied(user), "k", json!({ "sku": "SK-1", "qty": 3 - user })).await;
+        let placed = svc
+            .order(
+                As::Proxied(user),
+                "k",
+                json!({ "sku": "SK-1", "qty": 3 - user }),
+            )
+            .await;
         let placed: Value = placed.json().await.unwrap();
         orders.push(placed["order_id"].as_i64().unwrap());
     }
@@ -731,10 +878,17 @@ async fn payment_callbacks_are_signed_and_checked() {
         .send()
         .await
         .unwrap();
-    assert_eq!(error_code(unsigned).await, (StatusCode::UNAUTHORIZED, "unauthenticated".into()));
-    let forged = svc.callback(&pay("p-0", a, "3998"), "another-secret-0123456789", now_s()).await;
+    assert_eq!(
+        error_code(unsigned).await,
+        (StatusCode::UNAUTHORIZED, "unauthenticated".into())
+    );
+    let forged = svc
+        .callback(&pay("p-0", a, "3998"), "another-secret-0123456789", now_s())
+        .await;
     assert_eq!(forged.status(), 401);
-    let stale = svc.callback(&pay("p-0", a, "3998"), PAYMENT_SECRET, now_s() - 3600).await;
+    let stale = svc
+        .callback(&pay("p-0", a, "3998"), PAYMENT_SECRET, now_s() - 3600)
+        .await;
     assert_eq!(stale.status(), 401);
 
     // The amount must be the total, read as a u64 exactly.
@@ -746,23 +900,53 @@ async fn payment_callbacks_are_signed_and_checked() {
         ("3998.0", 400, "invalid_body"),
         ("-3998", 400, "invalid_body"),
     ] {
-        let response = svc.callback(&pay(&format!("p-{amount}"), a, amount), PAYMENT_SECRET, now_s()).await;
-        assert_eq!(error_code(response).await, (StatusCode::from_u16(status).unwrap(), code.into()), "amount {amount}");
+        let response = svc
+            .callback(
+                &pay(&format!("p-{amount}"), a, amount),
+                PAYMENT_SECRET,
+                now_s(),
+            )
+            .await;
+        assert_eq!(
+            error_code(response).await,
+            (StatusCode::from_u16(status).unwrap(), code.into()),
+            "amount {amount}"
+        );
     }
     assert_eq!(status_of(&dir, a), "created");
 
-    let paid = svc.callback(&pay("pay-a", a, "3998"), PAYMENT_SECRET, now_s()).await;
+    let paid = svc
+        .callback(&pay("pay-a", a, "3998"), PAYMENT_SECRET, now_s())
+        .await;
     assert_eq!(paid.status(), 200);
     assert_eq!(status_of(&dir, a), "paid");
 
     // The guard's record expired; the same payment id now names order B: the ledger refuses.
-    for key in redis.keys().into_iter().filter(|key| key.contains("payment:pay-a")) {
-        let _: () = redis::cmd("DEL").arg(key).query(&mut redis.connection()).unwrap();
+    for key in redis
+        .keys()
+        .into_iter()
+        .filter(|key| key.contains("payment:pay-a"))
+    {
+        let _: () = redis::cmd("DEL")
+            .arg(key)
+            .query(&mut redis.connection())
+            .unwrap();
     }
-    let conflict = svc.callback(&pay("pay-a", b, "1999"), PAYMENT_SECRET, now_s()).await;
-    assert_eq!(error_code(conflict).await, (StatusCode::CONFLICT, "payment_conflict".into()));
+    let conflict = svc
+        .callback(&pay("pay-a", b, "1999"), PAYMENT_SECRET, now_s())
+        .await;
+    assert_eq!(
+        error_code(conflict).await,
+        (StatusCode::CONFLICT, "payment_conflict".into())
+    );
     assert_eq!(status_of(&dir, b), "created");
-    assert_eq!(db_count(&dir, &format!("SELECT order_id FROM ledger WHERE payment_id = 'pay-a'")), a);
+    assert_eq!(
+        db_count(
+            &dir,
+            &format!("SELECT order_id FROM ledger WHERE payment_id = 'pay-a'")
+        ),
+        a
+    );
 }
 
 /// Issue 19 item 6: a payment for an order the unpaid job closed (its stock back on sale) is
@@ -771,7 +955,12 @@ async fn payment_callbacks_are_signed_and_checked() {
 async fn a_payment_for_a_closed_order_is_refused_and_kept_for_refund() {
     let (_redis, dir, svc) = service(&[("UNPAID_TIMEOUT_MS", "300")]).await;
     svc.set_stock("SK-1", 1, 700).await;
-    let placed: Value = svc.order(As::Proxied(1), "k", json!({ "sku": "SK-1", "qty": 1 })).await.json().await.unwrap();
+    let placed: Value = svc
+        .order(As::Proxied(1), "k", json!({ "sku": "SK-1", "qty": 1 }))
+        .await
+        .json()
+        .await
+        .unwrap();
     let order = placed["order_id"].as_i64().unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
     while status_of(&dir, order) != "closed" {
@@ -781,10 +970,19 @@ async fn a_payment_for_a_closed_order_is_refused_and_kept_for_refund() {
     let body = format!(r#"{{"payment_id":"late","order_id":{order},"amount":700}}"#);
     for _ in 0..2 {
         let late = svc.callback(&body, PAYMENT_SECRET, now_s()).await;
-        assert_eq!(error_code(late).await, (StatusCode::CONFLICT, "order_closed".into()));
+        assert_eq!(
+            error_code(late).await,
+            (StatusCode::CONFLICT, "order_closed".into())
+        );
     }
     assert_eq!(status_of(&dir, order), "closed");
-    assert_eq!(db_count(&dir, "SELECT COUNT(*) FROM ledger WHERE payment_id = 'late' AND status = 'refund_due'"), 1);
+    assert_eq!(
+        db_count(
+            &dir,
+            "SELECT COUNT(*) FROM ledger WHERE payment_id = 'late' AND status = 'refund_due'"
+        ),
+        1
+    );
 }
 
 /// Issue 19 item 4: after the idempotency record expired, the database's unique key answers:
@@ -794,24 +992,48 @@ async fn the_database_backstop_answers_truthfully_after_the_record_expired() {
     let (redis, dir, svc) = service(&[]).await;
     svc.set_stock("SK-1", 10, 100).await;
     svc.set_stock("SK-2", 10, 100).await;
-    let first = svc.order(As::Proxied(1), "k-1", json!({ "sku": "SK-1", "qty": 1 })).await;
+    let first = svc
+        .order(As::Proxied(1), "k-1", json!({ "sku": "SK-1", "qty": 1 }))
+        .await;
     assert_eq!(first.status(), 201);
     let first: Value = first.json().await.unwrap();
     let expire = || {
-        for key in redis.keys().into_iter().filter(|key| key.contains("order-submit:1:k-1")) {
-            let _: () = redis::cmd("DEL").arg(key).query(&mut redis.connection()).unwrap();
+        for key in redis
+            .keys()
+            .into_iter()
+            .filter(|key| key.contains("order-submit:1:k-1"))
+        {
+            let _: () = redis::cmd("DEL")
+                .arg(key)
+                .query(&mut redis.connection())
+                .unwrap();
         }
     };
     expire();
-    let other = svc.order(As::Proxied(1), "k-1", json!({ "sku": "SK-2", "qty": 7 })).await;
-    assert_eq!(error_code(other).await, (StatusCode::UNPROCESSABLE_ENTITY, "key_reuse".into()));
+    let other = svc
+        .order(As::Proxied(1), "k-1", json!({ "sku": "SK-2", "qty": 7 }))
+        .await;
+    assert_eq!(
+        error_code(other).await,
+        (StatusCode::UNPROCESSABLE_ENTITY, "key_reuse".into())
+    );
     expire();
-    let same = svc.order(As::Proxied(1), "k-1", json!({ "sku": "SK-1", "qty": 1 })).await;
+    let same = svc
+        .order(As::Proxied(1), "k-1", json!({ "sku": "SK-1", "qty": 1 }))
+        .await;
     assert_eq!(same.status(), 201);
-    assert_eq!(same.headers().get("idempotent-replayed").map(|v| v.to_str().unwrap()), Some("true"));
+    assert_eq!(
+        same.headers()
+            .get("idempotent-replayed")
+            .map(|v| v.to_str().unwrap()),
+        Some("true")
+    );
     assert_eq!(same.json::<Value>().await.unwrap(), first);
     assert_eq!(db_count(&dir, "SELECT COUNT(*) FROM orders"), 1);
-    assert_eq!(db_count(&dir, "SELECT available FROM stock WHERE sku = 'SK-2'"), 10);
+    assert_eq!(
+        db_count(&dir, "SELECT available FROM stock WHERE sku = 'SK-2'"),
+        10
+    );
 }
 
 /// Reads what the server sends until it closes the connection (or `within` passes).
@@ -826,7 +1048,10 @@ fn read_until_closed(stream: &mut std::net::TcpStream, within: Duration) -> (Str
             Ok(n) => got.extend_from_slice(&buf[..n]),
         }
     }
-    (String::from_utf8_lossy(&got).into_owned(), started.elapsed())
+    (
+        String::from_utf8_lossy(&got).into_owned(),
+        started.elapsed(),
+    )
 }
 
 /// Issue 19 item 9: a connection that sends half a header, or nothing, is closed after the
@@ -892,7 +1117,10 @@ async fn sigterm_finishes_the_request_in_flight_and_releases_locks() {
         .unwrap();
     stream.write_all(&body[..5]).unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let term = Command::new("kill").args(["-TERM", &pid.to_string()]).status().unwrap();
+    let term = Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .unwrap();
     assert!(term.success());
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(
@@ -907,12 +1135,19 @@ async fn sigterm_finishes_the_request_in_flight_and_releases_locks() {
         if let Some(status) = svc.child.try_wait().unwrap() {
             break status;
         }
-        assert!(Instant::now() < deadline, "the service did not exit after SIGTERM");
+        assert!(
+            Instant::now() < deadline,
+            "the service did not exit after SIGTERM"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     assert!(status.success(), "{status}");
     assert_eq!(db_count(&dir, "SELECT COUNT(*) FROM orders"), 1);
-    let held: Vec<String> = redis.keys().into_iter().filter(|key| key.contains(":lock:") && key.ends_with('}')).collect();
+    let held: Vec<String> = redis
+        .keys()
+        .into_iter()
+        .filter(|key| key.contains(":lock:") && key.ends_with('}'))
+        .collect();
     assert!(held.is_empty(), "locks left held: {held:?}");
 }
 
@@ -922,7 +1157,11 @@ async fn sigterm_finishes_the_request_in_flight_and_releases_locks() {
 fn startup_refuses_bad_settings_with_status_2() {
     let run = |args: &[&str], env: &[(&str, &str)]| {
         let mut command = Command::new(env!("CARGO_BIN_EXE_order-service"));
-        command.args(args).env_remove("AUTH_SECRET").env_remove("ADMIN_TOKEN").env_remove("PAYMENT_SECRET");
+        command
+            .args(args)
+            .env_remove("AUTH_SECRET")
+            .env_remove("ADMIN_TOKEN")
+            .env_remove("PAYMENT_SECRET");
         for (key, value) in env {
             command.env(key, value);
         }
@@ -931,11 +1170,21 @@ fn startup_refuses_bad_settings_with_status_2() {
     let help = run(&["--help"], &[]);
     assert!(help.status.success());
     let text = String::from_utf8_lossy(&help.stdout);
-    for setting in ["USER_RATE", "TRUSTED_PROXIES", "ADMIN_TOKEN", "HEADER_TIMEOUT_MS", "MAX_CONNECTIONS"] {
+    for setting in [
+        "USER_RATE",
+        "TRUSTED_PROXIES",
+        "ADMIN_TOKEN",
+        "HEADER_TIMEOUT_MS",
+        "MAX_CONNECTIONS",
+    ] {
         assert!(text.contains(setting), "--help does not mention {setting}");
     }
     for (args, env, says) in [
-        (&["--dev"][..], &[("USER_RATE", "5/fortnight")][..], "5/fortnight"),
+        (
+            &["--dev"][..],
+            &[("USER_RATE", "5/fortnight")][..],
+            "5/fortnight",
+        ),
         (&["--dev", "--port", "http"], &[], "http"),
         (&["--dev", "--no-such-flag"], &[], "no-such-flag"),
         (&[], &[], "AUTH_SECRET"),
@@ -962,19 +1211,78 @@ async fn every_error_is_json_with_a_stable_code() {
     };
     let json = "application/json";
     let cases = [
-        (order("{\"sku\":", json).await.unwrap(), 400, "malformed_json"),
-        (order("{\"sku\":\"SK-1\",\"qty\":1}", "text/plain").await.unwrap(), 415, "unsupported_media_type"),
-        (order("{\"sku\":\"SK-1\",\"qty\":5000000000}", json).await.unwrap(), 400, "invalid_body"),
-        (order("{\"sku\":\"SK-1\",\"qty\":\"1\"}", json).await.unwrap(), 400, "invalid_body"),
-        (order("{\"sku\":\"SK-1\",\"qty\":0}", json).await.unwrap(), 400, "bad_request"),
-        (order("{\"sku\":\"NOPE\",\"qty\":1}", json).await.unwrap(), 404, "not_found"),
-        (svc.post("/orders", As::Proxied(1)).header("idempotency-key", "k").header("content-type", json).body(vec![b' '; 20_000]).send().await.unwrap(), 413, "too_large"),
-        (svc.get("/orders/abc", As::Proxied(1)).send().await.unwrap(), 400, "bad_request"),
-        (svc.get("/nowhere", As::Anonymous).send().await.unwrap(), 404, "not_found"),
-        (svc.client.delete(format!("{}/orders", svc.url)).send().await.unwrap(), 405, "method_not_allowed"),
+        (
+            order("{\"sku\":", json).await.unwrap(),
+            400,
+            "malformed_json",
+        ),
+        (
+            order("{\"sku\":\"SK-1\",\"qty\":1}", "text/plain")
+                .await
+                .unwrap(),
+            415,
+            "unsupported_media_type",
+        ),
+        (
+            order("{\"sku\":\"SK-1\",\"qty\":5000000000}", json)
+                .await
+                .unwrap(),
+            400,
+            "invalid_body",
+        ),
+        (
+            order("{\"sku\":\"SK-1\",\"qty\":\"1\"}", json)
+                .await
+                .unwrap(),
+            400,
+            "invalid_body",
+        ),
+        (
+            order("{\"sku\":\"SK-1\",\"qty\":0}", json).await.unwrap(),
+            400,
+            "bad_request",
+        ),
+        (
+            order("{\"sku\":\"NOPE\",\"qty\":1}", json).await.unwrap(),
+            404,
+            "not_found",
+        ),
+        (
+            svc.post("/orders", As::Proxied(1))
+                .header("idempotency-key", "k")
+                .header("content-type", json)
+                .body(vec![b' '; 20_000])
+                .send()
+                .await
+                .unwrap(),
+            413,
+            "too_large",
+        ),
+        (
+            svc.get("/orders/abc", As::Proxied(1)).send().await.unwrap(),
+            400,
+            "bad_request",
+        ),
+        (
+            svc.get("/nowhere", As::Anonymous).send().await.unwrap(),
+            404,
+            "not_found",
+        ),
+        (
+            svc.client
+                .delete(format!("{}/orders", svc.url))
+                .send()
+                .await
+                .unwrap(),
+            405,
+            "method_not_allowed",
+        ),
     ];
     for (response, status, code) in cases {
-        assert_eq!(error_code(response).await, (StatusCode::from_u16(status).unwrap(), code.into()));
+        assert_eq!(
+            error_code(response).await,
+            (StatusCode::from_u16(status).unwrap(), code.into())
+        );
     }
 }
 
@@ -991,10 +1299,21 @@ async fn a_begin_cut_off_by_a_redis_stall_is_undone_and_the_retry_served() {
         redis.resume();
     };
     let (stalled, ()) = tokio::join!(stalled, resume);
-    assert_eq!(stalled.headers().get("retry-after").map(|v| v.to_str().unwrap()), Some("1"));
-    assert_eq!(error_code(stalled).await, (StatusCode::SERVICE_UNAVAILABLE, "unavailable".into()));
+    assert_eq!(
+        stalled
+            .headers()
+            .get("retry-after")
+            .map(|v| v.to_str().unwrap()),
+        Some("1")
+    );
+    assert_eq!(
+        error_code(stalled).await,
+        (StatusCode::SERVICE_UNAVAILABLE, "unavailable".into())
+    );
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let retry = svc.order(As::Proxied(1), "k", json!({ "sku": "SK-1", "qty": 1 })).await;
+    let retry = svc
+        .order(As::Proxied(1), "k", json!({ "sku": "SK-1", "qty": 1 }))
+        .await;
     assert_eq!(retry.status(), 201, "{:?}", retry.text().await);
     assert_eq!(db_count(&dir, "SELECT COUNT(*) FROM orders"), 1);
 }
@@ -1005,7 +1324,10 @@ async fn a_begin_cut_off_by_a_redis_stall_is_undone_and_the_retry_served() {
 async fn a_client_that_disconnects_mid_write_gets_its_order_on_retry() {
     let (redis, dir, svc) = service(&[]).await;
     svc.set_stock("SK-1", 10, 100).await;
-    let holder = redguard::Redguard::redis(redis.url()).connect().await.unwrap();
+    let holder = redguard::Redguard::redis(redis.url())
+        .connect()
+        .await
+        .unwrap();
     let guard = holder
         .lock("stock:SK-1")
         .scope("order_service::orders::reserve_stock")
@@ -1019,16 +1341,24 @@ async fn a_client_that_disconnects_mid_write_gets_its_order_on_retry() {
         .json(&json!({ "sku": "SK-1", "qty": 1 }))
         .send()
         .await;
-    assert!(gave_up.is_err(), "answered before the lock was free: {gave_up:?}");
+    assert!(
+        gave_up.is_err(),
+        "answered before the lock was free: {gave_up:?}"
+    );
     tokio::time::sleep(Duration::from_millis(50)).await;
     guard.release().await.unwrap();
     let deadline = Instant::now() + Duration::from_secs(5);
     let placed = loop {
-        let retry = svc.order(As::Proxied(1), "k", json!({ "sku": "SK-1", "qty": 1 })).await;
+        let retry = svc
+            .order(As::Proxied(1), "k", json!({ "sku": "SK-1", "qty": 1 }))
+            .await;
         if retry.status() == 201 {
             break retry;
         }
-        assert_eq!(error_code(retry).await, (StatusCode::CONFLICT, "in_progress".into()));
+        assert_eq!(
+            error_code(retry).await,
+            (StatusCode::CONFLICT, "in_progress".into())
+        );
         assert!(Instant::now() < deadline, "the retry never got the order");
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
@@ -1044,7 +1374,10 @@ async fn refused_requests_keep_their_token_and_a_lost_response_is_replayed() {
     svc.set_stock("SK-1", 10, 100).await;
     let token = || async {
         let response = svc.post("/tokens", As::Proxied(9)).send().await.unwrap();
-        response.json::<Value>().await.unwrap()["token"].as_str().unwrap().to_owned()
+        response.json::<Value>().await.unwrap()["token"]
+            .as_str()
+            .unwrap()
+            .to_owned()
     };
     let send = |key: &'static str, token: String| {
         svc.post("/orders", As::Proxied(9))
@@ -1057,10 +1390,19 @@ async fn refused_requests_keep_their_token_and_a_lost_response_is_replayed() {
     let second = token().await;
 
     // 429: user 9's burst of 1 is used up by the first request.
-    assert_eq!(svc.order(As::Proxied(9), "k-0", json!({ "sku": "SK-1", "qty": 1 })).await.status(), 201);
+    assert_eq!(
+        svc.order(As::Proxied(9), "k-0", json!({ "sku": "SK-1", "qty": 1 }))
+            .await
+            .status(),
+        201
+    );
     let limited = send("k-1", first.clone()).await.unwrap();
     assert_eq!(limited.status(), 429);
-    let wait: u64 = limited.headers()["retry-after"].to_str().unwrap().parse().unwrap();
+    let wait: u64 = limited.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
     tokio::time::sleep(Duration::from_secs(wait)).await;
     let placed = send("k-1", first.clone()).await.unwrap();
     assert_eq!(placed.status(), 201, "the 429 burnt the token");
@@ -1068,7 +1410,10 @@ async fn refused_requests_keep_their_token_and_a_lost_response_is_replayed() {
 
     // 503 busy: the stock lock is held past the 300 ms wait.
     tokio::time::sleep(Duration::from_millis(600)).await;
-    let holder = redguard::Redguard::redis(redis.url()).connect().await.unwrap();
+    let holder = redguard::Redguard::redis(redis.url())
+        .connect()
+        .await
+        .unwrap();
     let guard = holder
         .lock("stock:SK-1")
         .scope("order_service::orders::reserve_stock")
@@ -1076,10 +1421,17 @@ async fn refused_requests_keep_their_token_and_a_lost_response_is_replayed() {
         .await
         .unwrap();
     let busy = send("k-2", second.clone()).await.unwrap();
-    assert_eq!(error_code(busy).await, (StatusCode::SERVICE_UNAVAILABLE, "busy".into()));
+    assert_eq!(
+        error_code(busy).await,
+        (StatusCode::SERVICE_UNAVAILABLE, "busy".into())
+    );
     guard.release().await.unwrap();
     tokio::time::sleep(Duration::from_millis(600)).await;
-    assert_eq!(send("k-2", second).await.unwrap().status(), 201, "the 503 burnt the token");
+    assert_eq!(
+        send("k-2", second).await.unwrap().status(),
+        201,
+        "the 503 burnt the token"
+    );
 
     // The first submission's response was lost: its retry gets the same order.
     tokio::time::sleep(Duration::from_millis(600)).await;
