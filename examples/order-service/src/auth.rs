@@ -30,7 +30,12 @@ pub(crate) struct Keys {
 
 impl Keys {
     pub(crate) fn new(config: &crate::Config) -> Keys {
-        let bytes = |value: &Option<String>| value.clone().unwrap_or_default().into_bytes();
+        let bytes = |value: &Option<crate::config::Secret>| {
+            value
+                .as_ref()
+                .map(|secret| secret.0.clone().into_bytes())
+                .unwrap_or_default()
+        };
         Keys {
             user: bytes(&config.auth_secret),
             admin: Sha256::digest(bytes(&config.admin_token)).into(),
@@ -82,7 +87,7 @@ fn hex(bytes: &[u8]) -> String {
 }
 
 fn unhex(text: &str) -> Option<Vec<u8>> {
-    if text.len() % 2 != 0 {
+    if !text.len().is_multiple_of(2) {
         return None;
     }
     (0..text.len())

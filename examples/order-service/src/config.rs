@@ -37,14 +37,14 @@ pub struct Config {
     /// Signs users' bearer tokens (at least 16 bytes; keep it secret, share it only with
     /// instances of this service).
     #[arg(long, env = "AUTH_SECRET", hide_env_values = true, value_parser = secret)]
-    pub auth_secret: Option<String>,
+    pub auth_secret: Option<Secret>,
     /// The admin credential for `/admin/*` (`Authorization: Bearer <ADMIN_TOKEN>`, at least
     /// 16 bytes).
     #[arg(long, env = "ADMIN_TOKEN", hide_env_values = true, value_parser = secret)]
-    pub admin_token: Option<String>,
+    pub admin_token: Option<Secret>,
     /// Shared with the payment provider: signs its callbacks (at least 16 bytes).
     #[arg(long, env = "PAYMENT_SECRET", hide_env_values = true, value_parser = secret)]
-    pub payment_secret: Option<String>,
+    pub payment_secret: Option<Secret>,
     /// Peers whose `X-User-Id` header is believed (your authenticating gateway), comma
     /// separated. Empty: only bearer tokens identify users.
     #[arg(long, env = "TRUSTED_PROXIES", default_value = "", value_parser = addresses)]
@@ -125,8 +125,8 @@ impl Config {
                     config.bind
                 )));
             }
-            let fill = |value: &mut Option<String>, dev: &str| {
-                value.get_or_insert_with(|| dev.to_owned());
+            let fill = |value: &mut Option<Secret>, dev: &str| {
+                value.get_or_insert_with(|| Secret(dev.to_owned()));
             };
             fill(&mut config.auth_secret, DEV_AUTH_SECRET);
             fill(&mut config.admin_token, DEV_ADMIN_TOKEN);
@@ -191,11 +191,21 @@ fn addresses(value: &str) -> Result<Addresses, String> {
         .map(Addresses)
 }
 
-fn secret(value: &str) -> Result<String, String> {
+/// A secret setting; `Debug` does not show it, so a logged `Config` leaks nothing.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(pub String);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(..)")
+    }
+}
+
+fn secret(value: &str) -> Result<Secret, String> {
     if value.len() < 16 {
         return Err("must be at least 16 bytes".to_owned());
     }
-    Ok(value.to_owned())
+    Ok(Secret(value.to_owned()))
 }
 
 fn rate(value: &str) -> Result<Rate, String> {
@@ -245,7 +255,8 @@ mod tests {
         assert_eq!(config.user_burst, 3);
         assert_eq!(config.instance(), "a");
         assert_eq!(config.job_tick_ms, 1000);
-        assert_eq!(config.admin_token.as_deref(), Some(DEV_ADMIN_TOKEN));
+        assert_eq!(config.admin_token, Some(Secret(DEV_ADMIN_TOKEN.to_owned())));
+        assert!(!format!("{config:?}").contains(DEV_ADMIN_TOKEN));
         assert_eq!(config.trusted_proxies.0.len(), 2);
         let config = load(&["--dev", "--trusted-proxies", "10.0.0.1, ::1"]).unwrap();
         assert_eq!(

@@ -16,7 +16,7 @@ mod serve;
 use std::sync::Arc;
 
 pub use crate::auth::sign_callback;
-pub use crate::config::{Addresses, Config};
+pub use crate::config::{Addresses, Config, Secret};
 pub use crate::db::{Db, Order, Payment};
 pub use crate::orders::{App, OrderRequest, Placed};
 

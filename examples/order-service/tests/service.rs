@@ -943,7 +943,7 @@ async fn payment_callbacks_are_signed_and_checked() {
     assert_eq!(
         db_count(
             &dir,
-            &format!("SELECT order_id FROM ledger WHERE payment_id = 'pay-a'")
+            "SELECT order_id FROM ledger WHERE payment_id = 'pay-a'"
         ),
         a
     );
