@@ -698,6 +698,7 @@ async fn per_client_limit_is_keyed_on_the_authenticated_identity() {
     let (_redis, dir, svc) = service(&[("TRUSTED_PROXIES", "10.9.9.9")]).await;
     svc.set_stock("SK-1", 1000, 100).await;
     let bob = svc.user_token(2).await;
+    let started = Instant::now();
     let mut admitted = 0;
     for i in 0..40 {
         let spoofed = svc
@@ -722,8 +723,12 @@ async fn per_client_limit_is_keyed_on_the_authenticated_identity() {
             other => panic!("unexpected {other}"),
         }
     }
-    // Burst 10 at 5/s: the loop takes well under 4 s.
-    assert!((10..=30).contains(&admitted), "{admitted} admitted");
+    // Burst 10, then 5/s for as long as the loop took.
+    let refilled = (started.elapsed().as_secs_f64() * 5.0).ceil() as usize;
+    assert!(
+        (10..=10 + refilled).contains(&admitted),
+        "{admitted} admitted"
+    );
     assert_eq!(
         db_count(&dir, "SELECT COUNT(*) FROM orders WHERE user_id != 2"),
         0
@@ -822,6 +827,7 @@ async fn abuse_cannot_fill_redis() {
         );
     }
     // An authenticated user asking for tokens as fast as it can: its burst, then 429s.
+    let started = Instant::now();
     let mut issued = 0;
     for _ in 0..200 {
         let response = svc.post("/tokens", As::Bearer(&user)).send().await.unwrap();
@@ -839,7 +845,12 @@ async fn abuse_cannot_fill_redis() {
         start_memory,
         redguard_tests::faults::used_memory(&redis)
     );
-    assert!((5..=12).contains(&issued), "{issued} tokens issued");
+    // Burst 5, then 1/s for as long as the loop took.
+    let refilled = started.elapsed().as_secs() as usize + 1;
+    assert!(
+        (5..=5 + refilled).contains(&issued),
+        "{issued} tokens issued"
+    );
     assert!(keys.len() - start_keys.len() <= issued + 2);
     assert!(bytes - start_bytes < 300 * (issued as u64 + 2));
     redis.assert_every_key_has_ttl();
@@ -1286,7 +1297,7 @@ async fn every_error_is_json_with_a_stable_code() {
     }
 }
 
-/// Issue 19 item 1: Redis stalls ~1 s during `POST /orders`: the client gets `503` with
+/// Issue 19 item 1: Redis stalls 1.5 s during `POST /orders`: the client gets `503` with
 /// `Retry-After: 1`, and the retry that invites is served (not `409 in_progress`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_begin_cut_off_by_a_redis_stall_is_undone_and_the_retry_served() {
@@ -1295,7 +1306,7 @@ async fn a_begin_cut_off_by_a_redis_stall_is_undone_and_the_retry_served() {
     redis.pause();
     let stalled = svc.order(As::Proxied(1), "k", json!({ "sku": "SK-1", "qty": 1 }));
     let resume = async {
-        tokio::time::sleep(Duration::from_millis(1000)).await;
+        tokio::time::sleep(Duration::from_millis(1500)).await;
         redis.resume();
     };
     let (stalled, ()) = tokio::join!(stalled, resume);
@@ -1334,18 +1345,29 @@ async fn a_client_that_disconnects_mid_write_gets_its_order_on_retry() {
         .acquire()
         .await
         .unwrap();
-    let gave_up = svc
+    let request = svc
         .post("/orders", As::Proxied(1))
         .header("idempotency-key", "k")
-        .timeout(Duration::from_millis(100))
         .json(&json!({ "sku": "SK-1", "qty": 1 }))
-        .send()
-        .await;
+        .send();
+    let client = tokio::spawn(request);
+    // The body has begun (its record exists) and waits for the lock: the client goes away.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !redis
+        .keys()
+        .iter()
+        .any(|key| key.contains("order-submit:1:k"))
+    {
+        assert!(Instant::now() < deadline, "the order never began");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    client.abort();
     assert!(
-        gave_up.is_err(),
-        "answered before the lock was free: {gave_up:?}"
+        client.await.unwrap_err().is_cancelled(),
+        "answered while the lock was held"
     );
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
     guard.release().await.unwrap();
     let deadline = Instant::now() + Duration::from_secs(5);
     let placed = loop {
@@ -1370,7 +1392,7 @@ async fn a_client_that_disconnects_mid_write_gets_its_order_on_retry() {
 /// retry goes through; a retry of a token submission whose response was lost gets its order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refused_requests_keep_their_token_and_a_lost_response_is_replayed() {
-    let (redis, dir, svc) = service(&[("USER_RATE", "2/s"), ("USER_BURST", "1")]).await;
+    let (redis, dir, svc) = service(&[("USER_RATE", "1/s"), ("USER_BURST", "1")]).await;
     svc.set_stock("SK-1", 10, 100).await;
     let token = || async {
         let response = svc.post("/tokens", As::Proxied(9)).send().await.unwrap();
@@ -1409,7 +1431,7 @@ async fn refused_requests_keep_their_token_and_a_lost_response_is_replayed() {
     let placed: Value = placed.json().await.unwrap();
 
     // 503 busy: the stock lock is held past the 300 ms wait.
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
     let holder = redguard::Redguard::redis(redis.url())
         .connect()
         .await
@@ -1426,7 +1448,7 @@ async fn refused_requests_keep_their_token_and_a_lost_response_is_replayed() {
         (StatusCode::SERVICE_UNAVAILABLE, "busy".into())
     );
     guard.release().await.unwrap();
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
     assert_eq!(
         send("k-2", second).await.unwrap().status(),
         201,
@@ -1434,7 +1456,7 @@ async fn refused_requests_keep_their_token_and_a_lost_response_is_replayed() {
     );
 
     // The first submission's response was lost: its retry gets the same order.
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
     let again = send("k-1", first).await.unwrap();
     assert_eq!(again.status(), 201);
     assert_eq!(again.headers()["idempotent-replayed"], "true");
