@@ -61,9 +61,12 @@ pub async fn run(config: Config) -> Result<(), Box<dyn std::error::Error>> {
     let job = tokio::spawn(job::run(app.clone(), stopped));
     let router = api::router(app.clone(), metrics);
     serve::serve(listener, router, &app.config, serve::signal()).await;
-    // Orders of clients that disconnected run on in their own tasks: let them finish.
+    // Orders of clients that disconnected run on in their own tasks: let them finish. After
+    // its body each records its outcome (and may give a token back), store calls bounded by
+    // the handle's timeout that the library does not let us await: wait for two of them.
     let grace = std::time::Duration::from_millis(app.config.shutdown_grace_ms);
     drop(tokio::time::timeout(grace, app.writes.write()).await);
+    tokio::time::sleep(rg.timeout() * 2).await;
     let _ = stop.send(true);
     job.await?;
     Ok(())

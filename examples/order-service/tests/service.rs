@@ -1463,3 +1463,68 @@ async fn refused_requests_keep_their_token_and_a_lost_response_is_replayed() {
     assert_eq!(again.json::<Value>().await.unwrap(), placed);
     assert_eq!(db_count(&dir, "SELECT COUNT(*) FROM orders"), 3);
 }
+
+/// Issue 19 items 2 and 9: SIGTERM while the order of a client that already left is still
+/// being written: the service finishes it and records it before exiting, so the client's
+/// retry, served by a new instance, gets that order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_waits_for_the_orders_of_clients_that_left() {
+    let (redis, dir, mut svc) = service(&[]).await;
+    svc.set_stock("SK-1", 10, 100).await;
+    let holder = redguard::Redguard::redis(redis.url())
+        .connect()
+        .await
+        .unwrap();
+    let guard = holder
+        .lock("stock:SK-1")
+        .scope("order_service::orders::reserve_stock")
+        .acquire()
+        .await
+        .unwrap();
+    let client = tokio::spawn(
+        svc.post("/orders", As::Proxied(1))
+            .header("idempotency-key", "k")
+            .json(&json!({ "sku": "SK-1", "qty": 1 }))
+            .send(),
+    );
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !redis
+        .keys()
+        .iter()
+        .any(|key| key.contains("order-submit:1:k"))
+    {
+        assert!(Instant::now() < deadline, "the order never began");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    client.abort();
+    let _ = client.await;
+    let pid = svc.child.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    guard.release().await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(status) = svc.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the service did not exit after SIGTERM"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(status.success(), "{status}");
+    assert_eq!(db_count(&dir, "SELECT COUNT(*) FROM orders"), 1);
+    let next = start(&redis, &temp_db(&dir), "next", &[]).await;
+    let retry = next
+        .order(As::Proxied(1), "k", json!({ "sku": "SK-1", "qty": 1 }))
+        .await;
+    assert_eq!(retry.status(), 201);
+    assert_eq!(retry.headers()["idempotent-replayed"], "true");
+}
