@@ -9,7 +9,7 @@
 //!   second process must replay the first one's order. `scripts/test` is not run from here:
 //!   it is what CI runs (`.ci/run`), this test included. A command the test does not know
 //!   fails it;
-//! - `cargo run -p order-service` is started, and the `console` session's commands run
+//! - `cargo run -p order-service -- --dev` is started, and the `console` session's commands run
 //!   against it; each output is compared with README's: the status line, the headers README
 //!   shows (a header it shows somewhere in the session must be absent where it does not),
 //!   and the JSON body, with `fence` (a fencing token: Redis's clock in µs, or a counter)
