@@ -146,7 +146,7 @@ pub enum KeyRule {
     },
     /// The part is empty where a value is required.
     Empty,
-    /// A key given to an operator's tool ([`crate::admin`]) that is not one redguard writes
+    /// A key given to an operator's tool (`redguard::admin`) that is not one redguard writes
     /// under this prefix.
     Foreign {
         /// The handle's prefix.
@@ -373,7 +373,7 @@ impl Key {
     }
 
     /// A key as read back from the store (a `SCAN`), or one an operator typed after
-    /// [`crate::admin`] checked it: not re-rendered.
+    /// `redguard::admin` checked it: not re-rendered.
     pub(crate) fn stored(key: impl Into<String>) -> Key {
         Key(key.into())
     }

@@ -16,19 +16,18 @@ use tracing::field::Empty;
 
 use crate::error::Error;
 use crate::spec::LockKind;
-use crate::store::StoreKind;
 
-pub(crate) fn idempotent(scope: &str, store: StoreKind) -> Span {
+pub(crate) fn idempotent(scope: &str, store: &'static str) -> Span {
     tracing::info_span!(
         "redguard.idempotent",
         scope,
-        store = store.as_str(),
+        store,
         outcome = Empty,
         recorded = Empty,
     )
 }
 
-pub(crate) fn lock(scope: &str, kind: LockKind, store: StoreKind) -> Span {
+pub(crate) fn lock(scope: &str, kind: LockKind, store: &'static str) -> Span {
     let kind = match kind {
         LockKind::Exclusive => "exclusive",
         LockKind::Fair => "fair",
@@ -40,19 +39,19 @@ pub(crate) fn lock(scope: &str, kind: LockKind, store: StoreKind) -> Span {
         "redguard.lock",
         scope,
         kind,
-        store = store.as_str(),
+        store,
         outcome = Empty,
         wait_ms = Empty,
         fence = Empty,
     )
 }
 
-pub(crate) fn rate_limit(scope: &str, limits: usize, store: StoreKind) -> Span {
+pub(crate) fn rate_limit(scope: &str, limits: usize, store: &'static str) -> Span {
     tracing::info_span!(
         "redguard.rate_limit",
         scope,
         limits,
-        store = store.as_str(),
+        store,
         decision = Empty,
         remaining = Empty,
         retry_after_ms = Empty,

@@ -168,7 +168,7 @@ impl Idempotency {
         E: From<Error> + Classify,
     {
         let handle = Redguard::current()?;
-        let span = crate::trace::idempotent(&self.scope, handle.store().kind());
+        let span = crate::trace::idempotent(&self.scope, handle.store().kind().as_str());
         async move {
             match self.begin(&handle).await? {
                 Begun::Replayed(value) => Ok(value),
@@ -319,7 +319,7 @@ impl Detached {
         E: From<Error> + Classify + Send + 'static,
     {
         let handle = Redguard::current()?;
-        let span = crate::trace::idempotent(&self.guard.scope, handle.store().kind());
+        let span = crate::trace::idempotent(&self.guard.scope, handle.store().kind().as_str());
         let execution = match self.guard.begin(&handle).instrument(span.clone()).await? {
             Begun::Replayed(value) => return Ok(value),
             Begun::Run(execution) => execution,

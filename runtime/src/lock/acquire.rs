@@ -72,7 +72,7 @@ impl Drop for FairPlace {
 }
 
 pub(super) async fn acquire(handle: Redguard, key: Key, spec: Spec) -> Result<LockGuard> {
-    let span = crate::trace::lock(&spec.scope, spec.kind, handle.store().kind());
+    let span = crate::trace::lock(&spec.scope, spec.kind, handle.store().kind().as_str());
     let started = Instant::now();
     let result = acquire_traced(handle, key, spec)
         .instrument(span.clone())

@@ -76,7 +76,7 @@ pub(super) async fn decide(
     mode: RateMode,
 ) -> Result<Vec<Decision>> {
     let scope = limits.first().map_or("", |r| r.scope);
-    let span = crate::trace::rate_limit(scope, limits.len(), handle.store().kind());
+    let span = crate::trace::rate_limit(scope, limits.len(), handle.store().kind().as_str());
     let result = decide_traced(handle, limits, mode)
         .instrument(span.clone())
         .await;

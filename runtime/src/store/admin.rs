@@ -1,4 +1,4 @@
-//! Store operations of the operator's tools ([`crate::admin`]): read guard state as it is
+//! Store operations of the operator's tools (`redguard::admin`): read guard state as it is
 //! stored, list keys, and the few repairs an on-call engineer needs.
 //!
 //! Reads return the state *as Redis holds it* ([`Raw`]): strings, hashes and sorted sets with
@@ -16,7 +16,7 @@ use crate::key::Key;
 pub const SNAPSHOT_MEMBERS: usize = 100;
 
 /// Operator operations of a [`Store`](super::Store). Keys passed here were checked by
-/// [`crate::admin`] to lie under the handle's prefix.
+/// `redguard::admin` to lie under the handle's prefix.
 #[async_trait]
 pub trait AdminOps {
     /// Reads `keys` (all in one hash tag: one Redis Cluster slot) in one atomic step, with
