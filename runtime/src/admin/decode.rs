@@ -175,7 +175,7 @@ impl<'a> View<'a> {
         let mut problems = Vec::new();
         for entry in &snapshot.entries {
             match &entry.value {
-                Raw::None => {}
+                Raw::Absent => {}
                 Raw::Other(ty) => problems.push(format!(
                     "{} holds a {ty}, which redguard never writes there",
                     entry.key
@@ -203,7 +203,7 @@ impl<'a> View<'a> {
         self.entries
             .get(key)
             .copied()
-            .filter(|e| e.value != Raw::None)
+            .filter(|e| e.value != Raw::Absent)
     }
 
     fn ttl_ms(&self, entry: &RawEntry) -> Option<u64> {
@@ -262,7 +262,7 @@ impl<'a> View<'a> {
     fn counter(&mut self, key: &str) -> Option<u64> {
         let entry = self.get(key)?;
         match &entry.value {
-            Raw::String(v) => v.parse().ok().or_else(|| {
+            Raw::Text(v) => v.parse().ok().or_else(|| {
                 self.wrong(key, "a fencing counter");
                 None
             }),
@@ -360,7 +360,7 @@ impl<'a> View<'a> {
                 if let Some(entry) = self.get(&intent) {
                     present = true;
                     match &entry.value {
-                        Raw::String(owner) => state.writer_waiting = Some(owner.clone()),
+                        Raw::Text(owner) => state.writer_waiting = Some(owner.clone()),
                         _ => self.wrong(&intent, "a writer's announcement"),
                     }
                 }
@@ -374,7 +374,7 @@ impl<'a> View<'a> {
     pub(crate) fn rate(&mut self, key: &str) -> Option<RateState> {
         let block = format!("{key}:block");
         let penalty_left_ms = match self.get(&block).map(|e| &e.value) {
-            Some(Raw::String(until)) => match until.parse::<u64>() {
+            Some(Raw::Text(until)) => match until.parse::<u64>() {
                 Ok(until) => Some(until.saturating_sub(self.now_us).div_ceil(1000)),
                 Err(_) => {
                     self.wrong(&block, "a penalty");
@@ -408,7 +408,7 @@ impl<'a> View<'a> {
             penalty_left_ms,
         };
         let decoded = match &entry.value {
-            Raw::String(v) => self.gcra(v, entry.expires_at_ms, &mut state),
+            Raw::Text(v) => self.gcra(v, entry.expires_at_ms, &mut state),
             Raw::Hash { fields, .. } => self.hash_rate(fields, &mut state),
             Raw::ZSet { card, members } => {
                 state.algorithm = "sliding_window".to_owned();

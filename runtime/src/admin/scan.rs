@@ -138,7 +138,7 @@ pub(crate) async fn scan(handle: &Redguard, select: &ScanSelect) -> Result<ScanR
             let Some(entry) = snapshot.entries.first() else {
                 continue;
             };
-            if entry.value == crate::store::admin::Raw::None {
+            if entry.value == crate::store::admin::Raw::Absent {
                 // Expired between the scan and the read.
                 continue;
             }

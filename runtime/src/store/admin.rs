@@ -67,9 +67,9 @@ pub struct RawEntry {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Raw {
     /// Nothing at the key.
-    None,
+    Absent,
     /// A string.
-    String(String),
+    Text(String),
     /// A hash's fields, except a field `result`, of which only the length is kept.
     Hash {
         /// The fields and values.

@@ -23,7 +23,7 @@ impl MemoryStore {
             let base = Key::stored(base);
             let (blocks, _) = self.lock(&self.tables.rate_blocks);
             if let Some(until) = blocks.get(&base) {
-                return (Raw::String(format!("{until:.0}")), blocks.expires_at(&base));
+                return (Raw::Text(format!("{until:.0}")), blocks.expires_at(&base));
             }
         }
         if let Some(base) = k.strip_suffix(":registered") {
@@ -33,7 +33,7 @@ impl MemoryStore {
                 let raw = raw_set(waiters.iter().map(|(owner, at)| (owner.as_str(), *at)));
                 return (raw, queues.expires_at(&queue));
             }
-            return (Raw::None, None);
+            return (Raw::Absent, None);
         }
         {
             let (records, _) = self.lock(&self.tables.idem);
@@ -63,7 +63,7 @@ impl MemoryStore {
         {
             let (fences, _) = self.lock(&self.tables.fences);
             if let Some(fence) = fences.get(key) {
-                return (Raw::String(fence.to_string()), fences.expires_at(key));
+                return (Raw::Text(fence.to_string()), fences.expires_at(key));
             }
         }
         let (rates, _) = self.lock(&self.tables.rates);
@@ -72,7 +72,7 @@ impl MemoryStore {
             let at = at_ms.map(Duration::from_millis).or(rates.expires_at(key));
             return (raw, at);
         }
-        (Raw::None, None)
+        (Raw::Absent, None)
     }
 }
 

@@ -73,7 +73,7 @@ impl LockState {
     /// The lock as the scripts store it: a hash, or (a writer's announcement) its owner.
     pub(super) fn raw(&self, intent: bool) -> Raw {
         if intent {
-            return Raw::String(self.owner.clone());
+            return Raw::Text(self.owner.clone());
         }
         Raw::Hash {
             fields: vec![

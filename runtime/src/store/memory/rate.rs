@@ -58,7 +58,7 @@ impl RateState {
                 let up = tat.div_ceil(1_000_000);
                 let rest = up * 1_000_000 - tat;
                 let value = format!("-{}{rest:06}", interval.max(&1));
-                (Raw::String(value), u64::try_from(up).ok())
+                (Raw::Text(value), u64::try_from(up).ok())
             }
             RateState::Debt {
                 algorithm,

@@ -241,8 +241,8 @@ fn parse_snapshot(keys: &[Key], reply: Value) -> Option<Snapshot> {
         };
         let ty = text(ty)?;
         let value = match ty.as_str() {
-            "none" => Raw::None,
-            "string" => Raw::String(values.into_iter().next()?),
+            "none" => Raw::Absent,
+            "string" => Raw::Text(values.into_iter().next()?),
             "hash" => {
                 let mut fields = Vec::new();
                 let mut result_len = None;
