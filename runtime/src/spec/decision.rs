@@ -117,3 +117,54 @@ impl Decision {
 fn secs_ceil(d: Duration) -> u64 {
     d.as_secs() + u64::from(d.subsec_nanos() > 0)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refused(retry_after: Duration, reset_after: Duration) -> Decision {
+        let mut d = Decision::degraded(10, Duration::from_secs(60));
+        d.allowed = false;
+        d.remaining = 0;
+        d.retry_after = retry_after;
+        d.reset_after = reset_after;
+        d
+    }
+
+    #[test]
+    fn seconds_round_up_never_down() {
+        assert_eq!(secs_ceil(Duration::ZERO), 0);
+        assert_eq!(secs_ceil(Duration::from_nanos(1)), 1);
+        assert_eq!(secs_ceil(Duration::from_secs(2)), 2);
+        assert_eq!(secs_ceil(Duration::from_millis(2001)), 3);
+    }
+
+    #[test]
+    fn a_refusal_tells_when_to_come_back() {
+        // A client told `Retry-After: 0` after 300 ms would be refused again at once.
+        let d = refused(Duration::from_millis(300), Duration::from_millis(59_001));
+        assert_eq!(
+            d.headers_named("per-ip"),
+            vec![
+                ("Retry-After", "1".to_owned()),
+                ("RateLimit-Policy", "\"per-ip\";q=10;w=60".to_owned()),
+                ("RateLimit", "\"per-ip\";r=0;t=60".to_owned()),
+            ]
+        );
+    }
+
+    #[test]
+    fn an_admission_has_no_retry_after() {
+        let mut d = refused(Duration::ZERO, Duration::ZERO);
+        d.allowed = true;
+        d.remaining = 9;
+        d.window = Duration::from_millis(1);
+        assert_eq!(
+            d.headers(),
+            vec![
+                ("RateLimit-Policy", "\"default\";q=10;w=1".to_owned()),
+                ("RateLimit", "\"default\";r=9;t=0".to_owned()),
+            ]
+        );
+    }
+}
