@@ -165,7 +165,7 @@ pub fn dist_lock(attr: TokenStream, item: TokenStream) -> TokenStream {
 ///         .scope("shop::submit_order")
 ///         .rate("5/s")
 ///         .burst(10)
-///         .enforce()
+///         .check()
 ///         .await?;
 ///     // ... the body
 /// }

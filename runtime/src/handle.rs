@@ -3,10 +3,11 @@
 
 use std::fmt;
 use std::future::Future;
-use std::sync::{Arc, Once};
+use std::sync::{Arc, Mutex, Once, PoisonError};
 use std::time::Duration;
 
 use once_cell::sync::OnceCell;
+use tokio::runtime;
 
 use crate::clock::{Clock, SystemClock};
 use crate::error::{Error, Result};
@@ -102,6 +103,80 @@ static INSTALLED: OnceCell<Redguard> = OnceCell::new();
 
 tokio::task_local! {
     static SCOPED: Redguard;
+}
+
+/// Scope futures being run now, per Tokio runtime, so a task without a handle can be told
+/// that it was probably spawned from inside one (per runtime: a scope in another runtime, a
+/// test running next to this one, says nothing about this task).
+static LIVE_SCOPES: Mutex<Vec<(runtime::Id, usize)>> = Mutex::new(Vec::new());
+
+struct LiveScope(Option<runtime::Id>);
+
+impl LiveScope {
+    fn enter() -> LiveScope {
+        let Ok(rt) = runtime::Handle::try_current() else {
+            return LiveScope(None);
+        };
+        let id = rt.id();
+        let mut live = LIVE_SCOPES.lock().unwrap_or_else(PoisonError::into_inner);
+        match live.iter_mut().find(|(rt, _)| *rt == id) {
+            Some((_, n)) => *n += 1,
+            None => live.push((id, 1)),
+        }
+        LiveScope(Some(id))
+    }
+
+    /// Whether a scope is being run on the current runtime.
+    fn any_here() -> bool {
+        let Ok(rt) = runtime::Handle::try_current() else {
+            return false;
+        };
+        let id = rt.id();
+        let live = LIVE_SCOPES.lock().unwrap_or_else(PoisonError::into_inner);
+        live.iter().any(|(rt, _)| *rt == id)
+    }
+}
+
+impl Drop for LiveScope {
+    fn drop(&mut self) {
+        let Some(id) = self.0 else { return };
+        let mut live = LIVE_SCOPES.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(i) = live.iter().position(|(rt, _)| *rt == id) {
+            live[i].1 -= 1;
+            if live[i].1 == 0 {
+                live.swap_remove(i);
+            }
+        }
+    }
+}
+
+/// `tokio::spawn` carrying the current handle: guards in the task use the handle of the
+/// [`Redguard::scope`] that spawned it (a scope does not reach into a plain `tokio::spawn`),
+/// or the installed one outside any scope.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> redguard::Result<()> {
+/// use std::time::Duration;
+///
+/// let token = redguard::Redguard::memory()
+///     .scope(async {
+///         redguard::spawn(async { redguard::tokens().issue("signup", Duration::from_secs(60)).await })
+///             .await
+///             .expect("the task panicked")
+///     })
+///     .await?;
+/// assert_eq!(token.len(), 32);
+/// # Ok(()) }
+/// ```
+pub fn spawn<F>(future: F) -> tokio::task::JoinHandle<F::Output>
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    match SCOPED.try_with(Redguard::clone) {
+        Ok(handle) => tokio::spawn(handle.scope(future)),
+        Err(_) => tokio::spawn(future),
+    }
 }
 
 impl Redguard {
@@ -251,17 +326,34 @@ impl Redguard {
     /// assert_eq!(token.len(), 32);
     /// # Ok(()) }
     /// ```
+    ///
+    /// The scope covers `future` only, not tasks it starts with `tokio::spawn`: start those
+    /// with [`redguard::spawn`](crate::spawn).
     pub fn scope<F: Future>(&self, future: F) -> impl Future<Output = F::Output> + use<F> {
-        SCOPED.scope(self.clone(), future)
+        let future = SCOPED.scope(self.clone(), future);
+        async move {
+            // Entered when first polled: only then is the runtime known.
+            let _live = LiveScope::enter();
+            future.await
+        }
     }
 
     /// The handle a guard should use right now: the scoped one, else the installed one.
+    ///
+    /// Neither is [`Error::NotInstalled`], or [`Error::NotInScope`] while a scope runs
+    /// elsewhere (the usual cause: a task spawned from inside a scope).
     pub fn current() -> Result<Redguard> {
         SCOPED
             .try_with(Redguard::clone)
             .ok()
             .or_else(|| INSTALLED.get().cloned())
-            .ok_or(Error::NotInstalled)
+            .ok_or_else(|| {
+                if LiveScope::any_here() {
+                    Error::NotInScope
+                } else {
+                    Error::NotInstalled
+                }
+            })
     }
 
     /// The store behind this handle.

@@ -91,10 +91,10 @@ async fn killed_redis_fails_open_counts_and_recovers() {
         .unwrap();
     let limiter = redguard::limiter("api").on(&rg).rate("5/min");
     for _ in 0..5 {
-        assert!(limiter.check().await.unwrap().allowed);
+        assert!(limiter.decide().await.unwrap().allowed);
     }
     assert!(
-        !limiter.check().await.unwrap().allowed,
+        !limiter.decide().await.unwrap().allowed,
         "enforcing before the fault"
     );
 
@@ -102,7 +102,7 @@ async fn killed_redis_fails_open_counts_and_recovers() {
     let before = errors.fail_open.load(Ordering::SeqCst);
     for i in 0..10 {
         let started = Instant::now();
-        let d = limiter.check().await.unwrap();
+        let d = limiter.decide().await.unwrap();
         assert!(
             d.allowed,
             "call {i} during the outage was not let through: {d:?}"
@@ -127,7 +127,7 @@ async fn killed_redis_fails_open_counts_and_recovers() {
             "the limiter never enforced again"
         );
         let seen = errors.fail_open.load(Ordering::SeqCst);
-        let d = limiter.check().await.unwrap();
+        let d = limiter.decide().await.unwrap();
         if errors.fail_open.load(Ordering::SeqCst) != seen {
             tokio::time::sleep(Duration::from_millis(50)).await;
             continue; // still degraded
@@ -153,10 +153,10 @@ async fn fail_closed_refuses_while_down() {
         .await
         .unwrap();
     let limiter = redguard::limiter("api").on(&rg).rate("5/min");
-    assert!(limiter.check().await.unwrap().allowed);
+    assert!(limiter.decide().await.unwrap().allowed);
     server.kill();
     let before = errors.fail_closed.load(Ordering::SeqCst);
-    let err = limiter.check().await.unwrap_err();
+    let err = limiter.decide().await.unwrap_err();
     assert!(matches!(err, Error::Backend(_)), "{err:?}");
     assert!(errors.fail_closed.load(Ordering::SeqCst) > before);
 }
@@ -175,7 +175,7 @@ async fn memory_usage_per_key() {
                 .algorithm(algorithm)
                 .rate(redguard::Rate::per_minute(1000));
             for _ in 0..n {
-                assert!(limiter.check().await.unwrap().allowed);
+                assert!(limiter.decide().await.unwrap().allowed);
             }
             let key = format!("redguard:rate:{{limiter:{name}}}");
             let bytes: u64 = redis::cmd("MEMORY")
@@ -202,7 +202,7 @@ async fn memory_usage_per_key() {
         .on(&rg)
         .rate(redguard::Rate::per_second(600_000));
     for _ in 0..100 {
-        assert!(limiter.check().await.unwrap().allowed);
+        assert!(limiter.decide().await.unwrap().allowed);
     }
     let key = "redguard:rate:{limiter:gcra-ns}";
     let value: String = redis::cmd("GET").arg(key).query(&mut conn).unwrap();
