@@ -3,21 +3,10 @@
 use axum::extract::{FromRequestParts, OptionalFromRequestParts};
 use axum::response::{IntoResponse, Response};
 use http::request::Parts;
-use http::{HeaderValue, StatusCode, header};
 
 use super::idempotency_key::{IdempotencyKey, IdempotencyKeyRejection};
+use super::response::{error_response, json_error};
 use crate::error::Error;
-
-/// The JSON error body every redguard response uses: `{"error": code, "message": text}`.
-pub(crate) fn json_error(status: StatusCode, code: &str, message: &str) -> Response {
-    let body = serde_json::json!({ "error": code, "message": message }).to_string();
-    let mut response = (status, body).into_response();
-    response.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    response
-}
 
 /// `{"error": code(), "message": public_message()}` with [`status`](Error::status) and
 /// [`headers`](Error::headers). The body never holds a store key or an internal detail;
@@ -32,20 +21,14 @@ pub(crate) fn json_error(status: StatusCode, code: &str, message: &str) -> Respo
 /// ```
 impl IntoResponse for Error {
     fn into_response(self) -> Response {
-        let status = self.status();
-        if status.is_server_error() {
-            tracing::warn!(error = %self, code = self.code(), "guard error answered with {status}");
-        }
-        let mut response = json_error(status, self.code(), &self.public_message());
-        response.headers_mut().extend(self.headers());
-        response
+        error_response(&self).into_response()
     }
 }
 
 /// A JSON `400`: `{"error": "bad_request", "message": ..}`.
 impl IntoResponse for IdempotencyKeyRejection {
     fn into_response(self) -> Response {
-        json_error(self.status(), self.code(), &self.to_string())
+        json_error(self.status(), self.code(), &self.to_string()).into_response()
     }
 }
 
