@@ -54,6 +54,7 @@ on_memory_and_redis!(
     business_failures_release_and_unknown_outcomes_keep_the_record,
     error_responses_never_show_keys,
     anyhow_errors_are_classified,
+    a_disconnected_client_finds_its_result_and_timeouts_are_unknown,
 );
 
 fn from(peer: [u8; 4]) -> Request<Body> {
@@ -454,6 +455,72 @@ async fn error_responses_never_show_keys(rg: Redguard) {
     let refused = body_json(app.oneshot(from([192, 0, 2, 1])).await.unwrap()).await;
     let text = refused.to_string();
     assert!(!text.contains(rg.prefix()) && !text.contains("192.0.2.1"), "{text}");
+}
+
+async fn a_disconnected_client_finds_its_result_and_timeouts_are_unknown(rg: Redguard) {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let app = orders(Arc::clone(&runs), Duration::from_millis(300))
+        .layer(IdempotencyLayer::builder().on(&rg).build().unwrap());
+    // The client gives up mid-request: the handler still finishes and is recorded.
+    let gave_up =
+        tokio::time::timeout(Duration::from_millis(50), app.clone().oneshot(order("gone-1", "tea")))
+            .await;
+    assert!(gave_up.is_err());
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let retry = app.oneshot(order("gone-1", "tea")).await.unwrap();
+    assert_eq!(retry.status(), StatusCode::CREATED);
+    assert_eq!(retry.headers()["idempotent-replayed"], "true");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+
+    // A handler past the layer's timeout: 503, the outcome unknown, the retry refused.
+    let slow = orders(Arc::clone(&runs), Duration::from_millis(500)).layer(
+        IdempotencyLayer::builder()
+            .timeout(Duration::from_millis(100))
+            .scope("slow")
+            .on(&rg)
+            .build()
+            .unwrap(),
+    );
+    let timed_out = slow.clone().oneshot(order("slow-1", "tea")).await.unwrap();
+    assert_eq!(timed_out.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(timed_out.headers()["retry-after"], "1");
+    let refused = slow.oneshot(order("slow-1", "tea")).await.unwrap();
+    assert_eq!(refused.status(), StatusCode::CONFLICT);
+}
+
+/// The layers follow the handle's `FailMode` when the store cannot answer: rate limits
+/// admit (open), idempotency answers 503 (closed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_down_follows_the_fail_modes() {
+    let server = redguard_tests::RedisServer::start();
+    let rg = redguard_tests::connect(&server).await;
+    let runs = Arc::new(AtomicUsize::new(0));
+    let app = orders(Arc::clone(&runs), Duration::ZERO)
+        .layer(IdempotencyLayer::builder().on(&rg).build().unwrap())
+        .layer(
+            RateLimitLayer::builder(redguard::http::Global)
+                .limit("all", "100/s")
+                .on(&rg)
+                .build()
+                .unwrap(),
+        );
+    drop(server);
+    let rate_only = hello().layer(
+        RateLimitLayer::builder(redguard::http::Global)
+            .limit("all", "100/s")
+            .on(&rg)
+            .build()
+            .unwrap(),
+    );
+    let admitted = rate_only.oneshot(Request::get("/").body(Body::empty()).unwrap()).await.unwrap();
+    assert_eq!(admitted.status(), StatusCode::OK);
+    let refused = app.oneshot(order("down-1", "tea")).await.unwrap();
+    assert_eq!(refused.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(refused.headers()["retry-after"], "1");
+    let body = body_json(refused).await;
+    assert_eq!(body["error"], "unavailable");
+    assert!(!body.to_string().contains("127.0.0.1"), "{body}");
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
 }
 
 #[idempotent(key = "charge:{id}", expire = 60)]
