@@ -260,7 +260,11 @@ impl Cidr {
             Some((addr, bits)) => (addr, Some(bits.parse::<u8>().map_err(|_| bad())?)),
             None => (text, None),
         };
-        let net = addr.trim().parse::<IpAddr>().map_err(|_| bad())?.to_canonical();
+        let net = addr
+            .trim()
+            .parse::<IpAddr>()
+            .map_err(|_| bad())?
+            .to_canonical();
         let max = if net.is_ipv4() { 32 } else { 128 };
         let bits = bits.unwrap_or(max);
         if bits > max {
@@ -271,12 +275,8 @@ impl Cidr {
 
     fn contains(&self, ip: IpAddr) -> bool {
         match (self.net, ip) {
-            (IpAddr::V4(net), IpAddr::V4(ip)) => {
-                prefix_eq(&net.octets(), &ip.octets(), self.bits)
-            }
-            (IpAddr::V6(net), IpAddr::V6(ip)) => {
-                prefix_eq(&net.octets(), &ip.octets(), self.bits)
-            }
+            (IpAddr::V4(net), IpAddr::V4(ip)) => prefix_eq(&net.octets(), &ip.octets(), self.bits),
+            (IpAddr::V6(net), IpAddr::V6(ip)) => prefix_eq(&net.octets(), &ip.octets(), self.bits),
             _ => false,
         }
     }
@@ -311,7 +311,11 @@ mod tests {
     #[test]
     fn peer_ignores_forwarded_headers() {
         let ip = ClientIp::peer();
-        assert_eq!(ip.extract(&parts("203.0.113.9:5000", &["1.2.3.4"])).unwrap(), "203.0.113.9");
+        assert_eq!(
+            ip.extract(&parts("203.0.113.9:5000", &["1.2.3.4"]))
+                .unwrap(),
+            "203.0.113.9"
+        );
     }
 
     #[test]
@@ -347,6 +351,10 @@ mod tests {
         assert!(!c.contains("10.16.0.0".parse().unwrap()));
         assert!(Cidr::parse("10.0.0.0/33").is_err());
         assert!(Cidr::parse("nope").is_err());
-        assert!(Cidr::parse("fd00::/8").unwrap().contains("fd12::1".parse().unwrap()));
+        assert!(
+            Cidr::parse("fd00::/8")
+                .unwrap()
+                .contains("fd12::1".parse().unwrap())
+        );
     }
 }

@@ -482,7 +482,11 @@ where
         if let Some(per) = &config.per {
             let Some(client) = per.extract(&parts) else {
                 let status = per.missing_status();
-                let code = if status.is_server_error() { "internal" } else { "bad_request" };
+                let code = if status.is_server_error() {
+                    "internal"
+                } else {
+                    "bad_request"
+                };
                 return ResponseFuture::ready(right(json_error(
                     status,
                     code,
@@ -575,7 +579,12 @@ where
         return Err(Failure::Response(response, class));
     }
     if bytes.len() > config.max_response {
-        tracing::error!(guard = "idem", len = bytes.len(), max = config.max_response, "the response is too large to record; record left PROCESSING until it expires");
+        tracing::error!(
+            guard = "idem",
+            len = bytes.len(),
+            max = config.max_response,
+            "the response is too large to record; record left PROCESSING until it expires"
+        );
         return Err(Failure::Response(response, ErrorClass::Indeterminate));
     }
     let headers = config
@@ -605,10 +614,7 @@ fn replay(recorded: Recorded, replayed: bool) -> Response<Full<Bytes>> {
     let mut response = Response::new(Full::new(Bytes::from(body)));
     *response.status_mut() = StatusCode::from_u16(recorded.status).unwrap_or(StatusCode::OK);
     for (name, value) in recorded.headers {
-        if let (Ok(name), Ok(value)) = (
-            HeaderName::try_from(name),
-            HeaderValue::try_from(value),
-        ) {
+        if let (Ok(name), Ok(value)) = (HeaderName::try_from(name), HeaderValue::try_from(value)) {
             response.headers_mut().append(name, value);
         }
     }
@@ -638,7 +644,9 @@ fn too_large() -> Response<Full<Bytes>> {
     )
 }
 
-fn rejected<B, E>(rejection: IdempotencyKeyRejection) -> ResponseFuture<Response<ResponseBody<B>>, E> {
+fn rejected<B, E>(
+    rejection: IdempotencyKeyRejection,
+) -> ResponseFuture<Response<ResponseBody<B>>, E> {
     ResponseFuture::ready(right(json_error(
         rejection.status(),
         rejection.code(),

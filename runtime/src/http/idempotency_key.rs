@@ -61,7 +61,9 @@ impl IdempotencyKey {
 
     /// The key from `headers`: `Ok(None)` when the header is absent, an error when it is
     /// malformed or given twice.
-    pub fn from_headers(headers: &HeaderMap) -> Result<Option<IdempotencyKey>, IdempotencyKeyRejection> {
+    pub fn from_headers(
+        headers: &HeaderMap,
+    ) -> Result<Option<IdempotencyKey>, IdempotencyKeyRejection> {
         let mut values = headers.get_all(IDEMPOTENCY_KEY).iter();
         let Some(first) = values.next() else {
             return Ok(None);

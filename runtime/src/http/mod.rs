@@ -24,9 +24,9 @@
 mod axum;
 #[cfg(feature = "tower")]
 mod extract;
+mod headers;
 #[cfg(feature = "tower")]
 pub mod idempotency;
-mod headers;
 mod idempotency_key;
 #[cfg(feature = "tower")]
 pub mod rate_limit;
@@ -37,9 +37,11 @@ mod status;
 #[cfg(feature = "tower")]
 pub use self::extract::{ClientIp, Global, HeaderKey, KeyExtractor, PathSegment};
 pub use self::headers::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, RATELIMIT, RATELIMIT_POLICY};
-pub use self::idempotency_key::{IdempotencyKey, IdempotencyKeyRejection};
 #[cfg(feature = "tower")]
-pub use self::idempotency::{IdempotencyBuilder, IdempotencyLayer, IdempotencyService, RequestBody};
+pub use self::idempotency::{
+    IdempotencyBuilder, IdempotencyLayer, IdempotencyService, RequestBody,
+};
+pub use self::idempotency_key::{IdempotencyKey, IdempotencyKeyRejection};
 #[cfg(feature = "tower")]
 pub use self::rate_limit::{Policy, RateLimit, RateLimitBuilder, RateLimitLayer};
 #[cfg(feature = "tower")]

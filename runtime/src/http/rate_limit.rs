@@ -148,7 +148,13 @@ impl Policy {
             )));
         }
         let rate = self.rate.clone().map_err(Error::InvalidLimit)?;
-        Limit::new(self.algorithm, rate, self.burst, 1, std::time::Duration::ZERO)?;
+        Limit::new(
+            self.algorithm,
+            rate,
+            self.burst,
+            1,
+            std::time::Duration::ZERO,
+        )?;
         Ok(rate)
     }
 }
@@ -218,7 +224,11 @@ impl<K: KeyExtractor> RateLimitBuilder<K> {
                     policy.name
                 )));
             }
-            check_name("scope", &format!("{}.{}", self.scope, policy.name), MAX_SCOPE_LEN)?;
+            check_name(
+                "scope",
+                &format!("{}.{}", self.scope, policy.name),
+                MAX_SCOPE_LEN,
+            )?;
         }
         Ok(RateLimitLayer {
             config: Arc::new(Config {
@@ -374,7 +384,11 @@ where
                 } else {
                     "this request does not carry what its rate limit is keyed on"
                 };
-                let code = if status.is_server_error() { "internal" } else { "bad_request" };
+                let code = if status.is_server_error() {
+                    "internal"
+                } else {
+                    "bad_request"
+                };
                 return ResponseFuture::ready(right(json_error(status, code, message)));
             }
         };

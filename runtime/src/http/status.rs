@@ -72,9 +72,10 @@ impl Error {
             Error::KeyReuse => "key_reuse",
             Error::RateLimited(_) => "rate_limited",
             Error::LockTimeout { .. } | Error::LockHeld { .. } => "busy",
-            Error::Backend(_) | Error::Timeout { .. } | Error::LockLost { .. } | Error::Cancelled => {
-                "unavailable"
-            }
+            Error::Backend(_)
+            | Error::Timeout { .. }
+            | Error::LockLost { .. }
+            | Error::Cancelled => "unavailable",
             Error::NotInstalled
             | Error::NotInScope
             | Error::Config(_)

@@ -120,12 +120,22 @@ pub(crate) fn render_headers(policies: &[(&str, Decision)]) -> Vec<(&'static str
     };
     let policy_list: Vec<String> = policies
         .iter()
-        .map(|(policy, d)| format!("\"{policy}\";q={};w={}", d.limit, secs_ceil(d.window).max(1)))
+        .map(|(policy, d)| {
+            format!(
+                "\"{policy}\";q={};w={}",
+                d.limit,
+                secs_ceil(d.window).max(1)
+            )
+        })
         .collect();
     headers.push(("RateLimit-Policy", policy_list.join(", ")));
     headers.push((
         "RateLimit",
-        format!("\"{tightest}\";r={};t={}", d.remaining, secs_ceil(d.reset_after)),
+        format!(
+            "\"{tightest}\";r={};t={}",
+            d.remaining,
+            secs_ceil(d.reset_after)
+        ),
     ));
     headers
 }

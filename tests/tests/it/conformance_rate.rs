@@ -36,12 +36,22 @@ async fn check_with_question_mark_limits(rg: Redguard) {
     assert_eq!(guarded(&l).await.unwrap(), "ran");
     assert_eq!(guarded(&l).await.unwrap(), "ran");
     let err = guarded(&l).await.unwrap_err();
-    assert!(matches!(err, Error::RateLimited(d) if !d.allowed && d.retry_after > Duration::ZERO), "{err:?}");
+    assert!(
+        matches!(err, Error::RateLimited(d) if !d.allowed && d.retry_after > Duration::ZERO),
+        "{err:?}"
+    );
     // The same stacked: all-or-nothing, and `?` limits too.
     let other = limiter(&rg, "question-mark-2", Algorithm::Gcra, "10/min");
-    assert!(matches!(l.clone().and(other.clone()).check().await, Err(Error::RateLimited(_))));
+    assert!(matches!(
+        l.clone().and(other.clone()).check().await,
+        Err(Error::RateLimited(_))
+    ));
     // A peek reports what would remain after one more call: 9 of 10 when nothing was charged.
-    assert_eq!(other.peek().await.unwrap().remaining, 9, "the other limit was charged");
+    assert_eq!(
+        other.peek().await.unwrap().remaining,
+        9,
+        "the other limit was charged"
+    );
     // `decide` gives the decision either way.
     assert!(!l.decide().await.unwrap().allowed);
 }

@@ -98,7 +98,11 @@ async fn rate_limit_adds_headers_then_answers_429(rg: Redguard) {
     assert_eq!(second.status(), StatusCode::OK);
     let refused = app.clone().oneshot(from([203, 0, 113, 1])).await.unwrap();
     assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
-    let retry_after: u64 = refused.headers()["retry-after"].to_str().unwrap().parse().unwrap();
+    let retry_after: u64 = refused.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
     assert!((29..=30).contains(&retry_after), "{retry_after}");
     assert_eq!(refused.headers()["ratelimit"], "\"ip\";r=0;t=60");
     assert_eq!(refused.headers()["ratelimit-policy"], "\"ip\";q=2;w=60");
@@ -124,7 +128,12 @@ async fn stacked_limits_are_all_or_nothing(rg: Redguard) {
         let ok = app.clone().oneshot(from([198, 51, 100, 1])).await.unwrap();
         assert_eq!(ok.status(), StatusCode::OK);
         // The tightest policy in `RateLimit`, every policy in `RateLimit-Policy`.
-        assert!(ok.headers()["ratelimit"].to_str().unwrap().starts_with("\"small\""));
+        assert!(
+            ok.headers()["ratelimit"]
+                .to_str()
+                .unwrap()
+                .starts_with("\"small\"")
+        );
         assert_eq!(
             ok.headers()["ratelimit-policy"],
             "\"small\";q=2;w=60, \"big\";q=10;w=60"
@@ -157,10 +166,15 @@ async fn trusted_proxies_only_are_believed(rg: Redguard) {
             .insert("x-forwarded-for", xff.parse().unwrap());
         request
     };
-    let status = |app: Router, request: Request<Body>| async move { app.oneshot(request).await.unwrap().status() };
+    let status = |app: Router, request: Request<Body>| async move {
+        app.oneshot(request).await.unwrap().status()
+    };
 
     // Through our proxy: the client is the rightmost untrusted entry.
-    assert_eq!(status(app.clone(), via([10, 0, 0, 2], "198.51.100.7")).await, StatusCode::OK);
+    assert_eq!(
+        status(app.clone(), via([10, 0, 0, 2], "198.51.100.7")).await,
+        StatusCode::OK
+    );
     assert_eq!(
         status(app.clone(), via([10, 0, 0, 3], "198.51.100.7")).await,
         StatusCode::TOO_MANY_REQUESTS
@@ -171,13 +185,19 @@ async fn trusted_proxies_only_are_believed(rg: Redguard) {
         StatusCode::TOO_MANY_REQUESTS
     );
     // ...and one talking to us directly is its peer address, whatever it claims.
-    assert_eq!(status(app.clone(), via([203, 0, 113, 9], "198.51.100.8")).await, StatusCode::OK);
+    assert_eq!(
+        status(app.clone(), via([203, 0, 113, 9], "198.51.100.8")).await,
+        StatusCode::OK
+    );
     assert_eq!(
         status(app.clone(), via([203, 0, 113, 9], "198.51.100.99")).await,
         StatusCode::TOO_MANY_REQUESTS
     );
     // Another client behind the proxy has its own quota.
-    assert_eq!(status(app, via([10, 0, 0, 2], "198.51.100.8")).await, StatusCode::OK);
+    assert_eq!(
+        status(app, via([10, 0, 0, 2], "198.51.100.8")).await,
+        StatusCode::OK
+    );
 }
 
 async fn requests_without_a_valid_key_never_reach_the_store(rg: Redguard) {
@@ -187,7 +207,11 @@ async fn requests_without_a_valid_key_never_reach_the_store(rg: Redguard) {
         .build()
         .unwrap();
     let app = hello().layer(layer);
-    let missing = app.clone().oneshot(Request::get("/").body(Body::empty()).unwrap()).await.unwrap();
+    let missing = app
+        .clone()
+        .oneshot(Request::get("/").body(Body::empty()).unwrap())
+        .await
+        .unwrap();
     assert_eq!(missing.status(), StatusCode::BAD_REQUEST);
     assert_eq!(body_json(missing).await["error"], "bad_request");
     let bad = Request::get("/")
@@ -199,7 +223,10 @@ async fn requests_without_a_valid_key_never_reach_the_store(rg: Redguard) {
     let body = body_json(bad).await;
     assert_eq!(body["error"], "bad_request");
     assert!(!body.to_string().contains("key with spaces"), "{body}");
-    let good = Request::get("/").header("x-api-key", "k-1").body(Body::empty()).unwrap();
+    let good = Request::get("/")
+        .header("x-api-key", "k-1")
+        .body(Body::empty())
+        .unwrap();
     assert_eq!(app.oneshot(good).await.unwrap().status(), StatusCode::OK);
 
     // No peer address: the server is misconfigured, not the client.
@@ -210,7 +237,10 @@ async fn requests_without_a_valid_key_never_reach_the_store(rg: Redguard) {
             .build()
             .unwrap(),
     );
-    let no_peer = ip.oneshot(Request::get("/").body(Body::empty()).unwrap()).await.unwrap();
+    let no_peer = ip
+        .oneshot(Request::get("/").body(Body::empty()).unwrap())
+        .await
+        .unwrap();
     assert_eq!(no_peer.status(), StatusCode::INTERNAL_SERVER_ERROR);
 }
 
@@ -225,7 +255,10 @@ fn orders(runs: Arc<AtomicUsize>, delay: Duration) -> Router {
                 tokio::time::sleep(delay).await;
                 (
                     StatusCode::CREATED,
-                    [("location", format!("/orders/{n}")), ("x-run", n.to_string())],
+                    [
+                        ("location", format!("/orders/{n}")),
+                        ("x-run", n.to_string()),
+                    ],
                     format!("order {n}: {body}"),
                 )
             }
@@ -271,7 +304,10 @@ async fn concurrent_duplicates_run_the_handler_once(rg: Redguard) {
     assert_eq!(replay.status(), StatusCode::CREATED);
     assert_eq!(replay.headers()["idempotent-replayed"], "true");
     assert_eq!(replay.headers()["location"], "/orders/1");
-    assert!(replay.headers().get("x-run").is_none(), "not a replayed header");
+    assert!(
+        replay.headers().get("x-run").is_none(),
+        "not a replayed header"
+    );
     assert_eq!(body_text(replay).await, "order 1: tea");
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
@@ -280,7 +316,13 @@ async fn every_idempotency_status(rg: Redguard) {
     let runs = Arc::new(AtomicUsize::new(0));
     let app = orders(Arc::clone(&runs), Duration::ZERO)
         .route("/orders", get(|| async { "list" }))
-        .layer(IdempotencyLayer::builder().max_body(64).on(&rg).build().unwrap());
+        .layer(
+            IdempotencyLayer::builder()
+                .max_body(64)
+                .on(&rg)
+                .build()
+                .unwrap(),
+        );
     let call = |request| {
         let app = app.clone();
         async move { app.oneshot(request).await.unwrap() }
@@ -395,7 +437,10 @@ async fn error_responses_never_show_keys(rg: Redguard) {
         .key(
             redguard::GuardKind::Lock,
             "shop::stock",
-            &redguard::KeyBuilder::new().part("sku", "tea-1").finish().unwrap(),
+            &redguard::KeyBuilder::new()
+                .part("sku", "tea-1")
+                .finish()
+                .unwrap(),
         )
         .unwrap()
         .to_string();
@@ -436,7 +481,14 @@ async fn error_responses_never_show_keys(rg: Redguard) {
         let body = body_json(response).await;
         assert_eq!(body["error"], code, "{shown}");
         let text = body.to_string();
-        for secret in ["redguard", "shop", "tea-1", "10.1.2.3", "hunter2", "WRONGTYPE"] {
+        for secret in [
+            "redguard",
+            "shop",
+            "tea-1",
+            "10.1.2.3",
+            "hunter2",
+            "WRONGTYPE",
+        ] {
             assert!(!text.contains(secret), "{text} shows {secret}");
         }
         if status == 503 {
@@ -454,7 +506,10 @@ async fn error_responses_never_show_keys(rg: Redguard) {
     app.clone().oneshot(from([192, 0, 2, 1])).await.unwrap();
     let refused = body_json(app.oneshot(from([192, 0, 2, 1])).await.unwrap()).await;
     let text = refused.to_string();
-    assert!(!text.contains(rg.prefix()) && !text.contains("192.0.2.1"), "{text}");
+    assert!(
+        !text.contains(rg.prefix()) && !text.contains("192.0.2.1"),
+        "{text}"
+    );
 }
 
 async fn a_disconnected_client_finds_its_result_and_timeouts_are_unknown(rg: Redguard) {
@@ -462,9 +517,11 @@ async fn a_disconnected_client_finds_its_result_and_timeouts_are_unknown(rg: Red
     let app = orders(Arc::clone(&runs), Duration::from_millis(300))
         .layer(IdempotencyLayer::builder().on(&rg).build().unwrap());
     // The client gives up mid-request: the handler still finishes and is recorded.
-    let gave_up =
-        tokio::time::timeout(Duration::from_millis(50), app.clone().oneshot(order("gone-1", "tea")))
-            .await;
+    let gave_up = tokio::time::timeout(
+        Duration::from_millis(50),
+        app.clone().oneshot(order("gone-1", "tea")),
+    )
+    .await;
     assert!(gave_up.is_err());
     tokio::time::sleep(Duration::from_millis(600)).await;
     let retry = app.oneshot(order("gone-1", "tea")).await.unwrap();
@@ -512,7 +569,10 @@ async fn store_down_follows_the_fail_modes() {
             .build()
             .unwrap(),
     );
-    let admitted = rate_only.oneshot(Request::get("/").body(Body::empty()).unwrap()).await.unwrap();
+    let admitted = rate_only
+        .oneshot(Request::get("/").body(Body::empty()).unwrap())
+        .await
+        .unwrap();
     assert_eq!(admitted.status(), StatusCode::OK);
     let refused = app.oneshot(order("down-1", "tea")).await.unwrap();
     assert_eq!(refused.status(), StatusCode::SERVICE_UNAVAILABLE);
@@ -528,7 +588,9 @@ async fn charge(id: u64, outcome: &'static str, runs: &AtomicUsize) -> anyhow::R
     runs.fetch_add(1, Ordering::SeqCst);
     match outcome {
         "ok" => Ok(id),
-        "declined" => Err(anyhow::anyhow!("card declined")).map_err(|e| e.context(ErrorClass::Business)),
+        "declined" => {
+            Err(anyhow::anyhow!("card declined")).map_err(|e| e.context(ErrorClass::Business))
+        }
         _ => Err(anyhow::anyhow!("payment gateway timed out")),
     }
 }
@@ -610,11 +672,19 @@ async fn two_instances_on_one_redis() {
     let mut statuses = [a.unwrap().status(), b.unwrap().status()];
     statuses.sort();
     assert_eq!(statuses, [StatusCode::CREATED, StatusCode::CONFLICT]);
-    let replay = apps[1].clone().oneshot(order("inst-1", "tea")).await.unwrap();
+    let replay = apps[1]
+        .clone()
+        .oneshot(order("inst-1", "tea"))
+        .await
+        .unwrap();
     assert_eq!(replay.headers()["idempotent-replayed"], "true");
     assert_eq!(runs.load(Ordering::SeqCst), 1);
     // Three requests used the shared quota of 3: the fourth, on either instance, is refused.
-    let limited = apps[0].clone().oneshot(order("inst-2", "tea")).await.unwrap();
+    let limited = apps[0]
+        .clone()
+        .oneshot(order("inst-2", "tea"))
+        .await
+        .unwrap();
     assert_eq!(limited.status(), StatusCode::TOO_MANY_REQUESTS);
     server.assert_every_key_has_ttl();
 }
@@ -626,19 +696,18 @@ async fn spawned_tasks_and_the_scope() {
     let rg = Redguard::memory();
     rg.scope(async {
         let issue = || async { redguard::tokens().issue("s", Duration::from_secs(60)).await };
-        let lost = tokio::spawn(issue())
-            .await
-            .unwrap();
+        let lost = tokio::spawn(issue()).await.unwrap();
         let err = lost.unwrap_err();
         assert!(matches!(err, Error::NotInScope), "{err:?}");
         assert!(err.to_string().contains("redguard::spawn"), "{err}");
-        let carried = redguard::spawn(issue())
-            .await
-            .unwrap();
+        let carried = redguard::spawn(issue()).await.unwrap();
         assert!(carried.is_ok());
     })
     .await;
     // Outside any scope, with nothing installed: the plain message.
-    let err = redguard::tokens().issue("s", Duration::from_secs(60)).await.unwrap_err();
+    let err = redguard::tokens()
+        .issue("s", Duration::from_secs(60))
+        .await
+        .unwrap_err();
     assert!(matches!(err, Error::NotInstalled), "{err:?}");
 }
