@@ -13,7 +13,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::error::{Error, Result};
 use crate::key::{GuardKind, Key, KeyBody, check_name};
 use crate::state::State;
-use crate::store::{MemoryStore, RedisStore, RedisTarget, Store};
+use crate::store::{Conn, Existing, MemoryStore, RedisStore, RedisTarget, Store};
 
 /// Default bound on every store call.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(250);
@@ -188,6 +188,7 @@ impl Redguard {
                 urls: vec![url.into()],
                 cluster: false,
                 tls_root_ca: None,
+                existing: None,
                 #[cfg(feature = "test-util")]
                 test: Default::default(),
             }),
@@ -221,10 +222,56 @@ impl Redguard {
                 urls,
                 cluster: true,
                 tls_root_ca: None,
+                existing: None,
                 #[cfg(feature = "test-util")]
                 test: Default::default(),
             }),
             settings: Settings::default(),
+        }
+    }
+
+    /// Starts building a handle on a connection the application already has. `client` is
+    /// the one it was opened from: lock waiters get release notifications over a pub/sub
+    /// connection of their own, opened from it on the first wait.
+    ///
+    /// Every call is still bounded by the handle's [`timeout`](Builder::timeout); the
+    /// manager's own settings (reconnection, its response timeout) apply beneath.
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// let client = redis::Client::open("redis://127.0.0.1:6379/0")?;
+    /// let manager = client.get_connection_manager().await?;
+    /// let rg = redguard::Redguard::redis_connection(client, manager).prefix("shop").connect().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn redis_connection(
+        client: redis::Client,
+        connection: redis::aio::ConnectionManager,
+    ) -> Builder {
+        Redguard::existing(client, Conn::Single(connection), false)
+    }
+
+    /// [`Redguard::redis_connection`] for a Cluster connection; `client` is any one node's
+    /// (release notifications use classic pub/sub, which reaches every node).
+    pub fn redis_cluster_connection(
+        client: redis::Client,
+        connection: redis::cluster_async::ClusterConnection,
+    ) -> Builder {
+        Redguard::existing(client, Conn::Cluster(connection), true)
+    }
+
+    fn existing(client: redis::Client, conn: Conn, cluster: bool) -> Builder {
+        Builder {
+            backend: Backend::Redis(RedisTarget {
+                urls: Vec::new(),
+                cluster,
+                tls_root_ca: None,
+                existing: Some(Box::new(Existing { client, conn })),
+                #[cfg(feature = "test-util")]
+                test: Default::default(),
+            }),
+            settings: Settings::default(),
+            misuse: None,
         }
     }
 
@@ -452,6 +499,12 @@ impl Builder {
     /// ```
     pub fn tls_root_ca(mut self, pem: impl Into<Vec<u8>>) -> Self {
         match &mut self.backend {
+            Backend::Redis(target) if target.existing.is_some() => {
+                self.misuse = Some(
+                    "`tls_root_ca` applies to connections redguard opens; configure TLS on the \
+                     client of an existing connection",
+                );
+            }
             Backend::Redis(target) => target.tls_root_ca = Some(pem.into()),
             Backend::Memory(_) => {
                 self.misuse = Some("`tls_root_ca` applies to Redis stores only");

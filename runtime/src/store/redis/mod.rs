@@ -47,8 +47,24 @@ pub(crate) struct RedisTarget {
     pub(crate) cluster: bool,
     /// PEM root certificate(s) to trust for `rediss://` instead of the system's roots.
     pub(crate) tls_root_ca: Option<Vec<u8>>,
+    /// A connection the application already has, used instead of opening one from `urls`.
+    pub(crate) existing: Option<Box<Existing>>,
     #[cfg(feature = "test-util")]
     pub(crate) test: test_util::TestHooks,
+}
+
+/// An application's own connection, and the client the lock-release subscription opens its
+/// connection from (pub/sub needs a connection of its own).
+pub(crate) struct Existing {
+    pub(crate) client: redis::Client,
+    pub(crate) conn: Conn,
+}
+
+impl fmt::Debug for Existing {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The client's Debug would print its address, password included.
+        f.debug_struct("Existing").finish_non_exhaustive()
+    }
 }
 
 /// The Redis-backed [`Store`]: a single node ([`Redguard::redis`](crate::Redguard::redis)) or
@@ -92,6 +108,16 @@ impl RedisStore {
                     root_cert: Some(root_cert),
                 })
         };
+        if let Some(existing) = target.existing {
+            let store = RedisStore {
+                conn: existing.conn,
+                timeout,
+                bus: Arc::new(lock::ReleaseBus::new(existing.client, prefix)),
+                #[cfg(feature = "test-util")]
+                test: target.test,
+            };
+            return store.load_scripts(connect_timeout).await;
+        }
         let first = target.urls.first().map(String::as_str).unwrap_or_default();
         let node = match certificates() {
             None => redis::Client::open(first),
@@ -147,14 +173,18 @@ impl RedisStore {
             #[cfg(feature = "test-util")]
             test: target.test,
         };
+        store.load_scripts(connect_timeout).await
+    }
+
+    async fn load_scripts(self, connect_timeout: Duration) -> Result<Self> {
         for script in all_scripts() {
-            let mut conn = store.conn.clone();
+            let mut conn = self.conn.clone();
             bounded("script_load", connect_timeout, async move {
                 script.prepare_invoke().load_async(&mut conn).await
             })
             .await?;
         }
-        Ok(store)
+        Ok(self)
     }
 
     /// A clone of the multiplexed connection (cheap: a handle to the same socket).
