@@ -7,8 +7,8 @@
 //!   ([`lock()`] for sections narrower than a fn).
 //! - `#[rate_limit]`: at most N per period, decided atomically with Redis's own clock.
 //!
-//! State lives behind the [`Store`] seam: [`RedisStore`] for services running several
-//! instances, [`MemoryStore`] for a single instance and for tests. Build a [`Redguard`] at
+//! State lives behind the [`Store`](store::Store) seam: [`RedisStore`](store::RedisStore) for services running several
+//! instances, [`MemoryStore`](store::MemoryStore) for a single instance and for tests. Build a [`Redguard`] at
 //! startup and install it:
 //!
 //! ```
