@@ -5,7 +5,7 @@ use axum::response::{IntoResponse, Response};
 use http::request::Parts;
 
 use super::idempotency_key::{IdempotencyKey, IdempotencyKeyRejection};
-use super::response::{error_response, json_error};
+use super::response::Rejection;
 use crate::error::Error;
 
 /// `{"error": code(), "message": public_message()}` with [`status`](Error::status) and
@@ -21,14 +21,20 @@ use crate::error::Error;
 /// ```
 impl IntoResponse for Error {
     fn into_response(self) -> Response {
-        error_response(&self).into_response()
+        let rejection = Rejection::from_error(&self);
+        let mut response = rejection.to_json_response().into_response();
+        response.headers_mut().extend(rejection.headers().clone());
+        response.extensions_mut().insert(rejection);
+        response
     }
 }
 
 /// A JSON `400`: `{"error": "bad_request", "message": ..}`.
 impl IntoResponse for IdempotencyKeyRejection {
     fn into_response(self) -> Response {
-        json_error(self.status(), self.code(), &self.to_string()).into_response()
+        Rejection::new(self.status(), self.code(), self.to_string())
+            .to_json_response()
+            .into_response()
     }
 }
 

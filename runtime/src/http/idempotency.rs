@@ -96,7 +96,7 @@ use tower_service::Service;
 use super::extract::KeyExtractor;
 use super::headers::IDEMPOTENT_REPLAYED;
 use super::idempotency_key::{IdempotencyKey, IdempotencyKeyRejection};
-use super::response::{ResponseBody, ResponseFuture, error_response, json_error};
+use super::response::{OnRejection, Rejection, ResponseBody, ResponseFuture, reject};
 use crate::error::{Error, Result};
 use crate::handle::Redguard;
 use crate::idempotency::{Classify, ErrorClass, Idempotency, track_replay};
@@ -135,6 +135,17 @@ struct Config {
     timeout: Option<Duration>,
     detach: bool,
     handle: Option<Redguard>,
+    on_rejection: Option<OnRejection>,
+}
+
+impl Config {
+    fn reject<B>(&self, rejection: Rejection) -> Response<ResponseBody<B>> {
+        reject(self.on_rejection.as_ref(), rejection)
+    }
+
+    fn rejected<B, E>(&self, rejection: Rejection) -> ResponseFuture<Response<ResponseBody<B>>, E> {
+        ResponseFuture::ready(self.reject(rejection))
+    }
 }
 
 /// The default classification of a response status (see the [module docs](self)): `None`
@@ -198,6 +209,7 @@ impl IdempotencyLayer {
                 timeout: None,
                 detach: true,
                 handle: None,
+                on_rejection: None,
             },
         }
     }
@@ -312,6 +324,18 @@ impl IdempotencyBuilder {
     /// Runs on `handle` rather than the current one.
     pub fn on(mut self, handle: &Redguard) -> Self {
         self.config.handle = Some(handle.clone());
+        self
+    }
+
+    /// Renders the responses the layer answers itself (`400`, `409`, `413`, `422`, `503`)
+    /// instead of the default JSON ([`Rejection::to_json_response`]); the rejection's
+    /// headers are added to whatever it returns. A handler's own responses are never
+    /// passed through it.
+    pub fn on_rejection<F>(mut self, render: F) -> Self
+    where
+        F: Fn(&Rejection) -> Response<Full<Bytes>> + Send + Sync + 'static,
+    {
+        self.config.on_rejection = Some(Arc::new(render));
         self
     }
 
@@ -474,46 +498,48 @@ where
         let key = match IdempotencyKey::from_headers(request.headers()) {
             Ok(Some(key)) => key,
             Ok(None) if !config.required => return pass_through(inner, request),
-            Ok(None) => return rejected(IdempotencyKeyRejection::Missing),
-            Err(rejection) => return rejected(rejection),
+            Ok(None) => return config.rejected(key_rejection(IdempotencyKeyRejection::Missing)),
+            Err(rejection) => return config.rejected(key_rejection(rejection)),
         };
         let (parts, body) = request.into_parts();
         let mut builder = KeyBuilder::new();
         if let Some(per) = &config.per {
             let Some(client) = per.extract(&parts) else {
                 let status = per.missing_status();
-                let code = if status.is_server_error() {
-                    "internal"
+                let rejection = if status.is_server_error() {
+                    Rejection::new(status, "internal", "internal error")
                 } else {
-                    "bad_request"
+                    Rejection::new(
+                        status,
+                        "bad_request",
+                        "this request does not carry the client identity its idempotency key is scoped by",
+                    )
                 };
-                return ResponseFuture::ready(right(json_error(
-                    status,
-                    code,
-                    "this request does not carry the client identity its idempotency key is scoped by",
-                )));
+                return config.rejected(rejection);
             };
             builder = builder.part("client", client.as_str()).text(":");
         }
         let body_key = match builder.part("key", key.as_str()).finish() {
             Ok(body) => body,
-            Err(err) => return ResponseFuture::ready(right(error_response(&err))),
+            Err(err) => return config.rejected(Rejection::from_error(&err)),
         };
         if declared_length(&parts).is_some_and(|len| len > config.max_body as u64) {
-            return ResponseFuture::ready(right(too_large()));
+            return config.rejected(too_large());
         }
         ResponseFuture::boxed(Box::pin(async move {
             let bytes = match Limited::new(body, config.max_body).collect().await {
                 Ok(collected) => collected.to_bytes(),
                 Err(err) => {
-                    if err.is::<http_body_util::LengthLimitError>() {
-                        return Ok(right(too_large()));
-                    }
-                    return Ok(right(json_error(
-                        StatusCode::BAD_REQUEST,
-                        "bad_request",
-                        "the request body could not be read",
-                    )));
+                    let rejection = if err.is::<http_body_util::LengthLimitError>() {
+                        too_large()
+                    } else {
+                        Rejection::new(
+                            StatusCode::BAD_REQUEST,
+                            "bad_request",
+                            "the request body could not be read",
+                        )
+                    };
+                    return Ok(config.reject(rejection));
                 }
             };
             let digest = Sha256::digest((config.fingerprint)(&parts, &bytes));
@@ -540,9 +566,12 @@ where
                 None => tracked.await,
             };
             match outcome {
-                Ok(recorded) => Ok(right(replay(recorded, replayed))),
-                Err(Failure::Guard(err)) => Ok(right(error_response(&err))),
-                Err(Failure::Response(response, _)) => Ok(right(response)),
+                Ok(recorded) => match replay(recorded, replayed) {
+                    Ok(response) => Ok(response.map(Either::Right)),
+                    Err(err) => Ok(config.reject(Rejection::from_error(&err))),
+                },
+                Err(Failure::Guard(err)) => Ok(config.reject(Rejection::from_error(&err))),
+                Err(Failure::Response(response, _)) => Ok(response.map(Either::Right)),
                 Err(Failure::Inner(err)) => Err(err),
             }
         }))
@@ -566,11 +595,12 @@ where
         Ok(collected) => collected.to_bytes(),
         Err(err) => {
             tracing::warn!(guard = "idem", error = %err, "the response body failed mid-way; outcome unknown");
-            let response = json_error(
+            let response = Rejection::new(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "internal",
                 "internal error",
-            );
+            )
+            .to_json_response();
             return Err(Failure::Response(response, ErrorClass::Indeterminate));
         }
     };
@@ -604,13 +634,13 @@ where
 }
 
 /// The response of a recorded success, fresh or replayed.
-fn replay(recorded: Recorded, replayed: bool) -> Response<Full<Bytes>> {
-    let Ok(body) = base64::engine::general_purpose::STANDARD.decode(&recorded.body) else {
-        return error_response(&Error::Corrupt {
+fn replay(recorded: Recorded, replayed: bool) -> Result<Response<Full<Bytes>>> {
+    let body = base64::engine::general_purpose::STANDARD
+        .decode(&recorded.body)
+        .map_err(|_| Error::Corrupt {
             key: String::new(),
             detail: "a recorded response body is not base64".to_owned(),
-        });
-    };
+        })?;
     let mut response = Response::new(Full::new(Bytes::from(body)));
     *response.status_mut() = StatusCode::from_u16(recorded.status).unwrap_or(StatusCode::OK);
     for (name, value) in recorded.headers {
@@ -623,7 +653,7 @@ fn replay(recorded: Recorded, replayed: bool) -> Response<Full<Bytes>> {
             .headers_mut()
             .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
     }
-    response
+    Ok(response)
 }
 
 fn declared_length(parts: &Parts) -> Option<u64> {
@@ -636,22 +666,16 @@ fn declared_length(parts: &Parts) -> Option<u64> {
         .ok()
 }
 
-fn too_large() -> Response<Full<Bytes>> {
-    json_error(
+fn too_large() -> Rejection {
+    Rejection::new(
         StatusCode::PAYLOAD_TOO_LARGE,
         "payload_too_large",
         "the request body is too large",
     )
 }
 
-fn rejected<B, E>(
-    rejection: IdempotencyKeyRejection,
-) -> ResponseFuture<Response<ResponseBody<B>>, E> {
-    ResponseFuture::ready(right(json_error(
-        rejection.status(),
-        rejection.code(),
-        &rejection.to_string(),
-    )))
+fn key_rejection(rejection: IdempotencyKeyRejection) -> Rejection {
+    Rejection::new(rejection.status(), rejection.code(), rejection.to_string())
 }
 
 /// An unguarded request: straight to the inner service.
@@ -668,8 +692,4 @@ where
         let response: Answer<RB, S::Error> = future.await.map(|r| r.map(Either::Left));
         response
     }))
-}
-
-fn right<B>(response: Response<Full<Bytes>>) -> Response<ResponseBody<B>> {
-    response.map(Either::Right)
 }

@@ -45,4 +45,4 @@ pub use self::idempotency_key::{IdempotencyKey, IdempotencyKeyRejection};
 #[cfg(feature = "tower")]
 pub use self::rate_limit::{Policy, RateLimit, RateLimitBuilder, RateLimitLayer};
 #[cfg(feature = "tower")]
-pub use self::response::{ResponseBody, ResponseFuture};
+pub use self::response::{Rejection, ResponseBody, ResponseFuture};

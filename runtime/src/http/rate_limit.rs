@@ -66,7 +66,7 @@ use tower_service::Service;
 
 use super::extract::KeyExtractor;
 use super::headers::to_header_map;
-use super::response::{ResponseBody, ResponseFuture, error_response, json_error};
+use super::response::{OnRejection, Rejection, ResponseBody, ResponseFuture, reject};
 use crate::error::{Error, Result};
 use crate::handle::Redguard;
 use crate::key::{KeyBuilder, MAX_SCOPE_LEN, check_name};
@@ -89,6 +89,7 @@ struct Config<K> {
     limits: Vec<Policy>,
     scope: String,
     handle: Option<Redguard>,
+    on_rejection: Option<OnRejection>,
 }
 
 /// One named limit of a [`RateLimitLayer`]: its name is the policy name in the `RateLimit`
@@ -166,6 +167,7 @@ pub struct RateLimitBuilder<K> {
     limits: Vec<Policy>,
     scope: String,
     handle: Option<Redguard>,
+    on_rejection: Option<OnRejection>,
 }
 
 impl<K: KeyExtractor> RateLimitLayer<K> {
@@ -178,6 +180,7 @@ impl<K: KeyExtractor> RateLimitLayer<K> {
             limits: Vec::new(),
             scope: DEFAULT_SCOPE.to_owned(),
             handle: None,
+            on_rejection: None,
         }
     }
 }
@@ -205,6 +208,33 @@ impl<K: KeyExtractor> RateLimitBuilder<K> {
     /// request: the installed handle).
     pub fn on(mut self, handle: &Redguard) -> Self {
         self.handle = Some(handle.clone());
+        self
+    }
+
+    /// Renders the responses the layer answers itself (`429`, `400`, `503`) instead of the
+    /// default JSON ([`Rejection::to_json_response`]). The rejection's headers
+    /// (`Retry-After`, `RateLimit`, ...) are added to whatever it returns.
+    ///
+    /// ```
+    /// use bytes::Bytes;
+    /// use http_body_util::Full;
+    /// use redguard::http::{Global, RateLimitLayer};
+    ///
+    /// let layer = RateLimitLayer::builder(Global)
+    ///     .limit("api", "100/s")
+    ///     .on_rejection(|rejection| {
+    ///         let mut response = http::Response::new(Full::new(Bytes::from(rejection.message().to_owned())));
+    ///         *response.status_mut() = rejection.status();
+    ///         response
+    ///     })
+    ///     .build()?;
+    /// # Ok::<(), redguard::Error>(())
+    /// ```
+    pub fn on_rejection<F>(mut self, render: F) -> Self
+    where
+        F: Fn(&Rejection) -> Response<Full<Bytes>> + Send + Sync + 'static,
+    {
+        self.on_rejection = Some(Arc::new(render));
         self
     }
 
@@ -236,6 +266,7 @@ impl<K: KeyExtractor> RateLimitBuilder<K> {
                 limits: self.limits,
                 scope: self.scope,
                 handle: self.handle,
+                on_rejection: self.on_rejection,
             }),
         })
     }
@@ -263,6 +294,10 @@ impl<K: KeyExtractor> Config<K> {
             limits = limits.with(limiter);
         }
         limits
+    }
+
+    fn reject<B>(&self, rejection: Rejection) -> Response<ResponseBody<B>> {
+        reject(self.on_rejection.as_ref(), rejection)
     }
 
     fn headers(&self, decisions: &[Decision]) -> http::HeaderMap {
@@ -379,22 +414,21 @@ where
             Some(key) => key,
             None => {
                 let status = config.extractor.missing_status();
-                let message = if status.is_server_error() {
-                    "internal error"
+                let rejection = if status.is_server_error() {
+                    Rejection::new(status, "internal", "internal error")
                 } else {
-                    "this request does not carry what its rate limit is keyed on"
+                    Rejection::new(
+                        status,
+                        "bad_request",
+                        "this request does not carry what its rate limit is keyed on",
+                    )
                 };
-                let code = if status.is_server_error() {
-                    "internal"
-                } else {
-                    "bad_request"
-                };
-                return ResponseFuture::ready(right(json_error(status, code, message)));
+                return ResponseFuture::ready(config.reject(rejection));
             }
         };
         // Checked here, so a malformed key is answered without building any limit.
         if let Err(err) = KeyBuilder::new().part("key", key.as_str()).finish() {
-            return ResponseFuture::ready(right(error_response(&err)));
+            return ResponseFuture::ready(config.reject(Rejection::from_error(&err)));
         }
         let request = Request::from_parts(parts, body);
         // The ready service goes into the future; this one keeps a fresh clone.
@@ -403,7 +437,7 @@ where
         ResponseFuture::boxed(Box::pin(async move {
             let decisions = match config.limits(&key).decide().await {
                 Ok(decisions) => decisions,
-                Err(err) => return Ok(right(error_response(&err))),
+                Err(err) => return Ok(config.reject(Rejection::from_error(&err))),
             };
             let headers = config.headers(&decisions);
             let refused = decisions
@@ -415,14 +449,10 @@ where
                 response.headers_mut().extend(headers);
                 return Ok(response.map(Either::Left));
             };
-            let mut response = error_response(&Error::RateLimited(*refused));
+            let mut rejection = Rejection::from_error(&Error::RateLimited(*refused));
             // Every policy, not only the refusing one's.
-            response.headers_mut().extend(headers);
-            Ok(right(response))
+            rejection.headers_mut().extend(headers);
+            Ok(config.reject(rejection))
         }))
     }
-}
-
-fn right<B>(response: Response<Full<Bytes>>) -> Response<ResponseBody<B>> {
-    response.map(Either::Right)
 }

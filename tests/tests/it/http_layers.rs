@@ -711,3 +711,55 @@ async fn spawned_tasks_and_the_scope() {
         .unwrap_err();
     assert!(matches!(err, Error::NotInstalled), "{err:?}");
 }
+
+/// Every response a layer answers itself carries its `Rejection` (for outer layers), and
+/// `on_rejection` renders the body while the layer keeps the headers.
+#[tokio::test]
+async fn rejections_are_in_the_extensions_and_can_be_rendered() {
+    use bytes::Bytes;
+    use http_body_util::Full;
+    use redguard::http::Rejection;
+
+    let rg = Redguard::memory();
+    let plain = |rejection: &Rejection| {
+        let mut response = axum::http::Response::new(Full::new(Bytes::from(format!(
+            "nope: {}",
+            rejection.code()
+        ))));
+        *response.status_mut() = rejection.status();
+        response
+    };
+    let app = hello().layer(
+        RateLimitLayer::builder(ClientIp::peer())
+            .limit("ip", "1/h")
+            .on_rejection(plain)
+            .on(&rg)
+            .build()
+            .unwrap(),
+    );
+    app.clone().oneshot(from([192, 0, 2, 7])).await.unwrap();
+    let refused = app.oneshot(from([192, 0, 2, 7])).await.unwrap();
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!(refused.headers().contains_key("retry-after"));
+    assert_eq!(refused.headers()["ratelimit-policy"], "\"ip\";q=1;w=3600");
+    let rejection = refused.extensions().get::<Rejection>().unwrap().clone();
+    assert_eq!(rejection.code(), "rate_limited");
+    assert_eq!(body_text(refused).await, "nope: rate_limited");
+
+    let orders = orders(Arc::new(AtomicUsize::new(0)), Duration::ZERO)
+        .layer(IdempotencyLayer::builder().on(&rg).build().unwrap());
+    let missing = orders
+        .oneshot(Request::post("/orders").body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(
+        missing.extensions().get::<Rejection>().unwrap().code(),
+        "bad_request"
+    );
+    // A guard error answered by `IntoResponse` carries it too.
+    let response = Error::KeyReuse.into_response();
+    assert_eq!(
+        response.extensions().get::<Rejection>().unwrap().status(),
+        422
+    );
+}
