@@ -187,6 +187,7 @@ impl Redguard {
             backend: Backend::Redis(RedisTarget {
                 urls: vec![url.into()],
                 cluster: false,
+                #[cfg(feature = "tls")]
                 tls_root_ca: None,
                 existing: None,
                 #[cfg(feature = "test-util")]
@@ -208,6 +209,7 @@ impl Redguard {
     ///     .await?;
     /// # Ok(()) }
     /// ```
+    #[cfg(feature = "cluster")]
     pub fn redis_cluster<I, S>(nodes: I) -> Builder
     where
         I: IntoIterator<Item = S>,
@@ -221,6 +223,7 @@ impl Redguard {
             backend: Backend::Redis(RedisTarget {
                 urls,
                 cluster: true,
+                #[cfg(feature = "tls")]
                 tls_root_ca: None,
                 existing: None,
                 #[cfg(feature = "test-util")]
@@ -253,6 +256,7 @@ impl Redguard {
 
     /// [`Redguard::redis_connection`] for a Cluster connection; `client` is any one node's
     /// (release notifications use classic pub/sub, which reaches every node).
+    #[cfg(feature = "cluster")]
     pub fn redis_cluster_connection(
         client: redis::Client,
         connection: redis::cluster_async::ClusterConnection,
@@ -265,6 +269,7 @@ impl Redguard {
             backend: Backend::Redis(RedisTarget {
                 urls: Vec::new(),
                 cluster,
+                #[cfg(feature = "tls")]
                 tls_root_ca: None,
                 existing: Some(Box::new(Existing { client, conn })),
                 #[cfg(feature = "test-util")]
@@ -497,6 +502,7 @@ impl Builder {
     ///     .await?;
     /// # Ok(()) }
     /// ```
+    #[cfg(feature = "tls")]
     pub fn tls_root_ca(mut self, pem: impl Into<Vec<u8>>) -> Self {
         match &mut self.backend {
             Backend::Redis(target) if target.existing.is_some() => {
