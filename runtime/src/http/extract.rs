@@ -178,6 +178,22 @@ impl ClientIp {
     }
 
     /// The client address of a request, as [`ClientIp`] describes.
+    ///
+    /// ```
+    /// use std::net::{IpAddr, SocketAddr};
+    /// use redguard::http::ClientIp;
+    ///
+    /// let request = http::Request::get("/")
+    ///     .header("x-forwarded-for", "6.6.6.6, 198.51.100.7")
+    ///     .extension(SocketAddr::from(([10, 0, 0, 2], 443)))
+    ///     .body(())
+    ///     .unwrap();
+    /// let (parts, ()) = request.into_parts();
+    /// let behind = ClientIp::behind(["10.0.0.0/8"])?;
+    /// assert_eq!(behind.client(&parts), Some("198.51.100.7".parse::<IpAddr>().unwrap()));
+    /// assert_eq!(ClientIp::peer().client(&parts), Some("10.0.0.2".parse::<IpAddr>().unwrap()));
+    /// # Ok::<(), redguard::Error>(())
+    /// ```
     pub fn client(&self, parts: &Parts) -> Option<IpAddr> {
         let peer = peer_addr(parts)?.ip().to_canonical();
         if !self.is_trusted(peer) {

@@ -184,6 +184,25 @@ fn default_fingerprint(parts: &Parts, body: &[u8]) -> Vec<u8> {
 }
 
 /// Builds an [`IdempotencyLayer`]; start from [`IdempotencyLayer::builder`].
+///
+/// ```
+/// use std::time::Duration;
+/// use http::{Method, header};
+/// use redguard::http::{HeaderKey, IdempotencyLayer};
+///
+/// let layer = IdempotencyLayer::builder()
+///     .scope("payments")                          // records apart from other layers'
+///     .expire(Duration::from_secs(6 * 3600))      // how long a key is honoured
+///     .methods([Method::POST, Method::PUT])
+///     .per(HeaderKey::new("x-user-id")?)          // keys are per client
+///     .max_body(64 * 1024)                        // 413 above
+///     .max_response(256 * 1024)                   // larger successes are not recorded
+///     .replay_headers([header::CONTENT_TYPE, header::LOCATION, header::ETAG])
+///     .fingerprint(|parts, body| [parts.uri.path().as_bytes(), body].concat())
+///     .timeout(Duration::from_secs(10))           // then 503, outcome unknown
+///     .build()?;
+/// # Ok::<(), redguard::Error>(())
+/// ```
 #[must_use = "a builder does nothing until `.build()`"]
 pub struct IdempotencyBuilder {
     config: Config,
