@@ -345,7 +345,7 @@ impl Redguard {
     }
 
     /// Makes this handle the process-wide default used by the attribute macros and the free
-    /// functions ([`tokens`](crate::tokens()), …). Once per process; a second call is an error
+    /// functions (`redguard::tokens`, …). Once per process; a second call is an error
     /// (use [`Redguard::scope`] to run code against another handle).
     pub fn install(self) -> Result<Redguard> {
         let mut fresh = false;

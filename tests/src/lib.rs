@@ -16,6 +16,7 @@ pub mod faults;
 pub mod history;
 pub mod metrics;
 pub mod model;
+pub mod mutate;
 pub mod props;
 pub mod proxy;
 pub mod rate;

@@ -17,14 +17,51 @@ where
     <T::Reference as ReferenceStateMachine>::State: Debug + Clone,
     <T::Reference as ReferenceStateMachine>::Transition: Debug + Clone,
 {
-    let seed = std::env::var("PROPTEST_RNG_SEED")
+    let seed = seed();
+    // Each shrinking step replays a case against real servers.
+    if let Err(failure) = check::<T>(backend, cases, steps, seed, 1024) {
+        panic!(
+            "{backend:?}: a shrunk sequence the model and the store disagree on \
+             (PROPTEST_RNG_SEED={seed} runs it again):\n{failure}"
+        );
+    }
+}
+
+/// Like [`run`], without shrinking: whether `cases` cases pass, or the first failing
+/// sequence. For counting which mutants a machine catches.
+pub fn passes<T>(backend: Backend, cases: u32, steps: usize) -> Result<(), String>
+where
+    T: StateMachineTest,
+    <T::Reference as ReferenceStateMachine>::State: Debug + Clone,
+    <T::Reference as ReferenceStateMachine>::Transition: Debug + Clone,
+{
+    // One shrink step: proptest-state-machine resets its step counter only while shrinking.
+    check::<T>(backend, cases, steps, seed(), 1)
+}
+
+/// `PROPTEST_RNG_SEED`, or a random seed (printed with a failure).
+fn seed() -> u64 {
+    std::env::var("PROPTEST_RNG_SEED")
         .ok()
         .and_then(|seed| seed.parse().ok())
-        .unwrap_or_else(|| fastrand::u64(..));
+        .unwrap_or_else(|| fastrand::u64(..))
+}
+
+fn check<T>(
+    backend: Backend,
+    cases: u32,
+    steps: usize,
+    seed: u64,
+    max_shrink_iters: u32,
+) -> Result<(), String>
+where
+    T: StateMachineTest,
+    <T::Reference as ReferenceStateMachine>::State: Debug + Clone,
+    <T::Reference as ReferenceStateMachine>::Transition: Debug + Clone,
+{
     let config = contextualize_config(Config {
         cases,
-        // Each shrinking step replays a case against real servers.
-        max_shrink_iters: 1024,
+        max_shrink_iters,
         failure_persistence: None,
         rng_seed: RngSeed::Fixed(seed),
         ..Config::default()
@@ -37,22 +74,21 @@ where
             Ok(())
         });
         match outcome {
-            Ok(()) => {}
-            Err(TestError::Abort(why)) => panic!("{backend:?}: aborted: {why}"),
+            Ok(()) => Ok(()),
+            Err(TestError::Abort(why)) => Err(format!("aborted: {why}")),
             Err(TestError::Fail(why, (initial, transitions, _))) => {
                 let steps: Vec<String> = transitions
                     .iter()
                     .enumerate()
                     .map(|(i, t)| format!("  {:>2}. {t:?}", i + 1))
                     .collect();
-                panic!(
-                    "{backend:?}: a shrunk sequence the model and the store disagree on \
-                     (PROPTEST_RNG_SEED={seed} runs it again):\n  initial: {initial:?}\n{}\n{why}",
+                Err(format!(
+                    "  initial: {initial:?}\n{}\n{why}",
                     steps.join("\n")
-                );
+                ))
             }
         }
-    });
+    })
 }
 
 /// The first words of a failure: what went wrong at which step, with the steps before it.

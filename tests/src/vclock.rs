@@ -86,6 +86,9 @@ pub fn with_backend<R>(backend: Backend, test: impl FnOnce() -> R) -> R {
     test()
 }
 
+/// A rewrite of a Redis script's source.
+pub type Transform = std::sync::Arc<dyn Fn(&str) -> String + Send + Sync>;
+
 /// One test case's store on a fresh virtual clock, with the runtime that drives it.
 #[derive(Debug)]
 pub struct World {
@@ -100,9 +103,9 @@ pub struct World {
 
 impl World {
     /// A fresh store on the current backend (see [`with_backend`]), emptied, with the clock at
-    /// [`EPOCH`] + `offset_us`. `transform` rewrites the Redis scripts further (a mutation),
-    /// after they were moved onto the virtual clock.
-    pub fn new(expiry: Expiry, offset_us: u64, transform: Option<fn(&str) -> String>) -> World {
+    /// [`EPOCH`] + `offset_us`. `transform` rewrites the Redis scripts (a mutation, see
+    /// [`crate::mutate`]) before they are moved onto the virtual clock.
+    pub fn new(expiry: Expiry, offset_us: u64, transform: Option<Transform>) -> World {
         let clock = ManualClock::starting_at(EPOCH + Duration::from_micros(offset_us));
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -137,12 +140,9 @@ impl World {
         let mut builder = builder.clock(clock.clone()).timeout(Duration::from_secs(5));
         if backend != Backend::Memory {
             let at = clock.clone();
-            builder = builder.script_transform(move |source| {
-                let source = on_virtual_expiry(source, &at);
-                match transform {
-                    Some(mutate) => mutate(&source),
-                    None => source,
-                }
+            builder = builder.script_transform(move |source| match &transform {
+                Some(mutate) => on_virtual_expiry(&mutate(source), &at),
+                None => on_virtual_expiry(source, &at),
             });
         }
         let rg = runtime
@@ -169,8 +169,14 @@ impl World {
         self.sweep();
     }
 
-    /// Deletes every Redis key the virtual clock has expired.
+    /// Deletes every Redis key the virtual clock has expired, and checks the rule every key
+    /// is written under: it has a TTL, and no longer than the longest any guard setting
+    /// allows (a rate key: a 30-day period plus a 30-day block).
+    ///
+    /// # Panics
+    /// On a key without a TTL, or one that outlives every bound.
     pub fn sweep(&self) {
+        const LONGEST_MS: i64 = 61 * 86_400 * 1000;
         let now_ms = i64::try_from(self.now() / 1000).expect("ms");
         for node in &self.nodes {
             let mut conn = connection(node);
@@ -180,6 +186,15 @@ impl World {
                     .arg(&key)
                     .query(&mut conn)
                     .expect("PEXPIRETIME");
+                assert!(
+                    at != -1,
+                    "{key} has no TTL: every key redguard writes must expire"
+                );
+                assert!(
+                    at - now_ms <= LONGEST_MS,
+                    "{key} expires in {} ms, beyond every guard's bound",
+                    at - now_ms
+                );
                 let expired = match self.expiry {
                     Expiry::AtInstant => at >= 0 && at <= now_ms,
                     Expiry::AfterMillisecond => at >= 0 && at < now_ms,

@@ -23,6 +23,8 @@ pub struct Order {
     pub user_id: u64,
     pub sku: String,
     pub qty: u32,
+    /// `qty` × the SKU's price when ordered, in minor units: what a payment must be.
+    pub total: u64,
     pub status: String,
     pub idempotency_key: String,
     pub fence: u64,
@@ -34,8 +36,10 @@ pub enum PlaceError {
     OutOfStock,
     /// A holder with a newer fencing token already wrote: this one's lock had expired.
     StaleFence,
-    /// The unique index caught a duplicate intent the guards let through.
+    /// The unique index found this intent's order (its idempotency record had expired).
     Duplicate(Order),
+    /// The unique index found another order under this user's key.
+    KeyReuse,
     Sql(rusqlite::Error),
 }
 
@@ -43,6 +47,21 @@ impl From<rusqlite::Error> for PlaceError {
     fn from(err: rusqlite::Error) -> Self {
         PlaceError::Sql(err)
     }
+}
+
+/// How a payment callback ended in the ledger.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Payment {
+    /// Recorded; the order is paid.
+    Applied,
+    /// Recorded as owed back: the order was closed (or paid) before this payment arrived.
+    RefundDue,
+    /// The payment id is recorded for another order or amount.
+    Conflict,
+    /// The amount is not the order's total; nothing recorded.
+    AmountMismatch,
+    /// No such order; nothing recorded.
+    NoOrder,
 }
 
 /// User ids are validated to fit SQLite's signed 64-bit integers at the API.
@@ -66,6 +85,7 @@ impl Db {
             "CREATE TABLE IF NOT EXISTS stock (
                  sku TEXT PRIMARY KEY,
                  available INTEGER NOT NULL CHECK (available >= 0),
+                 price INTEGER NOT NULL CHECK (price >= 0),
                  fence INTEGER NOT NULL DEFAULT 0
              );
              CREATE TABLE IF NOT EXISTS orders (
@@ -74,6 +94,7 @@ impl Db {
                  idempotency_key TEXT NOT NULL,
                  sku TEXT NOT NULL,
                  qty INTEGER NOT NULL,
+                 total INTEGER NOT NULL,
                  status TEXT NOT NULL,
                  fence INTEGER NOT NULL,
                  created_ms INTEGER NOT NULL,
@@ -83,6 +104,8 @@ impl Db {
                  payment_id TEXT PRIMARY KEY,
                  order_id INTEGER NOT NULL,
                  amount INTEGER NOT NULL,
+                 -- 'applied', or 'refund_due': money for an order that was closed or paid.
+                 status TEXT NOT NULL,
                  created_ms INTEGER NOT NULL
              );
              CREATE TABLE IF NOT EXISTS job_runs (
@@ -113,30 +136,34 @@ impl Db {
         .unwrap_or_else(|panic| std::panic::resume_unwind(panic.into_panic()))
     }
 
-    pub async fn set_stock(&self, sku: String, available: u32) -> rusqlite::Result<()> {
+    pub async fn set_stock(&self, sku: String, available: u32, price: u32) -> rusqlite::Result<()> {
         self.with(move |conn| {
             conn.execute(
-                "INSERT INTO stock (sku, available) VALUES (?1, ?2)
-                 ON CONFLICT (sku) DO UPDATE SET available = excluded.available",
-                params![sku, available],
+                "INSERT INTO stock (sku, available, price) VALUES (?1, ?2, ?3)
+                 ON CONFLICT (sku) DO UPDATE SET available = excluded.available, price = excluded.price",
+                params![sku, available, price],
             )
             .map(drop)
         })
         .await
     }
 
-    pub async fn stock(&self, sku: String) -> rusqlite::Result<Option<i64>> {
+    /// Units available and the price of `sku`, if it is sold here.
+    pub async fn stock(&self, sku: String) -> rusqlite::Result<Option<(i64, i64)>> {
         self.with(move |conn| {
-            conn.query_row("SELECT available FROM stock WHERE sku = ?1", [sku], |r| {
-                r.get(0)
-            })
+            conn.query_row(
+                "SELECT available, price FROM stock WHERE sku = ?1",
+                [sku],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
             .optional()
         })
         .await
     }
 
     /// Decrements stock and records the order in one transaction. The decrement is
-    /// conditional on enough stock *and* on `fence` being newer than the last writer's.
+    /// conditional on enough stock *and* on `fence` being newer than the last writer's. An
+    /// order already under (user, key) is this intent's when its SKU and quantity match.
     pub async fn place_order(
         &self,
         user_id: u64,
@@ -149,7 +176,11 @@ impl Db {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
             let existing = find_by_key(&tx, user_id, &key)?;
             if let Some(order) = existing {
-                return Err(PlaceError::Duplicate(order));
+                return Err(if (order.sku.as_str(), order.qty) == (sku.as_str(), qty) {
+                    PlaceError::Duplicate(order)
+                } else {
+                    PlaceError::KeyReuse
+                });
             }
             let fence_sql = i64::try_from(fence).unwrap_or(i64::MAX);
             let updated = tx.execute(
@@ -168,10 +199,13 @@ impl Db {
                     _ => PlaceError::OutOfStock,
                 });
             }
+            let price: i64 =
+                tx.query_row("SELECT price FROM stock WHERE sku = ?1", [&sku], |r| r.get(0))?;
+            let total = price * i64::from(qty);
             tx.execute(
-                "INSERT INTO orders (user_id, idempotency_key, sku, qty, status, fence, created_ms)
-                 VALUES (?1, ?2, ?3, ?4, 'created', ?5, ?6)",
-                params![sql_id(user_id), key, sku, qty, fence_sql, now_ms()],
+                "INSERT INTO orders (user_id, idempotency_key, sku, qty, total, status, fence, created_ms)
+                 VALUES (?1, ?2, ?3, ?4, ?5, 'created', ?6, ?7)",
+                params![sql_id(user_id), key, sku, qty, total, fence_sql, now_ms()],
             )?;
             let order_id = tx.last_insert_rowid();
             tx.commit()?;
@@ -180,6 +214,7 @@ impl Db {
                 user_id,
                 sku,
                 qty,
+                total: u64::try_from(total).unwrap_or(0),
                 status: "created".to_owned(),
                 idempotency_key: key,
                 fence,
@@ -210,34 +245,70 @@ impl Db {
         .await
     }
 
-    /// Records a payment once per `payment_id` and marks the order paid. Returns false when the
-    /// order does not exist.
+    /// Applies a payment once per `payment_id`. A payment id already in the ledger gets the
+    /// answer it got then, or `Conflict` when it now names another order or amount.
     pub async fn record_payment(
         &self,
         payment_id: String,
         order_id: i64,
         amount: u64,
-    ) -> rusqlite::Result<bool> {
+    ) -> rusqlite::Result<Payment> {
         self.with(move |conn| {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-            let exists: bool = tx
-                .query_row("SELECT 1 FROM orders WHERE order_id = ?1", [order_id], |_| Ok(true))
-                .optional()?
-                .unwrap_or(false);
-            if !exists {
-                return Ok(false);
+            let recorded: Option<(i64, i64, String)> = tx
+                .query_row(
+                    "SELECT order_id, amount, status FROM ledger WHERE payment_id = ?1",
+                    [&payment_id],
+                    |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+                )
+                .optional()?;
+            if let Some((recorded_order, recorded_amount, status)) = recorded {
+                let same =
+                    recorded_order == order_id && u64::try_from(recorded_amount) == Ok(amount);
+                return Ok(match (same, status.as_str()) {
+                    (false, _) => Payment::Conflict,
+                    (true, "applied") => Payment::Applied,
+                    (true, _) => Payment::RefundDue,
+                });
             }
+            let order: Option<(i64, String)> = tx
+                .query_row(
+                    "SELECT total, status FROM orders WHERE order_id = ?1",
+                    [order_id],
+                    |r| Ok((r.get(0)?, r.get(1)?)),
+                )
+                .optional()?;
+            let Some((total, status)) = order else {
+                return Ok(Payment::NoOrder);
+            };
+            // Compared as u64: an amount beyond i64 is a mismatch, never a truncated match.
+            if u64::try_from(total) != Ok(amount) {
+                return Ok(Payment::AmountMismatch);
+            }
+            let applies = status == "created";
             tx.execute(
-                "INSERT INTO ledger (payment_id, order_id, amount, created_ms) VALUES (?1, ?2, ?3, ?4)
-                 ON CONFLICT (payment_id) DO NOTHING",
-                params![payment_id, order_id, i64::try_from(amount).unwrap_or(i64::MAX), now_ms()],
+                "INSERT INTO ledger (payment_id, order_id, amount, status, created_ms)
+                 VALUES (?1, ?2, ?3, ?4, ?5)",
+                params![
+                    payment_id,
+                    order_id,
+                    total,
+                    if applies { "applied" } else { "refund_due" },
+                    now_ms()
+                ],
             )?;
-            tx.execute(
-                "UPDATE orders SET status = 'paid' WHERE order_id = ?1 AND status = 'created'",
-                [order_id],
-            )?;
+            if applies {
+                tx.execute(
+                    "UPDATE orders SET status = 'paid' WHERE order_id = ?1",
+                    [order_id],
+                )?;
+            }
             tx.commit()?;
-            Ok(true)
+            Ok(if applies {
+                Payment::Applied
+            } else {
+                Payment::RefundDue
+            })
         })
         .await
     }
@@ -293,7 +364,7 @@ impl Db {
 }
 
 const SELECT_ORDER: &str =
-    "SELECT order_id, user_id, sku, qty, status, idempotency_key, fence FROM orders";
+    "SELECT order_id, user_id, sku, qty, total, status, idempotency_key, fence FROM orders";
 
 fn order_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<Order> {
     Ok(Order {
@@ -301,9 +372,10 @@ fn order_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<Order> {
         user_id: u64::try_from(row.get::<_, i64>(1)?).unwrap_or(0),
         sku: row.get(2)?,
         qty: row.get(3)?,
-        status: row.get(4)?,
-        idempotency_key: row.get(5)?,
-        fence: u64::try_from(row.get::<_, i64>(6)?).unwrap_or(0),
+        total: u64::try_from(row.get::<_, i64>(4)?).unwrap_or(0),
+        status: row.get(5)?,
+        idempotency_key: row.get(6)?,
+        fence: u64::try_from(row.get::<_, i64>(7)?).unwrap_or(0),
     })
 }
 

@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use redguard::dist_lock;
+use tokio::sync::watch;
 
 use crate::db::now_ms;
 use crate::error::ApiError;
@@ -15,21 +16,25 @@ use crate::orders::{App, Shared};
 async fn close_unpaid_once(app: &App) -> Result<usize, ApiError> {
     let fence = redguard::fence().unwrap_or(0);
     let started = now_ms();
-    let timeout = i64::try_from(app.config.unpaid_timeout.as_millis()).unwrap_or(i64::MAX);
+    let timeout = i64::try_from(app.config.unpaid_timeout().as_millis()).unwrap_or(i64::MAX);
     let closed = app.db.close_unpaid(started.saturating_sub(timeout)).await?;
     let ended = now_ms();
     app.db
-        .record_job_run(app.config.instance.clone(), started, ended, fence, closed)
+        .record_job_run(app.instance.clone(), started, ended, fence, closed)
         .await?;
     Ok(closed)
 }
 
-/// Runs the job every tick until the process ends.
-pub(crate) async fn run(app: Shared) {
-    let mut tick = tokio::time::interval(app.config.job_tick);
+/// Runs the job every tick until `stop` turns true; a run in progress finishes first (and
+/// releases its lock).
+pub(crate) async fn run(app: Shared, mut stop: watch::Receiver<bool>) {
+    let mut tick = tokio::time::interval(app.config.job_tick());
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        tick.tick().await;
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.wait_for(|stop| *stop) => return,
+        }
         match close_unpaid_once(&app).await {
             Ok(0) => {}
             Ok(closed) => tracing::info!(closed, "closed unpaid orders"),

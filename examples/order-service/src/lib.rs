@@ -1,22 +1,28 @@
 //! The order service: an axum HTTP API over SQLite, with redguard's three guards.
 //!
-//! `cargo run -p order-service` starts it on the in-memory store; with `REDGUARD_REDIS_URL`
-//! set it uses Redis and several instances may share one database file.
+//! `cargo run -p order-service -- --dev` starts it on the in-memory store with well-known
+//! credentials; with `REDGUARD_REDIS_URL` set it uses Redis and several instances may share
+//! one database file. README's "The order service" section has the security model.
 
 mod api;
+mod auth;
 mod config;
 mod db;
 mod error;
 mod job;
 mod orders;
+mod serve;
 
 use std::sync::Arc;
 
-pub use crate::config::Config;
-pub use crate::db::{Db, Order};
+pub use crate::auth::sign_callback;
+pub use crate::config::{Addresses, Config, Secret};
+pub use crate::db::{Db, Order, Payment};
 pub use crate::orders::{App, OrderRequest, Placed};
 
-/// Starts the service and serves until the process is stopped.
+/// Starts the service and serves until SIGTERM or SIGINT, then drains: in-flight requests
+/// (and orders still being written for clients that left) finish, the job stops after its
+/// current run, and their locks are released.
 pub async fn run(config: Config) -> Result<(), Box<dyn std::error::Error>> {
     let metrics = metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder()?;
     let rg = match &config.redis_url {
@@ -30,21 +36,38 @@ pub async fn run(config: Config) -> Result<(), Box<dyn std::error::Error>> {
         }
     };
     let rg = rg.install()?;
-    let db = Db::open(&config.db_path)?;
-    let listener = tokio::net::TcpListener::bind(("127.0.0.1", config.port)).await?;
+    let db_path = config.db_path();
+    let db = Db::open(&db_path)?;
+    let listener = tokio::net::TcpListener::bind((config.bind, config.port)).await?;
+    let instance = config.instance();
     println!(
-        "order-service {} listening on http://{} (store: {}, database: {})",
-        config.instance,
+        "order-service {instance} listening on http://{} (store: {}, database: {})",
         listener.local_addr()?,
         rg.store().kind(),
-        config.db_path.display()
+        db_path.display()
     );
+    if config.dev {
+        tracing::warn!("--dev: well-known credentials; never expose this instance");
+    }
     let app = Arc::new(App {
         db,
         store: rg.store().kind().as_str(),
+        instance,
+        keys: auth::Keys::new(&config),
+        writes: Arc::default(),
         config,
     });
-    tokio::spawn(job::run(app.clone()));
-    axum::serve(listener, api::router(app, metrics)).await?;
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let job = tokio::spawn(job::run(app.clone(), stopped));
+    let router = api::router(app.clone(), metrics);
+    serve::serve(listener, router, &app.config, serve::signal()).await;
+    // Orders of clients that disconnected run on in their own tasks: let them finish. After
+    // its body each records its outcome (and may give a token back), store calls bounded by
+    // the handle's timeout that the library does not let us await: wait for two of them.
+    let grace = std::time::Duration::from_millis(app.config.shutdown_grace_ms);
+    drop(tokio::time::timeout(grace, app.writes.write()).await);
+    tokio::time::sleep(rg.timeout() * 2).await;
+    let _ = stop.send(true);
+    job.await?;
     Ok(())
 }

@@ -1,12 +1,17 @@
 //! The guarded business operations. Each guard sits on the smallest fn that needs it: rate
-//! limits and idempotency on the submission, the lock on the stock section only.
+//! limits and idempotency on the submission, the lock on the stock section only. Callers
+//! authenticate and validate first: nothing reaches Redis before that.
 
 use std::sync::Arc;
+use std::time::Duration;
 
-use redguard::{dist_lock, idempotent, rate_limit};
+use axum::http::StatusCode;
+use redguard::{Idempotency, KeyBuilder, dist_lock, idempotent, rate_limit};
 use serde::{Deserialize, Serialize};
+use tokio::sync::RwLock;
 
-use crate::db::{Db, PlaceError};
+use crate::auth::Keys;
+use crate::db::{Db, Payment, PlaceError};
 use crate::error::ApiError;
 
 /// What handlers share.
@@ -15,7 +20,18 @@ pub struct App {
     pub db: Db,
     pub config: crate::Config,
     pub store: &'static str,
+    pub instance: String,
+    pub(crate) keys: Keys,
+    /// Held (shared) by every order being written, detached bodies included: shutdown takes
+    /// it exclusively, so it waits for them.
+    pub(crate) writes: Arc<RwLock<()>>,
 }
+
+/// Shared state as handlers hold it.
+pub(crate) type Shared = Arc<App>;
+
+/// The scene idempotency tokens for orders are issued for.
+pub(crate) const ORDER_SCENE: &str = "order-submit";
 
 /// `POST /orders` body.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -31,22 +47,49 @@ pub struct Placed {
     pub user_id: u64,
     pub sku: String,
     pub qty: u32,
+    pub total: u64,
     pub fence: u64,
+    /// Found by the database's unique key (the idempotency record had expired) rather than
+    /// placed now: answered as a replay. Not stored: a replay from the record is marked anyway.
+    #[serde(skip)]
+    pub(crate) from_database: bool,
 }
 
-/// One order per (user, Idempotency-Key). The API-wide limit is checked first, then the
-/// user's: a request refused by either is charged to neither. A replay costs a rate-limit
-/// point (a retry storm is load too) but never takes the stock lock.
-#[rate_limit(key = "order:submit", rate = app.config.api_rate.as_str(), burst = app.config.api_burst())]
-#[rate_limit(key = "order:submit:user:{user_id}", rate = app.config.user_rate.as_str(), burst = app.config.user_burst)]
-#[idempotent(key = "{user_id}:{idem_key}", expire = "10m", payload = req)]
-pub async fn submit_order(
-    app: &App,
+/// One order per (user, `Idempotency-Key`). The API-wide limit is checked first, then the
+/// user's: a request refused by either is charged to neither, and its token is untouched. A
+/// replay costs a rate-limit point (a retry storm is load too) but never takes the stock lock.
+/// The body runs detached: a client that disconnects mid-write does not strand its order,
+/// and its retry gets it.
+#[rate_limit(key = "order:submit", rate = app.config.api_rate, burst = app.config.api_burst())]
+#[rate_limit(key = "order:submit:user:{user_id}", rate = app.config.user_rate, burst = app.config.user_burst)]
+pub(crate) async fn submit_order(
+    app: &Shared,
     user_id: u64,
     idem_key: &str,
+    token: Option<&str>,
     req: OrderRequest,
 ) -> Result<Placed, ApiError> {
-    reserve_stock(app, &req.sku, req.qty, user_id, idem_key).await
+    let key = KeyBuilder::new()
+        .part("user_id", &user_id)
+        .text(":")
+        .part("idem_key", idem_key)
+        .finish()?;
+    let mut guard = Idempotency::new("order-submit", key)
+        .expire(Duration::from_secs(600))
+        .payload(&req);
+    if let Some(token) = token {
+        guard = guard.token(ORDER_SCENE, token);
+    }
+    let (app, idem_key) = (app.clone(), idem_key.to_owned());
+    let writing = app.writes.clone().read_owned().await;
+    guard
+        .detach()
+        .run(async move {
+            let placed = reserve_stock(&app, &req.sku, req.qty, user_id, &idem_key).await;
+            drop(writing);
+            placed
+        })
+        .await
 }
 
 /// The critical section: decrement stock and record the order. The lock keeps concurrent
@@ -65,24 +108,42 @@ async fn reserve_stock(
         .db
         .place_order(user_id, idem_key.to_owned(), sku.to_owned(), qty, fence)
         .await;
-    match placed {
-        Ok(order) | Err(PlaceError::Duplicate(order)) => Ok(Placed {
-            order_id: order.order_id,
-            user_id: order.user_id,
-            sku: order.sku,
-            qty: order.qty,
-            fence: order.fence,
-        }),
-        Err(PlaceError::OutOfStock) => Err(ApiError::OutOfStock),
-        Err(PlaceError::StaleFence) => Err(ApiError::Guard(redguard::Error::LockLost {
-            key: format!("stock:{sku}"),
-        })),
-        Err(PlaceError::Sql(err)) => Err(err.into()),
-    }
+    let (order, from_database) = match placed {
+        Ok(order) => (order, false),
+        Err(PlaceError::Duplicate(order)) => (order, true),
+        Err(PlaceError::KeyReuse) => return Err(ApiError::KeyReuse),
+        Err(PlaceError::OutOfStock) => return Err(ApiError::OutOfStock),
+        Err(PlaceError::StaleFence) => {
+            return Err(ApiError::Guard(redguard::Error::LockLost {
+                key: format!("stock:{sku}"),
+            }));
+        }
+        Err(PlaceError::Sql(err)) => return Err(err.into()),
+    };
+    Ok(Placed {
+        order_id: order.order_id,
+        user_id: order.user_id,
+        sku: order.sku,
+        qty: order.qty,
+        total: order.total,
+        fence: order.fence,
+        from_database,
+    })
 }
 
-/// `POST /payments/callback` body.
+/// Idempotency tokens for the order form: one user's burst is bounded, and so is everyone's.
+#[rate_limit(key = "token:issue", rate = app.config.token_api_rate, burst = app.config.token_api_rate.count())]
+#[rate_limit(key = "token:issue:user:{user_id}", rate = app.config.token_rate, burst = app.config.token_burst)]
+pub(crate) async fn issue_token(app: &App, user_id: u64) -> Result<String, ApiError> {
+    Ok(redguard::tokens()
+        .issue(ORDER_SCENE, Duration::from_secs(600))
+        .await?)
+}
+
+/// `POST /payments/callback` body (after its signature is checked). `amount` in minor units,
+/// a JSON integer that fits u64: anything else is refused, never rounded or truncated.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub(crate) struct PaymentCallback {
     pub payment_id: String,
     pub order_id: i64,
@@ -96,26 +157,42 @@ pub(crate) struct Paid {
     pub status: String,
 }
 
-/// Payment providers retry callbacks; each payment is recorded once, and every retry gets the
-/// same answer. The ledger's unique payment id is the backstop.
-#[idempotent(key = "payment:{payment_id}", expire = "1d", payload = callback)]
-pub async fn payment_callback(
+/// Payment providers retry callbacks; each payment is applied once, and every retry gets the
+/// same answer. The guard keeps concurrent deliveries apart for an hour; the ledger's unique
+/// payment id answers for good (and refuses the id for another order).
+#[rate_limit(key = "payment:callback", rate = app.config.callback_rate, burst = app.config.callback_rate.count())]
+#[idempotent(key = "payment:{payment_id}", expire = "1h", payload = callback)]
+pub(crate) async fn payment_callback(
     app: &App,
     payment_id: &str,
     callback: PaymentCallback,
 ) -> Result<Paid, ApiError> {
-    let found = app
+    let refund = "the order was closed or already paid before this payment arrived; the payment \
+                  is recorded as refund_due and will be refunded";
+    let outcome = app
         .db
         .record_payment(payment_id.to_owned(), callback.order_id, callback.amount)
         .await?;
-    if !found {
-        return Err(ApiError::NotFound);
+    match outcome {
+        Payment::Applied => Ok(Paid {
+            order_id: callback.order_id,
+            status: "paid".to_owned(),
+        }),
+        Payment::RefundDue => Err(ApiError::Payment(
+            StatusCode::CONFLICT,
+            "order_closed",
+            refund,
+        )),
+        Payment::Conflict => Err(ApiError::Payment(
+            StatusCode::CONFLICT,
+            "payment_conflict",
+            "this payment id is recorded for another order or amount",
+        )),
+        Payment::AmountMismatch => Err(ApiError::Payment(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "amount_mismatch",
+            "the amount is not the order's total",
+        )),
+        Payment::NoOrder => Err(ApiError::NotFound),
     }
-    Ok(Paid {
-        order_id: callback.order_id,
-        status: "paid".to_owned(),
-    })
 }
-
-/// Shared state as handlers hold it.
-pub(crate) type Shared = Arc<App>;

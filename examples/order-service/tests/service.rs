@@ -1,6 +1,8 @@
 //! The order service end to end: real Redis, several instances (child processes) on one
 //! SQLite file, the load generator, and every status of the HTTP contract provoked over HTTP.
+//! Tests of issue 19 are named after the promise they check.
 
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -9,10 +11,16 @@ use redguard_tests::RedisServer;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
+const ADMIN_TOKEN: &str = "test-admin-token-0123456789";
+const AUTH_SECRET: &str = "test-auth-secret-0123456789";
+const PAYMENT_SECRET: &str = "test-payment-secret-0123456789";
+
 /// A running `order-service` process, killed on drop.
 struct Instance {
     child: Child,
     url: String,
+    port: u16,
+    client: reqwest::Client,
 }
 
 impl Drop for Instance {
@@ -29,6 +37,8 @@ fn free_port() -> u16 {
         .unwrap()
 }
 
+/// Starts an instance with the test's secrets and this machine trusted as a proxy (so
+/// `X-User-Id` is believed); `env` overrides any of it.
 async fn start(redis: &RedisServer, db: &Path, name: &str, env: &[(&str, &str)]) -> Instance {
     let port = free_port();
     let mut command = Command::new(env!("CARGO_BIN_EXE_order-service"));
@@ -38,6 +48,10 @@ async fn start(redis: &RedisServer, db: &Path, name: &str, env: &[(&str, &str)])
         .env("REDGUARD_REDIS_URL", redis.url())
         .env("INSTANCE_ID", name)
         .env("JOB_TICK_MS", "50")
+        .env("AUTH_SECRET", AUTH_SECRET)
+        .env("ADMIN_TOKEN", ADMIN_TOKEN)
+        .env("PAYMENT_SECRET", PAYMENT_SECRET)
+        .env("TRUSTED_PROXIES", "127.0.0.1")
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
         .stderr(Stdio::inherit());
@@ -47,11 +61,16 @@ async fn start(redis: &RedisServer, db: &Path, name: &str, env: &[(&str, &str)])
     let instance = Instance {
         child: command.spawn().expect("spawn order-service"),
         url: format!("http://127.0.0.1:{port}"),
+        port,
+        client: reqwest::Client::new(),
     };
-    let client = reqwest::Client::new();
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        if let Ok(response) = client.get(format!("{}/healthz", instance.url)).send().await {
+        let health = instance
+            .client
+            .get(format!("{}/healthz", instance.url))
+            .send();
+        if let Ok(response) = health.await {
             let health: Value = response.json().await.unwrap();
             assert_eq!(health["store"], "redis");
             assert_eq!(health["instance"], name);
@@ -64,6 +83,106 @@ async fn start(redis: &RedisServer, db: &Path, name: &str, env: &[(&str, &str)])
 
 fn temp_db(dir: &tempfile::TempDir) -> PathBuf {
     dir.path().join("orders.db")
+}
+
+/// Who sends a request: a trusted proxy's `X-User-Id`, a bearer token, or nobody.
+#[derive(Clone, Copy)]
+enum As<'a> {
+    Proxied(u64),
+    Bearer(&'a str),
+    Anonymous,
+}
+
+impl Instance {
+    fn post(&self, path: &str, who: As<'_>) -> reqwest::RequestBuilder {
+        who.apply(self.client.post(format!("{}{path}", self.url)))
+    }
+
+    fn get(&self, path: &str, who: As<'_>) -> reqwest::RequestBuilder {
+        who.apply(self.client.get(format!("{}{path}", self.url)))
+    }
+
+    async fn set_stock(&self, sku: &str, available: u32, price: u32) {
+        let response = self
+            .client
+            .post(format!("{}/admin/stock", self.url))
+            .bearer_auth(ADMIN_TOKEN)
+            .json(&json!({ "sku": sku, "available": available, "price": price }))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+    }
+
+    /// A bearer token for `user`, minted by the admin endpoint.
+    async fn user_token(&self, user: u64) -> String {
+        let response = self
+            .client
+            .post(format!("{}/admin/tokens", self.url))
+            .bearer_auth(ADMIN_TOKEN)
+            .json(&json!({ "user_id": user }))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 201);
+        let body: Value = response.json().await.unwrap();
+        body["token"].as_str().unwrap().to_owned()
+    }
+
+    async fn order(&self, who: As<'_>, key: &str, body: Value) -> reqwest::Response {
+        self.post("/orders", who)
+            .header("idempotency-key", key)
+            .json(&body)
+            .send()
+            .await
+            .unwrap()
+    }
+
+    /// A payment callback signed with `secret` at `timestamp`.
+    async fn callback(&self, body: &str, secret: &str, timestamp: u64) -> reqwest::Response {
+        let signature = order_service::sign_callback(secret.as_bytes(), timestamp, body.as_bytes());
+        self.client
+            .post(format!("{}/payments/callback", self.url))
+            .header("x-signature-timestamp", timestamp.to_string())
+            .header("x-signature", signature)
+            .header("content-type", "application/json")
+            .body(body.to_owned())
+            .send()
+            .await
+            .unwrap()
+    }
+}
+
+impl As<'_> {
+    fn apply(self, request: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+        match self {
+            As::Proxied(user) => request.header("x-user-id", user.to_string()),
+            As::Bearer(token) => request.bearer_auth(token),
+            As::Anonymous => request,
+        }
+    }
+}
+
+fn now_s() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+/// One service on its own Redis and database.
+async fn service(env: &[(&str, &str)]) -> (RedisServer, tempfile::TempDir, Instance) {
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let svc = start(&redis, &temp_db(&dir), "svc", env).await;
+    (redis, dir, svc)
+}
+
+fn db_count(dir: &tempfile::TempDir, sql: &str) -> i64 {
+    rusqlite::Connection::open(temp_db(dir))
+        .unwrap()
+        .query_row(sql, [], |r| r.get(0))
+        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -86,6 +205,7 @@ async fn three_instances_never_duplicate_or_oversell_under_load() {
     let output = Command::new(env!("CARGO_BIN_EXE_loadgen"))
         .args(["--targets", &targets.join(",")])
         .args(["--db", db.to_str().unwrap()])
+        .args(["--admin-token", ADMIN_TOKEN])
         .args(["--intents", "2000", "--dups", "3", "--concurrency", "48"])
         .args(["--skus", "5", "--stock", "500", "--users", "400"])
         .output()
@@ -152,27 +272,6 @@ fn snapshot(redis: &RedisServer) -> std::collections::BTreeMap<String, Vec<u8>> 
         .collect()
 }
 
-async fn get_json(client: &reqwest::Client, url: String) -> Value {
-    client.get(url).send().await.unwrap().json().await.unwrap()
-}
-
-async fn post_order(
-    client: &reqwest::Client,
-    url: &str,
-    user: &str,
-    key: &str,
-    body: Value,
-) -> reqwest::Response {
-    client
-        .post(format!("{url}/orders"))
-        .header("x-user-id", user)
-        .header("idempotency-key", key)
-        .json(&body)
-        .send()
-        .await
-        .unwrap()
-}
-
 async fn error_code(response: reqwest::Response) -> (StatusCode, String) {
     let status = response.status();
     let body: Value = response.json().await.unwrap();
@@ -185,58 +284,64 @@ async fn error_code(response: reqwest::Response) -> (StatusCode, String) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_status_of_the_contract() {
-    let redis = RedisServer::start();
-    let dir = tempfile::tempdir().unwrap();
-    let db = temp_db(&dir);
-    let svc = start(&redis, &db, "status", &[]).await;
+    let (redis, dir, svc) = service(&[]).await;
     let url = svc.url.as_str();
-    let client = reqwest::Client::new();
+    let client = &svc.client;
 
-    let set = client
-        .post(format!("{url}/admin/stock"))
-        .json(&json!({ "sku": "SK-1", "available": 5 }))
+    svc.set_stock("SK-1", 5, 1999).await;
+    let stock: Value = svc
+        .get("/stock/SK-1", As::Anonymous)
         .send()
         .await
+        .unwrap()
+        .json()
+        .await
         .unwrap();
-    assert_eq!(set.status(), 200);
-    let stock: Value = get_json(&client, format!("{url}/stock/SK-1")).await;
-    assert_eq!(stock, json!({ "sku": "SK-1", "available": 5 }));
     assert_eq!(
-        client
-            .get(format!("{url}/stock/NOPE"))
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        404
+        stock,
+        json!({ "sku": "SK-1", "available": 5, "price": 1999 })
+    );
+    let missing = svc.get("/stock/NOPE", As::Anonymous).send().await.unwrap();
+    assert_eq!(
+        error_code(missing).await,
+        (StatusCode::NOT_FOUND, "not_found".into())
     );
 
     // 201, then the replay with the same status and body.
-    let first = post_order(&client, url, "1", "k-1", json!({ "sku": "SK-1", "qty": 2 })).await;
+    let first = svc
+        .order(As::Proxied(1), "k-1", json!({ "sku": "SK-1", "qty": 2 }))
+        .await;
     assert_eq!(first.status(), 201);
     assert!(!first.headers().contains_key("idempotent-replayed"));
     let first: Value = first.json().await.unwrap();
     assert_eq!(
-        (first["user_id"].as_u64(), first["qty"].as_u64()),
-        (Some(1), Some(2))
+        (
+            first["user_id"].as_u64(),
+            first["qty"].as_u64(),
+            first["total"].as_u64()
+        ),
+        (Some(1), Some(2), Some(3998))
     );
     assert!(first["fence"].as_u64().unwrap() > 0);
-    let again = post_order(&client, url, "1", "k-1", json!({ "sku": "SK-1", "qty": 2 })).await;
+    let again = svc
+        .order(As::Proxied(1), "k-1", json!({ "sku": "SK-1", "qty": 2 }))
+        .await;
     assert_eq!(again.status(), 201);
     assert_eq!(again.headers()["idempotent-replayed"], "true");
     assert_eq!(again.json::<Value>().await.unwrap(), first);
 
     // 422: same key, different body.
-    let reuse = post_order(&client, url, "1", "k-1", json!({ "sku": "SK-1", "qty": 3 })).await;
+    let reuse = svc
+        .order(As::Proxied(1), "k-1", json!({ "sku": "SK-1", "qty": 3 }))
+        .await;
     assert_eq!(
         error_code(reuse).await,
         (StatusCode::UNPROCESSABLE_ENTITY, "key_reuse".into())
     );
 
-    // 400s: nothing written anywhere.
+    // 400s and a 401: nothing written anywhere.
     let before = snapshot(&redis);
     for (user, key) in [
-        ("", "k-2"),
         ("x", "k-2"),
         ("2", ""),
         ("2", "bad key"),
@@ -254,6 +359,13 @@ async fn every_status_of_the_contract() {
         let (status, _) = error_code(request.send().await.unwrap()).await;
         assert_eq!(status, 400, "user {user:?} key {key:?}");
     }
+    let anonymous = svc
+        .order(As::Anonymous, "k-2", json!({ "sku": "SK-1", "qty": 1 }))
+        .await;
+    assert_eq!(
+        error_code(anonymous).await,
+        (StatusCode::UNAUTHORIZED, "unauthenticated".into())
+    );
     // Nothing new and nothing changed; a key may only have gone (GCRA state expires as soon
     // as its bucket is full again).
     for (key, value) in snapshot(&redis) {
@@ -261,23 +373,22 @@ async fn every_status_of_the_contract() {
     }
 
     // 409 out_of_stock is a business error: after a restock the same key runs again.
-    let short = post_order(&client, url, "2", "k-3", json!({ "sku": "SK-1", "qty": 4 })).await;
+    let short = svc
+        .order(As::Proxied(2), "k-3", json!({ "sku": "SK-1", "qty": 4 }))
+        .await;
     assert_eq!(
         error_code(short).await,
         (StatusCode::CONFLICT, "out_of_stock".into())
     );
-    client
-        .post(format!("{url}/admin/stock"))
-        .json(&json!({ "sku": "SK-1", "available": 10 }))
-        .send()
-        .await
-        .unwrap();
-    let retried = post_order(&client, url, "2", "k-3", json!({ "sku": "SK-1", "qty": 4 })).await;
+    svc.set_stock("SK-1", 10, 1999).await;
+    let retried = svc
+        .order(As::Proxied(2), "k-3", json!({ "sku": "SK-1", "qty": 4 }))
+        .await;
     assert_eq!(retried.status(), 201);
 
     // 409 in_progress: a record left PROCESSING (an instance died mid-order).
     let mut conn = redis.connection();
-    let record = "redguard:idem:{order_service::orders::submit_order:3:k-4}";
+    let record = "redguard:idem:{order-submit:3:k-4}";
     let _: () = redis::cmd("HSET")
         .arg(record)
         .arg("status")
@@ -293,7 +404,9 @@ async fn every_status_of_the_contract() {
         .arg(60)
         .query(&mut conn)
         .unwrap();
-    let busy = post_order(&client, url, "3", "k-4", json!({ "sku": "SK-1", "qty": 1 })).await;
+    let busy = svc
+        .order(As::Proxied(3), "k-4", json!({ "sku": "SK-1", "qty": 1 }))
+        .await;
     assert_eq!(
         error_code(busy).await,
         (StatusCode::CONFLICT, "in_progress".into())
@@ -310,7 +423,9 @@ async fn every_status_of_the_contract() {
         .acquire()
         .await
         .unwrap();
-    let waited = post_order(&client, url, "4", "k-5", json!({ "sku": "SK-1", "qty": 1 })).await;
+    let waited = svc
+        .order(As::Proxied(4), "k-5", json!({ "sku": "SK-1", "qty": 1 }))
+        .await;
     assert_eq!(
         waited
             .headers()
@@ -326,11 +441,7 @@ async fn every_status_of_the_contract() {
 
     // Tokens: 201, then 409 token_used, and 400 token_invalid for a forgery.
     let token: Value = {
-        let response = client
-            .post(format!("{url}/tokens?scene=order-submit"))
-            .send()
-            .await
-            .unwrap();
+        let response = svc.post("/tokens", As::Proxied(5)).send().await.unwrap();
         assert_eq!(response.status(), 201);
         response.json().await.unwrap()
     };
@@ -362,14 +473,13 @@ async fn every_status_of_the_contract() {
     // 429 with the headers a client needs: user 6 bursts past 10 at 5/s.
     let mut limited = None;
     for i in 0..15 {
-        let response = post_order(
-            &client,
-            url,
-            "6",
-            &format!("burst-{i}"),
-            json!({ "sku": "SK-1", "qty": 1 }),
-        )
-        .await;
+        let response = svc
+            .order(
+                As::Proxied(6),
+                &format!("burst-{i}"),
+                json!({ "sku": "SK-1", "qty": 1 }),
+            )
+            .await;
         if response.status() == StatusCode::TOO_MANY_REQUESTS {
             limited = Some(response);
             break;
@@ -383,30 +493,37 @@ async fn every_status_of_the_contract() {
 
     // Orders by id and by user.
     let order_id = first["order_id"].as_i64().unwrap();
-    let order: Value = get_json(&client, format!("{url}/orders/{order_id}")).await;
+    let order: Value = svc
+        .get(&format!("/orders/{order_id}"), As::Proxied(1))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert_eq!(order["idempotency_key"], "k-1");
-    assert_eq!(
-        client
-            .get(format!("{url}/orders/999999"))
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        404
-    );
-    let mine: Value = get_json(&client, format!("{url}/orders?user_id=1")).await;
+    let missing = svc
+        .get("/orders/999999", As::Proxied(1))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(missing.status(), 404);
+    let mine: Value = svc
+        .get("/orders", As::Proxied(1))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert_eq!(mine["orders"].as_array().unwrap().len(), 1);
 
     // Payment callbacks: retried by the provider, recorded once.
-    let callback = json!({ "payment_id": "pay-1", "order_id": order_id, "amount": 1999 });
+    let callback =
+        json!({ "payment_id": "pay-1", "order_id": order_id, "amount": 3998 }).to_string();
     let mut answers = Vec::new();
     for _ in 0..3 {
-        let response = client
-            .post(format!("{url}/payments/callback"))
-            .json(&callback)
-            .send()
-            .await
-            .unwrap();
+        let response = svc.callback(&callback, PAYMENT_SECRET, now_s()).await;
         assert_eq!(response.status(), 200);
         answers.push(response.json::<Value>().await.unwrap());
     }
@@ -415,18 +532,17 @@ async fn every_status_of_the_contract() {
             .iter()
             .all(|a| *a == json!({ "order_id": order_id, "status": "paid" }))
     );
-    let ledger: i64 = rusqlite::Connection::open(&db)
-        .unwrap()
-        .query_row(
-            "SELECT COUNT(*) FROM ledger WHERE payment_id = 'pay-1'",
-            [],
-            |r| r.get(0),
-        )
-        .unwrap();
-    assert_eq!(ledger, 1);
+    assert_eq!(
+        db_count(
+            &dir,
+            "SELECT COUNT(*) FROM ledger WHERE payment_id = 'pay-1'"
+        ),
+        1
+    );
 
     let metrics = client
         .get(format!("{url}/metrics"))
+        .bearer_auth(ADMIN_TOKEN)
         .send()
         .await
         .unwrap()
@@ -434,4 +550,981 @@ async fn every_status_of_the_contract() {
         .await
         .unwrap();
     assert!(metrics.contains("redguard_idempotency_total"), "{metrics}");
+}
+
+/// Keys (the background job's lock aside) and the bytes they use, by `MEMORY USAGE`.
+fn footprint(redis: &RedisServer) -> (std::collections::BTreeSet<String>, u64) {
+    let mut conn = redis.connection();
+    let keys: std::collections::BTreeSet<String> = redis
+        .keys()
+        .into_iter()
+        .filter(|key| !key.contains("close_unpaid"))
+        .collect();
+    let bytes = keys
+        .iter()
+        .map(|key| {
+            redis::cmd("MEMORY")
+                .arg("USAGE")
+                .arg(key)
+                .query::<Option<u64>>(&mut conn)
+                .unwrap()
+                .unwrap_or(0)
+        })
+        .sum();
+    (keys, bytes)
+}
+
+fn status_of(dir: &tempfile::TempDir, order_id: i64) -> String {
+    rusqlite::Connection::open(temp_db(dir))
+        .unwrap()
+        .query_row(
+            "SELECT status FROM orders WHERE order_id = ?1",
+            [order_id],
+            |r| r.get(0),
+        )
+        .unwrap()
+}
+
+/// Issue 19 item 5: reads check ownership; identity is a verified token, or `X-User-Id` from a
+/// trusted proxy only; `/admin/*` needs the admin token (401 without, 403 with another).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_belong_to_their_owner_and_admin_needs_its_credential() {
+    let (_redis, _dir, svc) = service(&[("TRUSTED_PROXIES", "10.9.9.9")]).await;
+    svc.set_stock("SK-1", 10, 500).await;
+    let alice = svc.user_token(1).await;
+    let bob = svc.user_token(2).await;
+    let placed = svc
+        .order(
+            As::Bearer(&alice),
+            "a-1",
+            json!({ "sku": "SK-1", "qty": 1 }),
+        )
+        .await;
+    assert_eq!(placed.status(), 201);
+    let placed: Value = placed.json().await.unwrap();
+    assert_eq!(placed["user_id"], 1);
+    let path = format!("/orders/{}", placed["order_id"]);
+
+    let mine = svc.get(&path, As::Bearer(&alice)).send().await.unwrap();
+    assert_eq!(mine.status(), 200);
+    let theirs = svc.get(&path, As::Bearer(&bob)).send().await.unwrap();
+    assert_eq!(
+        error_code(theirs).await,
+        (StatusCode::NOT_FOUND, "not_found".into())
+    );
+    let listed: Value = svc
+        .get("/orders?user_id=1", As::Bearer(&bob))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(listed, json!({ "orders": [] }), "bob listed alice's orders");
+
+    // No identity, a claimed one from an untrusted peer, a tampered or expired token: 401.
+    let mut tampered = alice.clone();
+    tampered.replace_range(0..1, "2");
+    let expiring = {
+        let response = svc
+            .client
+            .post(format!("{}/admin/tokens", svc.url))
+            .bearer_auth(ADMIN_TOKEN)
+            .json(&json!({ "user_id": 1, "ttl_s": 1 }))
+            .send()
+            .await
+            .unwrap();
+        response.json::<Value>().await.unwrap()["token"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    for who in [
+        As::Anonymous,
+        As::Proxied(1),
+        As::Bearer(&tampered),
+        As::Bearer(&expiring),
+        As::Bearer("1.99999999999.00"),
+    ] {
+        let response = svc.get(&path, who).send().await.unwrap();
+        assert_eq!(
+            error_code(response).await,
+            (StatusCode::UNAUTHORIZED, "unauthenticated".into())
+        );
+    }
+
+    // The admin credential: 401 missing, 403 wrong (a user's token is not one).
+    for (token, status) in [
+        (None, 401),
+        (Some("wrong-admin-token-000000"), 403),
+        (Some(alice.as_str()), 403),
+    ] {
+        for path in ["/admin/stock", "/admin/tokens"] {
+            let mut request = svc
+                .client
+                .post(format!("{}{path}", svc.url))
+                .json(&json!({ "sku": "SK-1", "available": 0, "price": 1, "user_id": 1 }));
+            if let Some(token) = token {
+                request = request.bearer_auth(token);
+            }
+            let (got, _) = error_code(request.send().await.unwrap()).await;
+            assert_eq!(got, status, "{path} with {token:?}");
+        }
+        let mut metrics = svc.client.get(format!("{}/metrics", svc.url));
+        if let Some(token) = token {
+            metrics = metrics.bearer_auth(token);
+        }
+        assert_eq!(metrics.send().await.unwrap().status(), status);
+    }
+    let stock: Value = svc
+        .get("/stock/SK-1", As::Anonymous)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        stock["available"], 9,
+        "a refused admin call changed the stock"
+    );
+}
+
+/// Issue 19 item 8: 40 orders under 40 `X-User-Id` values are one client's: refused from an
+/// untrusted peer, and with a token they all count against the token's user.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_client_limit_is_keyed_on_the_authenticated_identity() {
+    let (_redis, dir, svc) = service(&[("TRUSTED_PROXIES", "10.9.9.9")]).await;
+    svc.set_stock("SK-1", 1000, 100).await;
+    let bob = svc.user_token(2).await;
+    let started = Instant::now();
+    let mut admitted = 0;
+    for i in 0..40 {
+        let spoofed = svc
+            .post("/orders", As::Proxied(100 + i))
+            .header("idempotency-key", format!("s-{i}"))
+            .json(&json!({ "sku": "SK-1", "qty": 1 }))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(spoofed.status(), 401);
+        let with_token = svc
+            .post("/orders", As::Bearer(&bob))
+            .header("x-user-id", (200 + i).to_string())
+            .header("idempotency-key", format!("t-{i}"))
+            .json(&json!({ "sku": "SK-1", "qty": 1 }))
+            .send()
+            .await
+            .unwrap();
+        match with_token.status().as_u16() {
+            201 => admitted += 1,
+            429 => {}
+            other => panic!("unexpected {other}"),
+        }
+    }
+    // Burst 10, then 5/s for as long as the loop took.
+    let refilled = (started.elapsed().as_secs_f64() * 5.0).ceil() as usize;
+    assert!(
+        (10..=10 + refilled).contains(&admitted),
+        "{admitted} admitted"
+    );
+    assert_eq!(
+        db_count(&dir, "SELECT COUNT(*) FROM orders WHERE user_id != 2"),
+        0
+    );
+}
+
+/// Issue 19 item 7: 200 requests of each kind of abuse, the Redis keys and bytes before and
+/// after: refused requests write nothing, and what an admitted client can make is bounded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn abuse_cannot_fill_redis() {
+    let (redis, _dir, svc) = service(&[("TRUSTED_PROXIES", "10.9.9.9")]).await;
+    svc.set_stock("SK-1", 1000, 100).await;
+    let user = svc.user_token(1).await;
+    let (start_keys, start_bytes) = footprint(&redis);
+    let start_memory = redguard_tests::faults::used_memory(&redis);
+    let order_id = 999_999;
+    let kinds: [(&str, u16); 8] = [
+        ("anonymous orders", 401),
+        ("orders under X-User-Id from an untrusted peer", 401),
+        ("orders for unknown SKUs", 404),
+        ("unsigned payment callbacks", 401),
+        ("badly signed payment callbacks", 401),
+        ("signed callbacks for no order", 404),
+        ("anonymous token requests", 401),
+        ("malformed order bodies", 400),
+    ];
+    for (kind, expected) in kinds {
+        for i in 0..200 {
+            let callback =
+                json!({ "payment_id": format!("p-{i}"), "order_id": order_id, "amount": 1 })
+                    .to_string();
+            let response = match kind {
+                "anonymous orders" => {
+                    svc.order(
+                        As::Anonymous,
+                        &format!("k-{i}"),
+                        json!({ "sku": "SK-1", "qty": 1 }),
+                    )
+                    .await
+                }
+                "orders under X-User-Id from an untrusted peer" => svc
+                    .post("/orders", As::Anonymous)
+                    .header("x-user-id", (1000 + i).to_string())
+                    .header("idempotency-key", format!("k-{i}"))
+                    .json(&json!({ "sku": "SK-1", "qty": 1 }))
+                    .send()
+                    .await
+                    .unwrap(),
+                "orders for unknown SKUs" => {
+                    svc.order(
+                        As::Bearer(&user),
+                        &format!("k-{i}"),
+                        json!({ "sku": format!("NO-{i}"), "qty": 1 }),
+                    )
+                    .await
+                }
+                "unsigned payment callbacks" => svc
+                    .client
+                    .post(format!("{}/payments/callback", svc.url))
+                    .header("content-type", "application/json")
+                    .body(callback)
+                    .send()
+                    .await
+                    .unwrap(),
+                "badly signed payment callbacks" => {
+                    svc.callback(&callback, "not-the-payment-secret", now_s())
+                        .await
+                }
+                "signed callbacks for no order" => {
+                    svc.callback(&callback, PAYMENT_SECRET, now_s()).await
+                }
+                "anonymous token requests" => {
+                    svc.post("/tokens", As::Anonymous).send().await.unwrap()
+                }
+                _ => svc
+                    .post("/orders", As::Bearer(&user))
+                    .header("idempotency-key", format!("k-{i}"))
+                    .header("content-type", "application/json")
+                    .body("{\"sku\":")
+                    .send()
+                    .await
+                    .unwrap(),
+            };
+            assert_eq!(response.status(), expected, "{kind}");
+        }
+        let (keys, bytes) = footprint(&redis);
+        println!(
+            "{kind} ×200: {} keys, {bytes} bytes (before {} keys, {start_bytes} bytes)",
+            keys.len(),
+            start_keys.len()
+        );
+        assert!(
+            keys.is_subset(&start_keys),
+            "{kind} wrote {:?}",
+            keys.difference(&start_keys).collect::<Vec<_>>()
+        );
+    }
+    // An authenticated user asking for tokens as fast as it can: its burst, then 429s.
+    let started = Instant::now();
+    let mut issued = 0;
+    for _ in 0..200 {
+        let response = svc.post("/tokens", As::Bearer(&user)).send().await.unwrap();
+        match response.status().as_u16() {
+            201 => issued += 1,
+            429 => {}
+            other => panic!("token request: {other}"),
+        }
+    }
+    let (keys, bytes) = footprint(&redis);
+    println!(
+        "token requests ×200 by one user: {issued} issued, {} new keys, {} bytes; used_memory {} → {}",
+        keys.len() - start_keys.len(),
+        bytes - start_bytes,
+        start_memory,
+        redguard_tests::faults::used_memory(&redis)
+    );
+    // Burst 5, then 1/s for as long as the loop took.
+    let refilled = started.elapsed().as_secs() as usize + 1;
+    assert!(
+        (5..=5 + refilled).contains(&issued),
+        "{issued} tokens issued"
+    );
+    assert!(keys.len() - start_keys.len() <= issued + 2);
+    assert!(bytes - start_bytes < 300 * (issued as u64 + 2));
+    redis.assert_every_key_has_ttl();
+}
+
+/// Issue 19 item 6: callbacks are signed over timestamp and body, within a replay window;
+/// the amount is the order's total exactly; the ledger's payment id refuses another order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn payment_callbacks_are_signed_and_checked() {
+    let (redis, dir, svc) = service(&[]).await;
+    svc.set_stock("SK-1", 10, 1999).await;
+    let mut orders = Vec::new();
+    for user in [1, 2] {
+        // A: user 1, 2 × 1999 = 3998; B: user 2, 1 × 1999.
+        let placed = svc
+            .order(
+                As::Proxied(user),
+                "k",
+                json!({ "sku": "SK-1", "qty": 3 - user }),
+            )
+            .await;
+        let placed: Value = placed.json().await.unwrap();
+        orders.push(placed["order_id"].as_i64().unwrap());
+    }
+    let (a, b) = (orders[0], orders[1]);
+    let pay = |payment: &str, order: i64, amount: &str| {
+        format!(r#"{{"payment_id":"{payment}","order_id":{order},"amount":{amount}}}"#)
+    };
+
+    // Unsigned, signed with another secret, or outside the replay window: 401.
+    let unsigned = svc
+        .client
+        .post(format!("{}/payments/callback", svc.url))
+        .header("content-type", "application/json")
+        .body(pay("p-0", a, "0"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        error_code(unsigned).await,
+        (StatusCode::UNAUTHORIZED, "unauthenticated".into())
+    );
+    let forged = svc
+        .callback(&pay("p-0", a, "3998"), "another-secret-0123456789", now_s())
+        .await;
+    assert_eq!(forged.status(), 401);
+    let stale = svc
+        .callback(&pay("p-0", a, "3998"), PAYMENT_SECRET, now_s() - 3600)
+        .await;
+    assert_eq!(stale.status(), 401);
+
+    // The amount must be the total, read as a u64 exactly.
+    for (amount, status, code) in [
+        ("0", 422, "amount_mismatch"),
+        ("3997", 422, "amount_mismatch"),
+        ("18446744073709551615", 422, "amount_mismatch"),
+        ("18446744073709551616", 400, "invalid_body"),
+        ("3998.0", 400, "invalid_body"),
+        ("-3998", 400, "invalid_body"),
+    ] {
+        let response = svc
+            .callback(
+                &pay(&format!("p-{amount}"), a, amount),
+                PAYMENT_SECRET,
+                now_s(),
+            )
+            .await;
+        assert_eq!(
+            error_code(response).await,
+            (StatusCode::from_u16(status).unwrap(), code.into()),
+            "amount {amount}"
+        );
+    }
+    assert_eq!(status_of(&dir, a), "created");
+
+    let paid = svc
+        .callback(&pay("pay-a", a, "3998"), PAYMENT_SECRET, now_s())
+        .await;
+    assert_eq!(paid.status(), 200);
+    assert_eq!(status_of(&dir, a), "paid");
+
+    // The guard's record expired; the same payment id now names order B: the ledger refuses.
+    for key in redis
+        .keys()
+        .into_iter()
+        .filter(|key| key.contains("payment:pay-a"))
+    {
+        let _: () = redis::cmd("DEL")
+            .arg(key)
+            .query(&mut redis.connection())
+            .unwrap();
+    }
+    let conflict = svc
+        .callback(&pay("pay-a", b, "1999"), PAYMENT_SECRET, now_s())
+        .await;
+    assert_eq!(
+        error_code(conflict).await,
+        (StatusCode::CONFLICT, "payment_conflict".into())
+    );
+    assert_eq!(status_of(&dir, b), "created");
+    assert_eq!(
+        db_count(
+            &dir,
+            "SELECT order_id FROM ledger WHERE payment_id = 'pay-a'"
+        ),
+        a
+    );
+}
+
+/// Issue 19 item 6: a payment for an order the unpaid job closed (its stock back on sale) is
+/// `409 order_closed`, recorded in the ledger as `refund_due`, the same answer on every retry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_payment_for_a_closed_order_is_refused_and_kept_for_refund() {
+    let (_redis, dir, svc) = service(&[("UNPAID_TIMEOUT_MS", "300")]).await;
+    svc.set_stock("SK-1", 1, 700).await;
+    let placed: Value = svc
+        .order(As::Proxied(1), "k", json!({ "sku": "SK-1", "qty": 1 }))
+        .await
+        .json()
+        .await
+        .unwrap();
+    let order = placed["order_id"].as_i64().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while status_of(&dir, order) != "closed" {
+        assert!(Instant::now() < deadline, "the job never closed the order");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let body = format!(r#"{{"payment_id":"late","order_id":{order},"amount":700}}"#);
+    for _ in 0..2 {
+        let late = svc.callback(&body, PAYMENT_SECRET, now_s()).await;
+        assert_eq!(
+            error_code(late).await,
+            (StatusCode::CONFLICT, "order_closed".into())
+        );
+    }
+    assert_eq!(status_of(&dir, order), "closed");
+    assert_eq!(
+        db_count(
+            &dir,
+            "SELECT COUNT(*) FROM ledger WHERE payment_id = 'late' AND status = 'refund_due'"
+        ),
+        1
+    );
+}
+
+/// Issue 19 item 4: after the idempotency record expired, the database's unique key answers:
+/// the same intent is a replay (marked), another payload under the key is `422 key_reuse`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_database_backstop_answers_truthfully_after_the_record_expired() {
+    let (redis, dir, svc) = service(&[]).await;
+    svc.set_stock("SK-1", 10, 100).await;
+    svc.set_stock("SK-2", 10, 100).await;
+    let first = svc
+        .order(As::Proxied(1), "k-1", json!({ "sku": "SK-1", "qty": 1 }))
+        .await;
+    assert_eq!(first.status(), 201);
+    let first: Value = first.json().await.unwrap();
+    let expire = || {
+        for key in redis
+            .keys()
+            .into_iter()
+            .filter(|key| key.contains("order-submit:1:k-1"))
+        {
+            let _: () = redis::cmd("DEL")
+                .arg(key)
+                .query(&mut redis.connection())
+                .unwrap();
+        }
+    };
+    expire();
+    let other = svc
+        .order(As::Proxied(1), "k-1", json!({ "sku": "SK-2", "qty": 7 }))
+        .await;
+    assert_eq!(
+        error_code(other).await,
+        (StatusCode::UNPROCESSABLE_ENTITY, "key_reuse".into())
+    );
+    expire();
+    let same = svc
+        .order(As::Proxied(1), "k-1", json!({ "sku": "SK-1", "qty": 1 }))
+        .await;
+    assert_eq!(same.status(), 201);
+    assert_eq!(
+        same.headers()
+            .get("idempotent-replayed")
+            .map(|v| v.to_str().unwrap()),
+        Some("true")
+    );
+    assert_eq!(same.json::<Value>().await.unwrap(), first);
+    assert_eq!(db_count(&dir, "SELECT COUNT(*) FROM orders"), 1);
+    assert_eq!(
+        db_count(&dir, "SELECT available FROM stock WHERE sku = 'SK-2'"),
+        10
+    );
+}
+
+/// Reads what the server sends until it closes the connection (or `within` passes).
+fn read_until_closed(stream: &mut std::net::TcpStream, within: Duration) -> (String, Duration) {
+    let started = Instant::now();
+    stream.set_read_timeout(Some(within)).unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match stream.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+        }
+    }
+    (
+        String::from_utf8_lossy(&got).into_owned(),
+        started.elapsed(),
+    )
+}
+
+/// Issue 19 item 9: a connection that sends half a header, or nothing, is closed after the
+/// header timeout; a body that trickles gets `408 body_timeout`; connections over
+/// `MAX_CONNECTIONS` wait until the timeout frees a slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_and_half_sent_connections_are_closed_within_the_timeouts() {
+    let (_redis, _dir, svc) = service(&[
+        ("HEADER_TIMEOUT_MS", "500"),
+        ("BODY_TIMEOUT_MS", "500"),
+        ("MAX_CONNECTIONS", "4"),
+    ])
+    .await;
+    let port = svc.port;
+    tokio::task::spawn_blocking(move || {
+        let connect = || std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let mut half = connect();
+        half.write_all(b"POST /orders HTTP/1.1\r\nHost: x\r\n").unwrap();
+        let mut silent = connect();
+        let (_, took) = read_until_closed(&mut half, Duration::from_secs(10));
+        assert!(took < Duration::from_secs(3), "half a header kept the connection {took:?}");
+        let (_, took) = read_until_closed(&mut silent, Duration::from_secs(10));
+        assert!(took < Duration::from_secs(3), "a silent connection was kept {took:?}");
+
+        let mut trickle = connect();
+        trickle
+            .write_all(b"POST /orders HTTP/1.1\r\nHost: x\r\nx-user-id: 1\r\nidempotency-key: k\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{\"sku\"")
+            .unwrap();
+        let (response, took) = read_until_closed(&mut trickle, Duration::from_secs(10));
+        assert!(response.starts_with("HTTP/1.1 408"), "{response}");
+        assert!(response.contains("body_timeout"), "{response}");
+        assert!(took < Duration::from_secs(3), "{took:?}");
+
+        // Four silent connections take every slot: the fifth is not served until they time out.
+        let _silent: Vec<_> = (0..4).map(|_| connect()).collect();
+        std::thread::sleep(Duration::from_millis(100));
+        let started = Instant::now();
+        let mut health = connect();
+        health.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+        let (response, _) = read_until_closed(&mut health, Duration::from_secs(10));
+        assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+        let waited = started.elapsed();
+        assert!(
+            (Duration::from_millis(300)..Duration::from_secs(3)).contains(&waited),
+            "served after {waited:?}"
+        );
+    })
+    .await
+    .unwrap();
+}
+
+/// Issue 19 item 9 / issue 15: SIGTERM stops accepting, finishes the request in flight (its
+/// body still arriving), exits 0, and leaves no lock held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_finishes_the_request_in_flight_and_releases_locks() {
+    let (redis, dir, mut svc) = service(&[]).await;
+    svc.set_stock("SK-1", 10, 100).await;
+    let (port, pid) = (svc.port, svc.child.id());
+    let body = br#"{"sku":"SK-1","qty":2}"#;
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    stream
+        .write_all(format!("POST /orders HTTP/1.1\r\nHost: x\r\nx-user-id: 1\r\nidempotency-key: k\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n", body.len()).as_bytes())
+        .unwrap();
+    stream.write_all(&body[..5]).unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let term = Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(term.success());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_err(),
+        "still accepting after SIGTERM"
+    );
+    stream.write_all(&body[5..]).unwrap();
+    let (response, _) = read_until_closed(&mut stream, Duration::from_secs(10));
+    assert!(response.starts_with("HTTP/1.1 201"), "{response}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(status) = svc.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the service did not exit after SIGTERM"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(status.success(), "{status}");
+    assert_eq!(db_count(&dir, "SELECT COUNT(*) FROM orders"), 1);
+    let held: Vec<String> = redis
+        .keys()
+        .into_iter()
+        .filter(|key| key.contains(":lock:") && key.ends_with('}'))
+        .collect();
+    assert!(held.is_empty(), "locks left held: {held:?}");
+}
+
+/// Issue 15: `--help` works; a bad setting or a missing secret stops the service at startup
+/// with status 2 and a message naming it.
+#[test]
+fn startup_refuses_bad_settings_with_status_2() {
+    let run = |args: &[&str], env: &[(&str, &str)]| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_order-service"));
+        command
+            .args(args)
+            .env_remove("AUTH_SECRET")
+            .env_remove("ADMIN_TOKEN")
+            .env_remove("PAYMENT_SECRET");
+        for (key, value) in env {
+            command.env(key, value);
+        }
+        command.output().unwrap()
+    };
+    let help = run(&["--help"], &[]);
+    assert!(help.status.success());
+    let text = String::from_utf8_lossy(&help.stdout);
+    for setting in [
+        "USER_RATE",
+        "TRUSTED_PROXIES",
+        "ADMIN_TOKEN",
+        "HEADER_TIMEOUT_MS",
+        "MAX_CONNECTIONS",
+    ] {
+        assert!(text.contains(setting), "--help does not mention {setting}");
+    }
+    for (args, env, says) in [
+        (
+            &["--dev"][..],
+            &[("USER_RATE", "5/fortnight")][..],
+            "5/fortnight",
+        ),
+        (&["--dev", "--port", "http"], &[], "http"),
+        (&["--dev", "--no-such-flag"], &[], "no-such-flag"),
+        (&[], &[], "AUTH_SECRET"),
+        (&["--dev", "--bind", "0.0.0.0"], &[], "loopback"),
+    ] {
+        let output = run(args, env);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{args:?} {env:?}: {stderr}");
+        assert!(stderr.contains(says), "{args:?} {env:?}: {stderr}");
+    }
+}
+
+/// Issue 15: every error is JSON with a stable `error` code, axum's own rejections included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_error_is_json_with_a_stable_code() {
+    let (_redis, _dir, svc) = service(&[]).await;
+    svc.set_stock("SK-1", 10, 100).await;
+    let order = |body: &'static str, content_type: &'static str| {
+        svc.post("/orders", As::Proxied(1))
+            .header("idempotency-key", "k")
+            .header("content-type", content_type)
+            .body(body)
+            .send()
+    };
+    let json = "application/json";
+    let cases = [
+        (
+            order("{\"sku\":", json).await.unwrap(),
+            400,
+            "malformed_json",
+        ),
+        (
+            order("{\"sku\":\"SK-1\",\"qty\":1}", "text/plain")
+                .await
+                .unwrap(),
+            415,
+            "unsupported_media_type",
+        ),
+        (
+            order("{\"sku\":\"SK-1\",\"qty\":5000000000}", json)
+                .await
+                .unwrap(),
+            400,
+            "invalid_body",
+        ),
+        (
+            order("{\"sku\":\"SK-1\",\"qty\":\"1\"}", json)
+                .await
+                .unwrap(),
+            400,
+            "invalid_body",
+        ),
+        (
+            order("{\"sku\":\"SK-1\",\"qty\":0}", json).await.unwrap(),
+            400,
+            "bad_request",
+        ),
+        (
+            order("{\"sku\":\"NOPE\",\"qty\":1}", json).await.unwrap(),
+            404,
+            "not_found",
+        ),
+        (
+            svc.post("/orders", As::Proxied(1))
+                .header("idempotency-key", "k")
+                .header("content-type", json)
+                .body(vec![b' '; 20_000])
+                .send()
+                .await
+                .unwrap(),
+            413,
+            "too_large",
+        ),
+        (
+            svc.get("/orders/abc", As::Proxied(1)).send().await.unwrap(),
+            400,
+            "bad_request",
+        ),
+        (
+            svc.get("/nowhere", As::Anonymous).send().await.unwrap(),
+            404,
+            "not_found",
+        ),
+        (
+            svc.client
+                .delete(format!("{}/orders", svc.url))
+                .send()
+                .await
+                .unwrap(),
+            405,
+            "method_not_allowed",
+        ),
+    ];
+    for (response, status, code) in cases {
+        assert_eq!(
+            error_code(response).await,
+            (StatusCode::from_u16(status).unwrap(), code.into())
+        );
+    }
+}
+
+/// Issue 19 item 1: Redis stalls 1.5 s during `POST /orders`: the client gets `503` with
+/// `Retry-After: 1`, and the retry that invites is served (not `409 in_progress`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_begin_cut_off_by_a_redis_stall_is_undone_and_the_retry_served() {
+    let (redis, dir, svc) = service(&[]).await;
+    svc.set_stock("SK-1", 10, 100).await;
+    redis.pause();
+    let stalled = svc.order(As::Proxied(1), "k", json!({ "sku": "SK-1", "qty": 1 }));
+    let resume = async {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        redis.resume();
+    };
+    let (stalled, ()) = tokio::join!(stalled, resume);
+    assert_eq!(
+        stalled
+            .headers()
+            .get("retry-after")
+            .map(|v| v.to_str().unwrap()),
+        Some("1")
+    );
+    assert_eq!(
+        error_code(stalled).await,
+        (StatusCode::SERVICE_UNAVAILABLE, "unavailable".into())
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let retry = svc
+        .order(As::Proxied(1), "k", json!({ "sku": "SK-1", "qty": 1 }))
+        .await;
+    assert_eq!(retry.status(), 201, "{:?}", retry.text().await);
+    assert_eq!(db_count(&dir, "SELECT COUNT(*) FROM orders"), 1);
+}
+
+/// Issue 19 item 2: a client whose timeout fires while its order waits for the stock lock
+/// goes away; the order is still placed, and the retry gets it within seconds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_disconnects_mid_write_gets_its_order_on_retry() {
+    let (redis, dir, svc) = service(&[]).await;
+    svc.set_stock("SK-1", 10, 100).await;
+    let holder = redguard::Redguard::redis(redis.url())
+        .connect()
+        .await
+        .unwrap();
+    let guard = holder
+        .lock("stock:SK-1")
+        .scope("order_service::orders::reserve_stock")
+        .acquire()
+        .await
+        .unwrap();
+    let request = svc
+        .post("/orders", As::Proxied(1))
+        .header("idempotency-key", "k")
+        .json(&json!({ "sku": "SK-1", "qty": 1 }))
+        .send();
+    let client = tokio::spawn(request);
+    // The body has begun (its record exists) and waits for the lock: the client goes away.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !redis
+        .keys()
+        .iter()
+        .any(|key| key.contains("order-submit:1:k"))
+    {
+        assert!(Instant::now() < deadline, "the order never began");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    client.abort();
+    assert!(
+        client.await.unwrap_err().is_cancelled(),
+        "answered while the lock was held"
+    );
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    guard.release().await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let placed = loop {
+        let retry = svc
+            .order(As::Proxied(1), "k", json!({ "sku": "SK-1", "qty": 1 }))
+            .await;
+        if retry.status() == 201 {
+            break retry;
+        }
+        assert_eq!(
+            error_code(retry).await,
+            (StatusCode::CONFLICT, "in_progress".into())
+        );
+        assert!(Instant::now() < deadline, "the retry never got the order");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(placed.headers()["idempotent-replayed"], "true");
+    assert_eq!(db_count(&dir, "SELECT COUNT(*) FROM orders"), 1);
+}
+
+/// Issue 19 item 3: a token request refused by `429` or `503 busy` keeps its token, so the
+/// retry goes through; a retry of a token submission whose response was lost gets its order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_requests_keep_their_token_and_a_lost_response_is_replayed() {
+    let (redis, dir, svc) = service(&[("USER_RATE", "1/s"), ("USER_BURST", "1")]).await;
+    svc.set_stock("SK-1", 10, 100).await;
+    let token = || async {
+        let response = svc.post("/tokens", As::Proxied(9)).send().await.unwrap();
+        response.json::<Value>().await.unwrap()["token"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    let send = |key: &'static str, token: String| {
+        svc.post("/orders", As::Proxied(9))
+            .header("idempotency-key", key)
+            .header("x-idempotent-token", token)
+            .json(&json!({ "sku": "SK-1", "qty": 1 }))
+            .send()
+    };
+    let first = token().await;
+    let second = token().await;
+
+    // 429: user 9's burst of 1 is used up by the first request.
+    assert_eq!(
+        svc.order(As::Proxied(9), "k-0", json!({ "sku": "SK-1", "qty": 1 }))
+            .await
+            .status(),
+        201
+    );
+    let limited = send("k-1", first.clone()).await.unwrap();
+    assert_eq!(limited.status(), 429);
+    let wait: u64 = limited.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(wait)).await;
+    let placed = send("k-1", first.clone()).await.unwrap();
+    assert_eq!(placed.status(), 201, "the 429 burnt the token");
+    let placed: Value = placed.json().await.unwrap();
+
+    // 503 busy: the stock lock is held past the 300 ms wait.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let holder = redguard::Redguard::redis(redis.url())
+        .connect()
+        .await
+        .unwrap();
+    let guard = holder
+        .lock("stock:SK-1")
+        .scope("order_service::orders::reserve_stock")
+        .acquire()
+        .await
+        .unwrap();
+    let busy = send("k-2", second.clone()).await.unwrap();
+    assert_eq!(
+        error_code(busy).await,
+        (StatusCode::SERVICE_UNAVAILABLE, "busy".into())
+    );
+    guard.release().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert_eq!(
+        send("k-2", second).await.unwrap().status(),
+        201,
+        "the 503 burnt the token"
+    );
+
+    // The first submission's response was lost: its retry gets the same order.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let again = send("k-1", first).await.unwrap();
+    assert_eq!(again.status(), 201);
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    assert_eq!(again.json::<Value>().await.unwrap(), placed);
+    assert_eq!(db_count(&dir, "SELECT COUNT(*) FROM orders"), 3);
+}
+
+/// Issue 19 items 2 and 9: SIGTERM while the order of a client that already left is still
+/// being written: the service finishes it and records it before exiting, so the client's
+/// retry, served by a new instance, gets that order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_waits_for_the_orders_of_clients_that_left() {
+    let (redis, dir, mut svc) = service(&[]).await;
+    svc.set_stock("SK-1", 10, 100).await;
+    let holder = redguard::Redguard::redis(redis.url())
+        .connect()
+        .await
+        .unwrap();
+    let guard = holder
+        .lock("stock:SK-1")
+        .scope("order_service::orders::reserve_stock")
+        .acquire()
+        .await
+        .unwrap();
+    let client = tokio::spawn(
+        svc.post("/orders", As::Proxied(1))
+            .header("idempotency-key", "k")
+            .json(&json!({ "sku": "SK-1", "qty": 1 }))
+            .send(),
+    );
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !redis
+        .keys()
+        .iter()
+        .any(|key| key.contains("order-submit:1:k"))
+    {
+        assert!(Instant::now() < deadline, "the order never began");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    client.abort();
+    let _ = client.await;
+    let pid = svc.child.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    guard.release().await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(status) = svc.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the service did not exit after SIGTERM"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(status.success(), "{status}");
+    assert_eq!(db_count(&dir, "SELECT COUNT(*) FROM orders"), 1);
+    let next = start(&redis, &temp_db(&dir), "next", &[]).await;
+    let retry = next
+        .order(As::Proxied(1), "k", json!({ "sku": "SK-1", "qty": 1 }))
+        .await;
+    assert_eq!(retry.status(), 201);
+    assert_eq!(retry.headers()["idempotent-replayed"], "true");
 }

@@ -2,78 +2,19 @@
 //! count), and enforces again once Redis is back, without a restart of the service. Also
 //! reports the memory each algorithm's state takes in Redis.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use metrics::{
-    Counter, CounterFn, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit,
-};
 use redguard::{Algorithm, Error, FailMode, GuardKind, Redguard};
 use redguard_tests::RedisServer;
 
-/// Counts `redguard_backend_errors_total{guard="rate", outcome=...}` increments.
-#[derive(Debug, Default)]
-struct BackendErrors {
-    fail_open: Arc<AtomicU64>,
-    fail_closed: Arc<AtomicU64>,
-}
-
-#[derive(Debug)]
-struct Count(Arc<AtomicU64>);
-
-impl CounterFn for Count {
-    fn increment(&self, value: u64) {
-        self.0.fetch_add(value, Ordering::SeqCst);
-    }
-    fn absolute(&self, value: u64) {
-        self.0.store(value, Ordering::SeqCst);
-    }
-}
-
-impl Recorder for BackendErrors {
-    fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-    fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-    fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-
-    fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
-        let label = |name: &str| {
-            key.labels()
-                .find(|l| l.key() == name)
-                .map(|l| l.value().to_owned())
-        };
-        if key.name() == "redguard_backend_errors_total"
-            && label("guard").as_deref() == Some("rate")
-        {
-            match label("outcome").as_deref() {
-                Some("fail_open") => {
-                    return Counter::from_arc(Arc::new(Count(self.fail_open.clone())));
-                }
-                Some("fail_closed") => {
-                    return Counter::from_arc(Arc::new(Count(self.fail_closed.clone())));
-                }
-                _ => {}
-            }
-        }
-        Counter::noop()
-    }
-
-    fn register_gauge(&self, _: &Key, _: &Metadata<'_>) -> Gauge {
-        Gauge::noop()
-    }
-
-    fn register_histogram(&self, _: &Key, _: &Metadata<'_>) -> Histogram {
-        Histogram::noop()
-    }
-}
-
-fn recorder() -> &'static BackendErrors {
-    static RECORDER: OnceLock<&'static BackendErrors> = OnceLock::new();
-    RECORDER.get_or_init(|| {
-        let recorder: &'static BackendErrors = Box::leak(Box::default());
-        metrics::set_global_recorder(recorder).expect("install the test recorder");
-        recorder
-    })
+/// `redguard_backend_errors_total{guard="rate", outcome}` so far (the counting recorder is
+/// shared by the tests of this binary; each test reads its own difference).
+fn backend_errors(outcome: &str) -> u64 {
+    redguard_tests::metrics::install();
+    redguard_tests::metrics::counter(
+        "redguard_backend_errors_total",
+        &[("guard", "rate"), ("outcome", outcome)],
+    )
 }
 
 const TIMEOUT: Duration = Duration::from_millis(200);
@@ -82,7 +23,7 @@ const SLACK: Duration = Duration::from_millis(400);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_redis_fails_open_counts_and_recovers() {
-    let errors = recorder();
+    backend_errors("fail_open");
     let mut server = RedisServer::start();
     let rg = Redguard::redis(server.url())
         .timeout(TIMEOUT)
@@ -99,7 +40,7 @@ async fn killed_redis_fails_open_counts_and_recovers() {
     );
 
     server.kill();
-    let before = errors.fail_open.load(Ordering::SeqCst);
+    let before = backend_errors("fail_open");
     for i in 0..10 {
         let started = Instant::now();
         let d = limiter.decide().await.unwrap();
@@ -113,7 +54,7 @@ async fn killed_redis_fails_open_counts_and_recovers() {
             started.elapsed()
         );
     }
-    let counted = errors.fail_open.load(Ordering::SeqCst) - before;
+    let counted = backend_errors("fail_open") - before;
     assert!(counted >= 10, "backend errors counted: {counted}");
 
     // Back, empty, on the same port: the same handle enforces again (reconnect, script
@@ -126,9 +67,9 @@ async fn killed_redis_fails_open_counts_and_recovers() {
             Instant::now() < deadline,
             "the limiter never enforced again"
         );
-        let seen = errors.fail_open.load(Ordering::SeqCst);
+        let seen = backend_errors("fail_open");
         let d = limiter.decide().await.unwrap();
-        if errors.fail_open.load(Ordering::SeqCst) != seen {
+        if backend_errors("fail_open") != seen {
             tokio::time::sleep(Duration::from_millis(50)).await;
             continue; // still degraded
         }
@@ -144,7 +85,7 @@ async fn killed_redis_fails_open_counts_and_recovers() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fail_closed_refuses_while_down() {
-    let errors = recorder();
+    backend_errors("fail_closed");
     let mut server = RedisServer::start();
     let rg = Redguard::redis(server.url())
         .timeout(TIMEOUT)
@@ -155,10 +96,10 @@ async fn fail_closed_refuses_while_down() {
     let limiter = redguard::limiter("api").on(&rg).rate("5/min");
     assert!(limiter.decide().await.unwrap().allowed);
     server.kill();
-    let before = errors.fail_closed.load(Ordering::SeqCst);
+    let before = backend_errors("fail_closed");
     let err = limiter.decide().await.unwrap_err();
     assert!(matches!(err, Error::Backend(_)), "{err:?}");
-    assert!(errors.fail_closed.load(Ordering::SeqCst) > before);
+    assert!(backend_errors("fail_closed") > before);
 }
 
 #[tokio::test]

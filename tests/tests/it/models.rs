@@ -15,6 +15,8 @@ mod calls;
 mod idem;
 #[path = "models/lock.rs"]
 mod lock;
+#[path = "models/mutants.rs"]
+mod mutants;
 #[path = "models/nested.rs"]
 mod nested;
 #[path = "models/rate.rs"]
@@ -22,8 +24,10 @@ mod rate;
 #[path = "models/scopes.rs"]
 mod scopes;
 
+use std::sync::Arc;
+
 use redguard_tests::props::run;
-use redguard_tests::vclock::Backend;
+use redguard_tests::vclock::{Backend, Transform};
 
 /// Cases per test on each store, unless `PROPTEST_CASES` says otherwise: the memory store
 /// runs a case in about a millisecond, Redis in tens, a Cluster case also connects to six
@@ -34,9 +38,12 @@ const CLUSTER_CASES: u32 = 32;
 /// Operations per case, at most.
 const STEPS: usize = 40;
 
-/// A script mutation named by `MODEL_MUTATION`, applied to every Redis script on top of the
-/// virtual clock, or none.
-fn mutation() -> Option<fn(&str) -> String> {
+/// A script mutation: the mutant [`mutants::lua_mutation_score`] is trying on this thread,
+/// or the one `MODEL_MUTATION` names, or none.
+fn mutation() -> Option<Transform> {
+    if let Some(mutant) = mutants::current() {
+        return Some(Arc::new(move |source: &str| mutant.apply(source)));
+    }
     let name = std::env::var("MODEL_MUTATION").ok()?;
     let mutate: fn(&str) -> String = match name.as_str() {
         // rate_check.lua before 0.1: GCRA intervals rounded up to whole µs.
@@ -57,7 +64,7 @@ fn mutation() -> Option<fn(&str) -> String> {
         },
         other => panic!("unknown MODEL_MUTATION {other:?}"),
     };
-    Some(mutate)
+    Some(Arc::new(mutate))
 }
 
 macro_rules! on_every_store {

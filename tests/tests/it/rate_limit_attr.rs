@@ -103,7 +103,7 @@ async fn stacked_attributes_are_all_or_nothing(rg: Redguard) {
         // The global limit was charged for the two admitted calls only (a peek reports the
         // decision a call would get: 100 - 2 charged - 1 for the peeked call).
         let global = redguard::limiter("api")
-            .scope("rate_limit_attr::call")
+            .scope(concat!(module_path!(), "::call"))
             .rate("100/min")
             .peek()
             .await
@@ -188,8 +188,8 @@ async fn keys_are_scoped_by_fn_and_expire() {
     assert_eq!(
         keys,
         vec![
-            "redguard:rate:{rate_limit_attr::call:api}",
-            "redguard:rate:{rate_limit_attr::call:user:7}",
+            "redguard:rate:{it::rate_limit_attr::call:api}",
+            "redguard:rate:{it::rate_limit_attr::call:user:7}",
         ]
     );
     server.assert_every_key_has_ttl();

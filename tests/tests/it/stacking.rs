@@ -41,7 +41,7 @@ async fn written_order_is_execution_order(rg: Redguard) {
     // Hold the stock lock elsewhere: a replay must still answer, since it never takes it.
     let held = rg
         .lock("stock:SK-1")
-        .scope("stacking::submit")
+        .scope(concat!(module_path!(), "::submit"))
         .acquire()
         .await
         .unwrap();
@@ -71,7 +71,7 @@ async fn written_order_is_execution_order(rg: Redguard) {
     rg.scope(lock_first("r-2", "SK-3")).await.unwrap();
     let held = rg
         .lock("stock:SK-3")
-        .scope("stacking::lock_first")
+        .scope(concat!(module_path!(), "::lock_first"))
         .acquire()
         .await
         .unwrap();

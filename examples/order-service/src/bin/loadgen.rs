@@ -3,8 +3,10 @@
 //!
 //! ```text
 //! loadgen --targets http://127.0.0.1:8081,http://127.0.0.1:8082 --db /tmp/orders.db \
-//!         [--intents 2000] [--dups 3] [--concurrency 64] [--skus 5] [--stock 500] [--users 200]
+//!         --admin-token <ADMIN_TOKEN> [--intents 2000] [--dups 3] [--concurrency 64] [--skus 5] [--stock 500] [--users 200]
 //! ```
+//! The instances must trust this machine as a proxy (`TRUSTED_PROXIES=127.0.0.1`): orders
+//! carry `X-User-Id`, as behind an authenticating gateway.
 //! Exits non-zero when a must-be-0 line is not 0.
 
 use std::collections::{BTreeMap, HashMap};
@@ -18,6 +20,7 @@ use tokio::sync::Semaphore;
 struct Args {
     targets: Vec<String>,
     db: String,
+    admin_token: String,
     intents: usize,
     dups: usize,
     concurrency: usize,
@@ -30,6 +33,7 @@ fn parse_args() -> Result<Args, String> {
     let mut args = Args {
         targets: Vec::new(),
         db: String::new(),
+        admin_token: String::new(),
         intents: 2000,
         dups: 3,
         concurrency: 64,
@@ -48,6 +52,7 @@ fn parse_args() -> Result<Args, String> {
         match flag.as_str() {
             "--targets" => args.targets = value.split(',').map(str::to_owned).collect(),
             "--db" => args.db = value,
+            "--admin-token" => args.admin_token = value,
             "--intents" => args.intents = number()?,
             "--dups" => args.dups = number()?.max(1),
             "--concurrency" => args.concurrency = number()?.max(1),
@@ -57,8 +62,8 @@ fn parse_args() -> Result<Args, String> {
             other => return Err(format!("unknown flag {other}")),
         }
     }
-    if args.targets.is_empty() || args.db.is_empty() {
-        return Err("--targets and --db are required".into());
+    if args.targets.is_empty() || args.db.is_empty() || args.admin_token.is_empty() {
+        return Err("--targets, --db and --admin-token are required".into());
     }
     Ok(args)
 }
@@ -99,7 +104,8 @@ async fn run(args: Args) -> Result<bool, Box<dyn std::error::Error>> {
     for sku in &skus {
         client
             .post(format!("{}/admin/stock", args.targets[0]))
-            .json(&json!({ "sku": sku, "available": args.stock }))
+            .bearer_auth(&args.admin_token)
+            .json(&json!({ "sku": sku, "available": args.stock, "price": 100 }))
             .send()
             .await?
             .error_for_status()?;

@@ -3,13 +3,13 @@
 //!
 //! - each command of an `sh` block runs through `sh -c` from the workspace root, in an
 //!   environment without the service's settings (`PORT`, `ORDER_DB`, `REDGUARD_REDIS_URL`,
-//!   `REDIS_URL`) or what cargo sets for a test, as a newcomer's shell would be. One
+//!   `REDIS_URL`, its secrets and trusted proxies) or what cargo sets for a test, as a newcomer's shell would be. One
 //!   substitution: the Redis URL `redis://127.0.0.1:6379` becomes a `redis-server` of the
 //!   test's own (on a free port, like every test here); that command runs twice, and the
 //!   second process must replay the first one's order. `scripts/test` is not run from here:
 //!   it is what CI runs (`.ci/run`), this test included. A command the test does not know
 //!   fails it;
-//! - `cargo run -p order-service` is started, and the `console` session's commands run
+//! - `cargo run -p order-service -- --dev` is started, and the `console` session's commands run
 //!   against it; each output is compared with README's: the status line, the headers README
 //!   shows (a header it shows somewhere in the session must be absent where it does not),
 //!   and the JSON body, with `fence` (a fencing token: Redis's clock in µs, or a counter)
@@ -39,7 +39,17 @@ use redguard_tests::RedisServer;
 use self::session::Session;
 
 /// The settings a fresh shell does not have; README's commands assume none is set.
-const SETTINGS: [&str; 4] = ["PORT", "ORDER_DB", "REDGUARD_REDIS_URL", "REDIS_URL"];
+const SETTINGS: [&str; 9] = [
+    "PORT",
+    "ORDER_DB",
+    "REDGUARD_REDIS_URL",
+    "REDIS_URL",
+    "AUTH_SECRET",
+    "ADMIN_TOKEN",
+    "PAYMENT_SECRET",
+    "TRUSTED_PROXIES",
+    "BIND",
+];
 
 /// README's Redis, replaced by the test's own.
 const README_REDIS: &str = "redis://127.0.0.1:6379";
