@@ -29,6 +29,24 @@ use crate::key::{KeyBody, KeyBuilder, KeyPart};
 /// assert!(IdempotencyKey::from_headers(&headers).is_err());
 /// # Ok::<(), redguard::http::IdempotencyKeyRejection>(())
 /// ```
+///
+/// It is a [`KeyPart`], so a handler can pass it to `#[idempotent]`:
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> redguard::Result<()> {
+/// use redguard::http::IdempotencyKey;
+///
+/// #[redguard::idempotent(key = "pay:{key}", expire = "1h")]
+/// async fn pay(key: &IdempotencyKey, cents: u64) -> redguard::Result<u64> {
+///     Ok(cents)
+/// }
+///
+/// let key = IdempotencyKey::parse(b"9f1c-77").expect("valid");
+/// let rg = redguard::Redguard::memory();
+/// assert_eq!(rg.scope(pay(&key, 500)).await?, 500);
+/// assert_eq!(rg.scope(redguard::track_replay(pay(&key, 500))).await.1, true);
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct IdempotencyKey {
     value: String,
