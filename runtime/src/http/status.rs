@@ -5,6 +5,7 @@ use std::time::Duration;
 use http::{HeaderMap, HeaderValue, StatusCode, header};
 
 use crate::error::Error;
+use crate::spec::secs_ceil;
 
 /// How long a client is told to wait before retrying when the service cannot answer now (a
 /// busy lock, a store outage): short, since those clear quickly.
@@ -167,8 +168,4 @@ impl Error {
         }
         headers
     }
-}
-
-pub(crate) fn secs_ceil(d: Duration) -> u64 {
-    d.as_secs() + u64::from(d.subsec_nanos() > 0)
 }

@@ -94,7 +94,8 @@ impl Decision {
     }
 }
 
-fn secs_ceil(d: Duration) -> u64 {
+/// Whole seconds, rounded up: a client waiting that long is admitted.
+pub(crate) fn secs_ceil(d: Duration) -> u64 {
     d.as_secs() + u64::from(d.subsec_nanos() > 0)
 }
 
@@ -138,4 +139,78 @@ pub(crate) fn render_headers(policies: &[(&str, Decision)]) -> Vec<(&'static str
         ),
     ));
     headers
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refused(retry_after: Duration, reset_after: Duration) -> Decision {
+        let mut d = Decision::degraded(10, Duration::from_secs(60));
+        d.allowed = false;
+        d.remaining = 0;
+        d.retry_after = retry_after;
+        d.reset_after = reset_after;
+        d
+    }
+
+    #[test]
+    fn seconds_round_up_never_down() {
+        assert_eq!(secs_ceil(Duration::ZERO), 0);
+        assert_eq!(secs_ceil(Duration::from_nanos(1)), 1);
+        assert_eq!(secs_ceil(Duration::from_secs(2)), 2);
+        assert_eq!(secs_ceil(Duration::from_millis(2001)), 3);
+    }
+
+    #[test]
+    fn a_refusal_tells_when_to_come_back() {
+        // A client told `Retry-After: 0` after 300 ms would be refused again at once.
+        let d = refused(Duration::from_millis(300), Duration::from_millis(59_001));
+        assert_eq!(
+            d.headers_named("per-ip"),
+            vec![
+                ("Retry-After", "1".to_owned()),
+                ("RateLimit-Policy", "\"per-ip\";q=10;w=60".to_owned()),
+                ("RateLimit", "\"per-ip\";r=0;t=60".to_owned()),
+            ]
+        );
+    }
+
+    #[test]
+    fn an_admission_has_no_retry_after() {
+        let mut d = refused(Duration::ZERO, Duration::ZERO);
+        d.allowed = true;
+        d.remaining = 9;
+        d.window = Duration::from_millis(1);
+        assert_eq!(
+            d.headers(),
+            vec![
+                ("RateLimit-Policy", "\"default\";q=10;w=1".to_owned()),
+                ("RateLimit", "\"default\";r=9;t=0".to_owned()),
+            ]
+        );
+    }
+
+    #[test]
+    fn stacked_limits_show_every_policy_the_tightest_and_the_longest_wait() {
+        let mut loose = refused(Duration::from_secs(2), Duration::from_secs(30));
+        loose.limit = 100;
+        loose.remaining = 0;
+        let tight = refused(Duration::from_millis(4500), Duration::from_secs(50));
+        let mut admitting = refused(Duration::ZERO, Duration::from_secs(1));
+        admitting.allowed = true;
+        admitting.remaining = 5;
+        assert_eq!(
+            render_headers(&[("a", loose), ("b", tight), ("c", admitting)]),
+            vec![
+                ("Retry-After", "5".to_owned()),
+                (
+                    "RateLimit-Policy",
+                    "\"a\";q=100;w=60, \"b\";q=10;w=60, \"c\";q=10;w=60".to_owned()
+                ),
+                // Both refusing limits have nothing left: the one resetting later is tighter.
+                ("RateLimit", "\"b\";r=0;t=50".to_owned()),
+            ]
+        );
+    }
 }

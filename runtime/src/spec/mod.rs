@@ -10,7 +10,7 @@ mod rate;
 
 pub use self::decision::Decision;
 #[cfg(feature = "http")]
-pub(crate) use self::decision::render_headers;
+pub(crate) use self::decision::{render_headers, secs_ceil};
 pub use self::lock::LockKind;
 pub(crate) use self::rate::micros;
 pub use self::rate::{
