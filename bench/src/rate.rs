@@ -70,7 +70,7 @@ fn key(i: impl std::fmt::Display) -> String {
 }
 
 async fn check(limiter: Limiter) {
-    limiter.check().await.expect("rate check");
+    limiter.decide().await.expect("rate check");
 }
 
 pub(crate) async fn cases(bench: &mut Bench, rg: &Redguard, memory: &Redguard) {

@@ -37,6 +37,20 @@ use proc_macro::TokenStream;
 /// - an `async fn` returning `Result<T, E>`, with `T: Serialize + DeserializeOwned` (the value
 ///   replayed to retries), `E: From<redguard::Error>` (a refusal is returned through it) and
 ///   `E: redguard::Classify` (which errors are safe to retry: `#[derive(redguard::Classify)]`).
+///   `redguard::Error` itself, `Box<dyn Error + Send + Sync>` and (feature `anyhow`)
+///   `anyhow::Error` qualify: a dynamic error classifies through a `redguard::Error` or a
+///   `redguard::ErrorClass` in its chain (`.context(ErrorClass::Business)`), and is an
+///   unknown outcome otherwise.
+/// - every placeholder's value implements `redguard::KeyPart` (integers, strings, UUIDs,
+///   `Option`s of them, `redguard::http::IdempotencyKey`, or your own type); a value breaking
+///   the key rules at runtime is `redguard::Error::InvalidKey` / `MissingKey` before any store
+///   call.
+/// - a handle: installed (`Redguard::install`) or scoped (`Redguard::scope`, which does not
+///   reach into `tokio::spawn`ed tasks: use `redguard::spawn`); otherwise
+///   `redguard::Error::NotInstalled` / `NotInScope`.
+/// - with `detach`: the body, `T` and `E` are `Send + 'static`.
+/// - stacked guards apply outside-in in written order: put `#[rate_limit]` above
+///   `#[idempotent]`, and `#[idempotent]` above `#[dist_lock]` (a warning says so otherwise).
 ///
 /// # Arguments
 /// - `key = "{user_id}:{req.request_id}"`: the intent's key template; placeholders name
@@ -60,6 +74,20 @@ use proc_macro::TokenStream;
 ///
 /// When Redis cannot answer, the call fails closed (`redguard::Error::Backend`) unless the
 /// handle sets `FailMode::Open` for idempotency.
+///
+/// # Outcomes
+/// | the call finds | it returns | HTTP (`Error::status`, feature `http`) |
+/// |---|---|---|
+/// | no record | the body's result, recorded | - |
+/// | the intent running, or ended with an unknown outcome | `Error::InProgress` | 409 |
+/// | a success | the recorded value, without running | as the first |
+/// | a business failure | runs again | - |
+/// | the key with another `payload` | `Error::KeyReuse` | 422 |
+/// | a bad key value | `Error::InvalidKey` / `MissingKey` | 400 |
+/// | Redis unreachable | `Error::Backend` | 503 |
+///
+/// For whole HTTP responses (status, headers, body) keyed by the `Idempotency-Key` header,
+/// use `redguard::http::IdempotencyLayer` (feature `tower`) instead of the attribute.
 ///
 /// # Equivalent code without `#[idempotent]`
 /// ```text
@@ -165,7 +193,7 @@ pub fn dist_lock(attr: TokenStream, item: TokenStream) -> TokenStream {
 ///         .scope("shop::submit_order")
 ///         .rate("5/s")
 ///         .burst(10)
-///         .enforce()
+///         .check()
 ///         .await?;
 ///     // ... the body
 /// }

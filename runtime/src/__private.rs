@@ -125,7 +125,7 @@ where
     let limits = limiters
         .into_iter()
         .fold(crate::RateLimits::new(), crate::RateLimits::with);
-    match limits.enforce().await {
+    match limits.check().await {
         Ok(_) => inner.await,
         Err(err) => Err(E::from(err)),
     }

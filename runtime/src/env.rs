@@ -18,25 +18,50 @@ fn var(name: &str) -> Option<String> {
 /// A builder for the store the environment names; `None` when it names no Redis.
 pub(crate) fn builder() -> Result<Option<Builder>> {
     let builder = if let Some(urls) = var("REDGUARD_REDIS_CLUSTER_URLS") {
-        Redguard::redis_cluster(urls.split(',').map(str::trim).filter(|u| !u.is_empty()))
+        cluster(&urls)?
     } else if let Some(url) = var("REDGUARD_REDIS_URL").or_else(|| var("REDIS_URL")) {
         Redguard::redis(url)
     } else {
         return Ok(None);
     };
     let builder = match var("REDGUARD_TLS_CA") {
-        Some(path) => {
-            let pem = std::fs::read(&path).map_err(|err| {
-                Error::Config(format!("REDGUARD_TLS_CA: cannot read {path}: {err}"))
-            })?;
-            builder.tls_root_ca(pem)
-        }
+        Some(path) => tls_root_ca(builder, &path)?,
         None => builder,
     };
     Ok(Some(match var("REDGUARD_PREFIX") {
         Some(prefix) => builder.prefix(prefix),
         None => builder,
     }))
+}
+
+#[cfg(feature = "cluster")]
+fn cluster(urls: &str) -> Result<Builder> {
+    Ok(Redguard::redis_cluster(
+        urls.split(',').map(str::trim).filter(|u| !u.is_empty()),
+    ))
+}
+
+#[cfg(not(feature = "cluster"))]
+fn cluster(_: &str) -> Result<Builder> {
+    Err(Error::Config(
+        "REDGUARD_REDIS_CLUSTER_URLS is set, but redguard was built without the `cluster` \
+         feature"
+            .to_owned(),
+    ))
+}
+
+#[cfg(feature = "tls")]
+fn tls_root_ca(builder: Builder, path: &str) -> Result<Builder> {
+    let pem = std::fs::read(path)
+        .map_err(|err| Error::Config(format!("REDGUARD_TLS_CA: cannot read {path}: {err}")))?;
+    Ok(builder.tls_root_ca(pem))
+}
+
+#[cfg(not(feature = "tls"))]
+fn tls_root_ca(_: Builder, _: &str) -> Result<Builder> {
+    Err(Error::Config(
+        "REDGUARD_TLS_CA is set, but redguard was built without the `tls` feature".to_owned(),
+    ))
 }
 
 /// The prefix the environment names, for the in-memory store.

@@ -34,6 +34,16 @@ pub enum Error {
     )]
     NotInstalled,
 
+    /// A guard ran in a task with no handle while a [`Redguard::scope`](crate::Redguard::scope)
+    /// is running elsewhere: a scope does not reach into tasks started with `tokio::spawn`.
+    /// Start them with [`redguard::spawn`](crate::spawn), which carries the handle along.
+    #[error(
+        "no redguard handle in this task: `Redguard::scope` does not reach into tasks started \
+         with `tokio::spawn`; start the task with `redguard::spawn(..)` (it carries the current \
+         handle), run its future under `handle.scope(..)`, or install a default handle"
+    )]
+    NotInScope,
+
     /// A value rendered into a key broke a key rule; nothing was sent to the store.
     #[error("invalid key part `{part}`: {rule}; reject this input before it reaches the guard")]
     InvalidKey {

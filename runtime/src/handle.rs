@@ -3,16 +3,17 @@
 
 use std::fmt;
 use std::future::Future;
-use std::sync::{Arc, Once};
+use std::sync::{Arc, Mutex, Once, PoisonError};
 use std::time::Duration;
 
 use once_cell::sync::OnceCell;
+use tokio::runtime;
 
 use crate::clock::{Clock, SystemClock};
 use crate::error::{Error, Result};
 use crate::key::{GuardKind, Key, KeyBody, check_name};
 use crate::state::State;
-use crate::store::{MemoryStore, RedisStore, RedisTarget, Store};
+use crate::store::{Conn, Existing, MemoryStore, RedisStore, RedisTarget, Store};
 
 /// Default bound on every store call.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(250);
@@ -104,6 +105,80 @@ tokio::task_local! {
     static SCOPED: Redguard;
 }
 
+/// Scope futures being run now, per Tokio runtime, so a task without a handle can be told
+/// that it was probably spawned from inside one (per runtime: a scope in another runtime, a
+/// test running next to this one, says nothing about this task).
+static LIVE_SCOPES: Mutex<Vec<(runtime::Id, usize)>> = Mutex::new(Vec::new());
+
+struct LiveScope(Option<runtime::Id>);
+
+impl LiveScope {
+    fn enter() -> LiveScope {
+        let Ok(rt) = runtime::Handle::try_current() else {
+            return LiveScope(None);
+        };
+        let id = rt.id();
+        let mut live = LIVE_SCOPES.lock().unwrap_or_else(PoisonError::into_inner);
+        match live.iter_mut().find(|(rt, _)| *rt == id) {
+            Some((_, n)) => *n += 1,
+            None => live.push((id, 1)),
+        }
+        LiveScope(Some(id))
+    }
+
+    /// Whether a scope is being run on the current runtime.
+    fn any_here() -> bool {
+        let Ok(rt) = runtime::Handle::try_current() else {
+            return false;
+        };
+        let id = rt.id();
+        let live = LIVE_SCOPES.lock().unwrap_or_else(PoisonError::into_inner);
+        live.iter().any(|(rt, _)| *rt == id)
+    }
+}
+
+impl Drop for LiveScope {
+    fn drop(&mut self) {
+        let Some(id) = self.0 else { return };
+        let mut live = LIVE_SCOPES.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(i) = live.iter().position(|(rt, _)| *rt == id) {
+            live[i].1 -= 1;
+            if live[i].1 == 0 {
+                live.swap_remove(i);
+            }
+        }
+    }
+}
+
+/// `tokio::spawn` carrying the current handle: guards in the task use the handle of the
+/// [`Redguard::scope`] that spawned it (a scope does not reach into a plain `tokio::spawn`),
+/// or the installed one outside any scope.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> redguard::Result<()> {
+/// use std::time::Duration;
+///
+/// let token = redguard::Redguard::memory()
+///     .scope(async {
+///         redguard::spawn(async { redguard::tokens().issue("signup", Duration::from_secs(60)).await })
+///             .await
+///             .expect("the task panicked")
+///     })
+///     .await?;
+/// assert_eq!(token.len(), 32);
+/// # Ok(()) }
+/// ```
+pub fn spawn<F>(future: F) -> tokio::task::JoinHandle<F::Output>
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    match SCOPED.try_with(Redguard::clone) {
+        Ok(handle) => tokio::spawn(handle.scope(future)),
+        Err(_) => tokio::spawn(future),
+    }
+}
+
 impl Redguard {
     /// Starts building a handle on Redis at `url`: `redis://[user:password@]host[:port][/db]`
     /// or `rediss://…` for TLS.
@@ -112,7 +187,9 @@ impl Redguard {
             backend: Backend::Redis(RedisTarget {
                 urls: vec![url.into()],
                 cluster: false,
+                #[cfg(feature = "tls")]
                 tls_root_ca: None,
+                existing: None,
                 #[cfg(feature = "test-util")]
                 test: Default::default(),
             }),
@@ -132,6 +209,7 @@ impl Redguard {
     ///     .await?;
     /// # Ok(()) }
     /// ```
+    #[cfg(feature = "cluster")]
     pub fn redis_cluster<I, S>(nodes: I) -> Builder
     where
         I: IntoIterator<Item = S>,
@@ -145,11 +223,60 @@ impl Redguard {
             backend: Backend::Redis(RedisTarget {
                 urls,
                 cluster: true,
+                #[cfg(feature = "tls")]
                 tls_root_ca: None,
+                existing: None,
                 #[cfg(feature = "test-util")]
                 test: Default::default(),
             }),
             settings: Settings::default(),
+        }
+    }
+
+    /// Starts building a handle on a connection the application already has. `client` is
+    /// the one it was opened from: lock waiters get release notifications over a pub/sub
+    /// connection of their own, opened from it on the first wait.
+    ///
+    /// Every call is still bounded by the handle's [`timeout`](Builder::timeout); the
+    /// manager's own settings (reconnection, its response timeout) apply beneath.
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// let client = redis::Client::open("redis://127.0.0.1:6379/0")?;
+    /// let manager = client.get_connection_manager().await?;
+    /// let rg = redguard::Redguard::redis_connection(client, manager).prefix("shop").connect().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn redis_connection(
+        client: redis::Client,
+        connection: redis::aio::ConnectionManager,
+    ) -> Builder {
+        Redguard::existing(client, Conn::Single(connection), false)
+    }
+
+    /// [`Redguard::redis_connection`] for a Cluster connection; `client` is any one node's
+    /// (release notifications use classic pub/sub, which reaches every node).
+    #[cfg(feature = "cluster")]
+    pub fn redis_cluster_connection(
+        client: redis::Client,
+        connection: redis::cluster_async::ClusterConnection,
+    ) -> Builder {
+        Redguard::existing(client, Conn::Cluster(connection), true)
+    }
+
+    fn existing(client: redis::Client, conn: Conn, cluster: bool) -> Builder {
+        Builder {
+            backend: Backend::Redis(RedisTarget {
+                urls: Vec::new(),
+                cluster,
+                #[cfg(feature = "tls")]
+                tls_root_ca: None,
+                existing: Some(Box::new(Existing { client, conn })),
+                #[cfg(feature = "test-util")]
+                test: Default::default(),
+            }),
+            settings: Settings::default(),
+            misuse: None,
         }
     }
 
@@ -252,17 +379,34 @@ impl Redguard {
     /// assert_eq!(token.len(), 32);
     /// # Ok(()) }
     /// ```
+    ///
+    /// The scope covers `future` only, not tasks it starts with `tokio::spawn`: start those
+    /// with [`redguard::spawn`](crate::spawn).
     pub fn scope<F: Future>(&self, future: F) -> impl Future<Output = F::Output> + use<F> {
-        SCOPED.scope(self.clone(), future)
+        let future = SCOPED.scope(self.clone(), future);
+        async move {
+            // Entered when first polled: only then is the runtime known.
+            let _live = LiveScope::enter();
+            future.await
+        }
     }
 
     /// The handle a guard should use right now: the scoped one, else the installed one.
+    ///
+    /// Neither is [`Error::NotInstalled`], or [`Error::NotInScope`] while a scope runs
+    /// elsewhere (the usual cause: a task spawned from inside a scope).
     pub fn current() -> Result<Redguard> {
         SCOPED
             .try_with(Redguard::clone)
             .ok()
             .or_else(|| INSTALLED.get().cloned())
-            .ok_or(Error::NotInstalled)
+            .ok_or_else(|| {
+                if LiveScope::any_here() {
+                    Error::NotInScope
+                } else {
+                    Error::NotInstalled
+                }
+            })
     }
 
     /// The store behind this handle.
@@ -359,8 +503,15 @@ impl Builder {
     ///     .await?;
     /// # Ok(()) }
     /// ```
+    #[cfg(feature = "tls")]
     pub fn tls_root_ca(mut self, pem: impl Into<Vec<u8>>) -> Self {
         match &mut self.backend {
+            Backend::Redis(target) if target.existing.is_some() => {
+                self.misuse = Some(
+                    "`tls_root_ca` applies to connections redguard opens; configure TLS on the \
+                     client of an existing connection",
+                );
+            }
             Backend::Redis(target) => target.tls_root_ca = Some(pem.into()),
             Backend::Memory(_) => {
                 self.misuse = Some("`tls_root_ca` applies to Redis stores only");

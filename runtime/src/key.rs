@@ -400,6 +400,60 @@ impl fmt::Display for Key {
 mod tests {
     use super::*;
 
+    /// A value renders the same however it is held: a wrapper that wrote nothing would give
+    /// every call one shared key.
+    #[test]
+    fn wrapped_values_render_as_the_value() {
+        fn rendered<T: KeyPart + ?Sized>(value: &T) -> String {
+            KeyBuilder::new()
+                .part("v", value)
+                .finish()
+                .unwrap()
+                .as_str()
+                .to_owned()
+        }
+        let mut n = 42u64;
+        assert_eq!(rendered(&&n), "42");
+        assert_eq!(rendered(&&mut n), "42");
+        assert_eq!(rendered(&Box::new(42u64)), "42");
+        assert_eq!(rendered(&Arc::new(42u64)), "42");
+        assert_eq!(rendered(&Rc::new(42u64)), "42");
+        assert_eq!(rendered(&Cow::Borrowed("sku-1")), "sku-1");
+        assert_eq!(rendered(&Cow::<str>::Owned("sku-2".into())), "sku-2");
+    }
+
+    #[test]
+    fn an_empty_key_is_refused() {
+        let err = KeyBuilder::new().finish().unwrap_err();
+        assert!(
+            matches!(&err, Error::InvalidKey { part, rule: KeyRule::Empty } if part == "key"),
+            "{err:?}"
+        );
+        let body = KeyBuilder::new().text("a:").finish().unwrap();
+        let continued = KeyBuilder::continuing(body)
+            .part("b", "7")
+            .finish()
+            .unwrap();
+        assert_eq!(continued.as_str(), "a:7");
+    }
+
+    #[test]
+    fn rules_explain_themselves() {
+        assert_eq!(
+            KeyRule::TooLong { len: 300, max: 128 }.to_string(),
+            "300 bytes long, the limit is 128"
+        );
+        assert_eq!(
+            KeyRule::Charset {
+                found: ' ',
+                allowed: "letters"
+            }
+            .to_string(),
+            "contains ' ', only letters are allowed"
+        );
+        assert_eq!(KeyRule::Empty.to_string(), "is empty");
+    }
+
     fn part(value: &dyn Fn(&mut String)) -> Result<KeyBody> {
         struct F<'a>(&'a dyn Fn(&mut String));
         impl KeyPart for F<'_> {

@@ -7,8 +7,8 @@
 //!   ([`lock()`] for sections narrower than a fn).
 //! - `#[rate_limit]`: at most N per period, decided atomically with Redis's own clock.
 //!
-//! State lives behind the [`Store`] seam: [`RedisStore`] for services running several
-//! instances, [`MemoryStore`] for a single instance and for tests. Build a [`Redguard`] at
+//! State lives behind the [`Store`](store::Store) seam: [`RedisStore`](store::RedisStore) for services running several
+//! instances, [`MemoryStore`](store::MemoryStore) for a single instance and for tests. Build a [`Redguard`] at
 //! startup and install it:
 //!
 //! ```
@@ -27,6 +27,7 @@
 //! validated first (see [`KeyPart`] and [`KeyBuilder`]), and every key written has a TTL.
 
 #![cfg_attr(not(test), warn(clippy::unwrap_used))]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod admin;
 mod clock;
@@ -34,6 +35,8 @@ mod degrade;
 mod env;
 mod error;
 pub mod handle;
+#[cfg(feature = "http")]
+pub mod http;
 pub mod idempotency;
 pub mod key;
 pub mod lock;
@@ -53,7 +56,7 @@ pub mod __private;
 // (`redguard::lock::MAX_WAIT`), and `redguard::store` the seam for those who implement a store.
 pub use crate::clock::{Clock, ManualClock, SystemClock};
 pub use crate::error::{BackendError, Error, Result};
-pub use crate::handle::{Builder, FailMode, Redguard};
+pub use crate::handle::{Builder, FailMode, Redguard, spawn};
 pub use crate::idempotency::{
     Classify, Detached, ErrorClass, Idempotency, idempotency, track_replay,
 };

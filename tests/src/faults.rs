@@ -317,7 +317,7 @@ pub async fn round(rg: &Redguard, other: &Redguard, shared: &Arc<Shared>, tally:
         .scope("faults")
         .on(rg)
         .rate("100000/s")
-        .check()
+        .decide()
         .await;
     tally.max_rate = tally.max_rate.max(started.elapsed());
     match checked {

@@ -116,7 +116,7 @@ impl Idempotency {
         self
     }
 
-    /// Token mode: consume `token` (issued for `scene` by [`tokens()`](crate::tokens))
+    /// Token mode: consume `token` (issued for `scene` by [`tokens()`](crate::tokens()))
     /// atomically before the body runs. A body that fails does not give the token back.
     pub fn token(mut self, scene: impl Into<String>, token: &str) -> Self {
         let token = KeyBuilder::new().part("token", token).finish();

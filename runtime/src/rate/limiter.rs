@@ -27,14 +27,14 @@ use crate::store::RateMode;
 ///     .burst(3)
 ///     .algorithm(Algorithm::Gcra);
 /// for _ in 0..3 {
-///     assert!(login.check().await?.allowed);
+///     login.check().await?; // `?` turns a rejection into `Error::RateLimited`
 /// }
-/// let d = login.check().await?;
-/// assert!(!d.allowed);
+/// assert!(matches!(login.check().await, Err(redguard::Error::RateLimited(_))));
 /// // Looking does not count:
 /// assert!(!login.peek().await?.allowed);
-/// // Or turn a rejection into `Error::RateLimited`:
-/// assert!(matches!(login.enforce().await, Err(redguard::Error::RateLimited(_))));
+/// // Or take the decision either way (and count it when admitted):
+/// let d = login.decide().await?;
+/// assert!(!d.allowed);
 /// # Ok(()) }).await }
 /// ```
 pub fn limiter(text: &str) -> Limiter {
@@ -190,9 +190,9 @@ impl Limiter {
         self
     }
 
-    /// Bounded waiting for [`enforce`](Limiter::enforce): when rejected with a `retry_after`
+    /// Bounded waiting for [`check`](Limiter::check): when rejected with a `retry_after`
     /// of at most `wait`, sleep that long (plus up to 10% jitter, so waiters do not return in
-    /// lockstep) and try once more. [`check`](Limiter::check) never waits.
+    /// lockstep) and try once more. [`decide`](Limiter::decide) never waits.
     pub fn wait(mut self, wait: Duration) -> Self {
         self.wait = wait;
         self
@@ -212,23 +212,28 @@ impl Limiter {
         self
     }
 
-    /// Checks and, when admitted, counts this call. A rejection is `Ok` with
-    /// `allowed == false`; see [`Limiter::enforce`] for an `Err` instead.
+    /// Checks and, when admitted, counts this call; a rejection is
+    /// `Err(`[`Error::RateLimited`]`)`, so `limiter.check().await?` limits. Waits once when
+    /// [`wait`](Limiter::wait) allows it. See [`decide`](Limiter::decide) for the decision
+    /// either way.
     pub async fn check(&self) -> Result<Decision> {
+        let (handle, resolved) = self.resolve_alone()?;
+        single(enforce_resolved(&handle, &[resolved], &[self.wait]).await?)
+    }
+
+    /// Decides and, when admitted, counts this call, returning the decision either way (a
+    /// rejection is `Ok` with `allowed == false`). Never waits.
+    #[must_use = "a rejection is `Ok` with `allowed == false`: look at `.allowed`, or use `check()?`"]
+    pub async fn decide(&self) -> Result<Decision> {
         let (handle, resolved) = self.resolve_alone()?;
         single(decide(&handle, &[resolved], RateMode::Consume).await?)
     }
 
-    /// Reports what [`check`](Limiter::check) would decide, without counting.
+    /// Reports what [`decide`](Limiter::decide) would decide, without counting.
+    #[must_use = "peeking changes nothing: look at the decision"]
     pub async fn peek(&self) -> Result<Decision> {
         let (handle, resolved) = self.resolve_alone()?;
         single(decide(&handle, &[resolved], RateMode::Peek).await?)
-    }
-
-    /// Like [`check`](Limiter::check), with a rejection as [`Error::RateLimited`].
-    pub async fn enforce(&self) -> Result<Decision> {
-        let (handle, resolved) = self.resolve_alone()?;
-        single(enforce_resolved(&handle, &[resolved], &[self.wait]).await?)
     }
 
     /// This limit and `other`, decided together (see [`RateLimits`]).
@@ -299,8 +304,8 @@ fn single(mut decisions: Vec<Decision>) -> Result<Decision> {
 /// let global = redguard::limiter("orders").rate("100/s");
 /// let user = redguard::limiter("orders:user:").part("user", &7u64).rate("1/min");
 /// let both = global.clone().and(user);
-/// assert!(both.enforce().await.is_ok());
-/// assert!(both.enforce().await.is_err()); // the user limit says no...
+/// assert!(both.check().await.is_ok());
+/// assert!(both.check().await.is_err()); // the user limit says no...
 /// // ...and the global one was not charged: one call used, one more would leave 98.
 /// assert_eq!(global.peek().await?.remaining, 98);
 /// # Ok(()) }).await }
@@ -323,20 +328,23 @@ impl RateLimits {
         self
     }
 
-    /// Decides and (when all admit) counts; one decision per limit, in order.
-    pub async fn check(&self) -> Result<Vec<Decision>> {
+    /// Decides and (when all admit) counts; one decision per limit, in order, whether
+    /// admitted or not. Never waits.
+    #[must_use = "a rejection is `Ok` with some `allowed == false`: look at the decisions, or use `check()?`"]
+    pub async fn decide(&self) -> Result<Vec<Decision>> {
         self.run(RateMode::Consume).await
     }
 
     /// Decides without counting.
+    #[must_use = "peeking changes nothing: look at the decisions"]
     pub async fn peek(&self) -> Result<Vec<Decision>> {
         self.run(RateMode::Peek).await
     }
 
-    /// Like [`check`](RateLimits::check), with a rejection as [`Error::RateLimited`] carrying
-    /// the rejecting decision that asks to wait longest. Waits once if every rejecting limit
-    /// allows it (see [`Limiter::wait`]).
-    pub async fn enforce(&self) -> Result<Vec<Decision>> {
+    /// Decides and (when all admit) counts; a rejection is `Err(`[`Error::RateLimited`]`)`
+    /// carrying the rejecting decision that asks to wait longest. Waits once if every
+    /// rejecting limit allows it (see [`Limiter::wait`]).
+    pub async fn check(&self) -> Result<Vec<Decision>> {
         let (handle, resolved) = self.resolve()?;
         let waits: Vec<Duration> = self.limiters.iter().map(Limiter::max_wait).collect();
         enforce_resolved(&handle, &resolved, &waits).await

@@ -43,3 +43,23 @@ impl LockKind {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_kind_has_its_own_key_and_reentrancy() {
+        let kinds = [
+            (LockKind::Exclusive, None, true),
+            (LockKind::Fair, Some("fair"), true),
+            (LockKind::Semaphore { permits: 2 }, Some("sem"), false),
+            (LockKind::Read, Some("rw"), false),
+            (LockKind::Write, Some("rw"), false),
+        ];
+        for (kind, suffix, reentrant) in kinds {
+            assert_eq!(kind.suffix(), suffix, "{kind:?}");
+            assert_eq!(kind.is_reentrant(), reentrant, "{kind:?}");
+        }
+    }
+}

@@ -9,6 +9,8 @@ mod lock;
 mod rate;
 
 pub use self::decision::Decision;
+#[cfg(feature = "http")]
+pub(crate) use self::decision::{render_headers, secs_ceil};
 pub use self::lock::LockKind;
 pub(crate) use self::rate::micros;
 pub use self::rate::{

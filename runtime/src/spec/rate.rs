@@ -373,6 +373,76 @@ mod tests {
     use super::*;
 
     #[test]
+    fn algorithms_by_name() {
+        for algorithm in Algorithm::ALL {
+            assert_eq!(algorithm.as_str().parse::<Algorithm>().unwrap(), algorithm);
+            assert_eq!(format!("{algorithm:>16}").trim_start(), algorithm.as_str());
+        }
+        let names: Vec<&str> = Algorithm::ALL.iter().map(|a| a.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "gcra",
+                "token_bucket",
+                "leaky_bucket",
+                "sliding_window",
+                "sliding_counter",
+                "fixed_window"
+            ]
+        );
+        let windows: Vec<bool> = Algorithm::ALL.iter().map(|a| a.is_window()).collect();
+        assert_eq!(windows, [false, false, false, true, true, true]);
+        assert!(matches!(
+            "GCRA".parse::<Algorithm>(),
+            Err(Error::InvalidLimit(why)) if why.contains("`GCRA`")
+        ));
+    }
+
+    #[test]
+    fn rates_display_as_written() {
+        for (text, shown) in [
+            ("5/s", "5/s"),
+            ("5/min", "5/min"),
+            ("5/h", "5/h"),
+            ("5/10s", "5/10s"),
+            ("5/1500ms", "5/1500ms"),
+            ("5/d", "5/86400s"),
+        ] {
+            let rate: Rate = text.parse().unwrap();
+            assert_eq!(rate.to_string(), shown);
+            assert_eq!(rate.to_string().parse::<Rate>().unwrap(), rate);
+        }
+        let rate = Rate::new(7, Duration::from_millis(250)).unwrap();
+        assert_eq!(
+            (rate.count(), rate.period()),
+            (7, Duration::from_millis(250))
+        );
+    }
+
+    #[test]
+    fn a_limit_keeps_its_settings() {
+        let rate = Rate::new(10, Duration::from_secs(1)).unwrap();
+        let limit = Limit::new(
+            Algorithm::TokenBucket,
+            rate,
+            Some(20),
+            3,
+            Duration::from_secs(9),
+        )
+        .unwrap();
+        assert_eq!(limit.algorithm(), Algorithm::TokenBucket);
+        assert_eq!(limit.rate(), rate);
+        assert_eq!((limit.burst(), limit.cost()), (20, 3));
+        assert_eq!(limit.block(), Duration::from_secs(9));
+        // The full burst comes back in burst × interval; a window in its period.
+        assert_eq!(limit.window(), Duration::from_secs(2));
+        let window = Limit::new(Algorithm::FixedWindow, rate, None, 1, Duration::ZERO).unwrap();
+        assert_eq!(window.window(), Duration::from_secs(1));
+        assert_eq!(micros(Duration::from_millis(3)), 3000);
+        assert_eq!(micros(Duration::MAX), u64::MAX);
+    }
+
+    #[test]
     fn rates() {
         let rate = |count, secs| Rate::new(count, Duration::from_secs(secs)).unwrap();
         assert_eq!("100/s".parse::<Rate>().unwrap(), rate(100, 1));

@@ -34,7 +34,7 @@ pub use self::lock::{
 pub use self::memory::MemoryStore;
 pub use self::rate::{RateCheck, RateMode, RateOps, RateOutcome};
 pub use self::redis::RedisStore;
-pub(crate) use self::redis::RedisTarget;
+pub(crate) use self::redis::{Conn, Existing, RedisTarget};
 pub use self::token::{TokenOps, TokenOutcome};
 pub use crate::error::StoreFailure;
 

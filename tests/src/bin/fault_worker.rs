@@ -118,7 +118,7 @@ async fn one(
         .scope("faults-mp")
         .on(rg)
         .rate("100000/s")
-        .check()
+        .decide()
         .await
     {
         Ok(decision) => {

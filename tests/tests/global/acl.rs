@@ -202,7 +202,7 @@ async fn every_guard_works_under_the_documented_acl() {
             .algorithm(algorithm)
             .block(Duration::from_secs(1))
             .on(&rg)
-            .check()
+            .decide()
             .await
             .unwrap();
         assert!(decision.allowed, "{algorithm:?}");
@@ -215,12 +215,12 @@ async fn every_guard_works_under_the_documented_acl() {
         .algorithm(Algorithm::SlidingWindow)
         .on(&rg);
     for _ in 0..3 {
-        assert!(log.check().await.unwrap().allowed);
+        assert!(log.decide().await.unwrap().allowed);
         tokio::time::sleep(Duration::from_millis(60)).await;
     }
-    assert!(!log.clone().cost(3).check().await.unwrap().allowed);
+    assert!(!log.clone().cost(3).decide().await.unwrap().allowed);
     let replaced = redguard::limiter("acl:log").rate("3/100ms").on(&rg);
-    assert!(replaced.check().await.unwrap().allowed);
+    assert!(replaced.decide().await.unwrap().allowed);
 
     // The user cannot touch anything outside the prefix.
     let mut restricted = redis::Client::open(format!(

@@ -32,10 +32,10 @@ async fn killed_redis_fails_open_counts_and_recovers() {
         .unwrap();
     let limiter = redguard::limiter("api").on(&rg).rate("5/min");
     for _ in 0..5 {
-        assert!(limiter.check().await.unwrap().allowed);
+        assert!(limiter.decide().await.unwrap().allowed);
     }
     assert!(
-        !limiter.check().await.unwrap().allowed,
+        !limiter.decide().await.unwrap().allowed,
         "enforcing before the fault"
     );
 
@@ -43,7 +43,7 @@ async fn killed_redis_fails_open_counts_and_recovers() {
     let before = backend_errors("fail_open");
     for i in 0..10 {
         let started = Instant::now();
-        let d = limiter.check().await.unwrap();
+        let d = limiter.decide().await.unwrap();
         assert!(
             d.allowed,
             "call {i} during the outage was not let through: {d:?}"
@@ -68,7 +68,7 @@ async fn killed_redis_fails_open_counts_and_recovers() {
             "the limiter never enforced again"
         );
         let seen = backend_errors("fail_open");
-        let d = limiter.check().await.unwrap();
+        let d = limiter.decide().await.unwrap();
         if backend_errors("fail_open") != seen {
             tokio::time::sleep(Duration::from_millis(50)).await;
             continue; // still degraded
@@ -94,10 +94,10 @@ async fn fail_closed_refuses_while_down() {
         .await
         .unwrap();
     let limiter = redguard::limiter("api").on(&rg).rate("5/min");
-    assert!(limiter.check().await.unwrap().allowed);
+    assert!(limiter.decide().await.unwrap().allowed);
     server.kill();
     let before = backend_errors("fail_closed");
-    let err = limiter.check().await.unwrap_err();
+    let err = limiter.decide().await.unwrap_err();
     assert!(matches!(err, Error::Backend(_)), "{err:?}");
     assert!(backend_errors("fail_closed") > before);
 }
@@ -116,7 +116,7 @@ async fn memory_usage_per_key() {
                 .algorithm(algorithm)
                 .rate(redguard::Rate::per_minute(1000));
             for _ in 0..n {
-                assert!(limiter.check().await.unwrap().allowed);
+                assert!(limiter.decide().await.unwrap().allowed);
             }
             let key = format!("redguard:rate:{{limiter:{name}}}");
             let bytes: u64 = redis::cmd("MEMORY")
@@ -143,7 +143,7 @@ async fn memory_usage_per_key() {
         .on(&rg)
         .rate(redguard::Rate::per_second(600_000));
     for _ in 0..100 {
-        assert!(limiter.check().await.unwrap().allowed);
+        assert!(limiter.decide().await.unwrap().allowed);
     }
     let key = "redguard:rate:{limiter:gcra-ns}";
     let value: String = redis::cmd("GET").arg(key).query(&mut conn).unwrap();

@@ -310,11 +310,11 @@ async fn rate_wait(at: Attempt) -> Verdict {
         .wait(WINDOW + Duration::from_millis(200))
         .on(&at.rg);
     for _ in 0..2 {
-        let filled = limiter.check().await.expect("fill the window");
+        let filled = limiter.decide().await.expect("fill the window");
         assert!(filled.allowed, "the window was not empty");
     }
     let filled = Instant::now();
-    let outcome = at.drive(limiter.enforce()).await;
+    let outcome = at.drive(limiter.check()).await;
     at.settle().await;
     // The two calls above have left the window by then; a charge of this call has not.
     tokio::time::sleep_until((filled + WINDOW + Duration::from_millis(40)).into()).await;

@@ -22,7 +22,39 @@ redguard_tests::conformance!(
     changing_the_algorithm_replaces_state,
     bad_runtime_values_are_errors_not_panics,
     decision_headers_for_a_rejection,
+    check_with_question_mark_limits,
 );
+
+/// Issue 15: `check()` used to return `Ok` with `allowed == false` on a rejection, so the
+/// obvious `limiter.check().await?;` limited nothing.
+async fn check_with_question_mark_limits(rg: Redguard) {
+    async fn guarded(l: &Limiter) -> redguard::Result<&'static str> {
+        l.check().await?;
+        Ok("ran")
+    }
+    let l = limiter(&rg, "question-mark", Algorithm::Gcra, "2/min");
+    assert_eq!(guarded(&l).await.unwrap(), "ran");
+    assert_eq!(guarded(&l).await.unwrap(), "ran");
+    let err = guarded(&l).await.unwrap_err();
+    assert!(
+        matches!(err, Error::RateLimited(d) if !d.allowed && d.retry_after > Duration::ZERO),
+        "{err:?}"
+    );
+    // The same stacked: all-or-nothing, and `?` limits too.
+    let other = limiter(&rg, "question-mark-2", Algorithm::Gcra, "10/min");
+    assert!(matches!(
+        l.clone().and(other.clone()).check().await,
+        Err(Error::RateLimited(_))
+    ));
+    // A peek reports what would remain after one more call: 9 of 10 when nothing was charged.
+    assert_eq!(
+        other.peek().await.unwrap().remaining,
+        9,
+        "the other limit was charged"
+    );
+    // `decide` gives the decision either way.
+    assert!(!l.decide().await.unwrap().allowed);
+}
 
 fn limiter(rg: &Redguard, name: &str, algorithm: Algorithm, rate: &str) -> Limiter {
     redguard::limiter(name)
@@ -35,13 +67,13 @@ async fn every_algorithm_admits_its_capacity_then_rejects(rg: Redguard) {
     for algorithm in Algorithm::ALL {
         let l = limiter(&rg, algorithm.as_str(), algorithm, "5/10s");
         for i in 0..5 {
-            let d = l.check().await.unwrap();
+            let d = l.decide().await.unwrap();
             assert!(d.allowed, "{algorithm}: call {i} rejected: {d:?}");
             assert_eq!(d.limit, 5, "{algorithm}");
             assert_eq!(d.remaining, 4 - i, "{algorithm}: {d:?}");
             assert_eq!(d.retry_after, Duration::ZERO, "{algorithm}");
         }
-        let d = l.check().await.unwrap();
+        let d = l.decide().await.unwrap();
         assert!(!d.allowed, "{algorithm}: sixth call admitted");
         assert_eq!(d.remaining, 0, "{algorithm}");
         // Within one period, except the sliding counter: its full previous window still
@@ -59,7 +91,7 @@ async fn every_algorithm_admits_its_capacity_then_rejects(rg: Redguard) {
             d.reset_after <= Duration::from_secs(20),
             "{algorithm}: {d:?}"
         );
-        let err = l.enforce().await.unwrap_err();
+        let err = l.check().await.unwrap_err();
         assert!(
             matches!(err, Error::RateLimited(d) if !d.allowed),
             "{err:?}"
@@ -71,9 +103,9 @@ async fn gcra_retry_after_is_the_emission_interval(rg: Redguard) {
     // 10/s: one unit every 100 ms; burst 3.
     let l = limiter(&rg, "gcra", Algorithm::Gcra, "10/s").burst(3);
     for _ in 0..3 {
-        assert!(l.check().await.unwrap().allowed);
+        assert!(l.decide().await.unwrap().allowed);
     }
-    let d = l.check().await.unwrap();
+    let d = l.decide().await.unwrap();
     assert!(!d.allowed);
     // Some time passed between the calls, so a little less than 100 ms is left.
     assert!(
@@ -83,7 +115,7 @@ async fn gcra_retry_after_is_the_emission_interval(rg: Redguard) {
     assert!(d.reset_after <= Duration::from_millis(300), "{d:?}");
     assert_eq!(d.window, Duration::from_millis(300));
     tokio::time::sleep(d.retry_after + Duration::from_millis(5)).await;
-    assert!(l.check().await.unwrap().allowed);
+    assert!(l.decide().await.unwrap().allowed);
 }
 
 async fn peek_does_not_count(rg: Redguard) {
@@ -93,8 +125,8 @@ async fn peek_does_not_count(rg: Redguard) {
             let d = l.peek().await.unwrap();
             assert!(d.allowed && d.remaining == 1, "{algorithm}: {d:?}");
         }
-        assert!(l.check().await.unwrap().allowed);
-        assert!(l.check().await.unwrap().allowed);
+        assert!(l.decide().await.unwrap().allowed);
+        assert!(l.decide().await.unwrap().allowed);
         let d = l.peek().await.unwrap();
         assert!(!d.allowed && d.remaining == 0, "{algorithm}: {d:?}");
     }
@@ -103,13 +135,13 @@ async fn peek_does_not_count(rg: Redguard) {
 async fn cost_counts_units_and_cost_above_burst_is_refused(rg: Redguard) {
     for algorithm in Algorithm::ALL {
         let l = limiter(&rg, "cost", algorithm, "10/min").scope(algorithm.as_str());
-        let d = l.clone().cost(7).check().await.unwrap();
+        let d = l.clone().cost(7).decide().await.unwrap();
         assert!(d.allowed && d.remaining == 3, "{algorithm}: {d:?}");
-        let d = l.clone().cost(4).check().await.unwrap();
+        let d = l.clone().cost(4).decide().await.unwrap();
         assert!(!d.allowed && d.remaining == 3, "{algorithm}: {d:?}");
-        let d = l.clone().cost(3).check().await.unwrap();
+        let d = l.clone().cost(3).decide().await.unwrap();
         assert!(d.allowed && d.remaining == 0, "{algorithm}: {d:?}");
-        let err = l.clone().cost(11).check().await.unwrap_err();
+        let err = l.clone().cost(11).decide().await.unwrap_err();
         assert!(
             matches!(err, Error::InvalidLimit(ref m) if m.contains("exceeds the burst")),
             "{err}"
@@ -127,10 +159,10 @@ async fn stacked_rejection_by_user_does_not_charge_global(rg: Redguard) {
                 .scope(scope)
         };
         let both = global.clone().and(user(1));
-        assert!(both.enforce().await.is_ok());
-        assert!(both.enforce().await.is_ok());
+        assert!(both.check().await.is_ok());
+        assert!(both.check().await.is_ok());
         for _ in 0..10 {
-            let err = both.enforce().await.unwrap_err();
+            let err = both.check().await.unwrap_err();
             assert!(matches!(err, Error::RateLimited(_)), "{err:?}");
             // The decisions say which limit said no.
             let ds = both.peek().await.unwrap();
@@ -139,7 +171,7 @@ async fn stacked_rejection_by_user_does_not_charge_global(rg: Redguard) {
         // Only the two admitted calls were charged to the global limit.
         assert_eq!(global.peek().await.unwrap().remaining, 97, "{algorithm}");
         // Another user still gets in.
-        assert!(global.clone().and(user(2)).enforce().await.is_ok());
+        assert!(global.clone().and(user(2)).check().await.is_ok());
         assert_eq!(global.peek().await.unwrap().remaining, 96, "{algorithm}");
     }
 }
@@ -154,10 +186,10 @@ async fn stacked_rejection_by_global_does_not_charge_user(rg: Redguard) {
                 .scope(scope)
         };
         for id in 1..=3 {
-            assert!(global.clone().and(user(id)).enforce().await.is_ok());
+            assert!(global.clone().and(user(id)).check().await.is_ok());
         }
         for id in 1..=5 {
-            let ds = global.clone().and(user(id)).check().await.unwrap();
+            let ds = global.clone().and(user(id)).decide().await.unwrap();
             assert!(!ds[0].allowed && ds[1].allowed, "{algorithm}: {ds:?}");
         }
         assert_eq!(user(1).peek().await.unwrap().remaining, 8, "{algorithm}");
@@ -170,14 +202,14 @@ async fn block_rejects_without_counting_then_lifts(rg: Redguard) {
     let l = limiter(&rg, "login", Algorithm::Gcra, "10/s")
         .burst(2)
         .block(Duration::from_millis(400));
-    assert!(l.check().await.unwrap().allowed);
-    assert!(l.check().await.unwrap().allowed);
-    let d = l.check().await.unwrap();
+    assert!(l.decide().await.unwrap().allowed);
+    assert!(l.decide().await.unwrap().allowed);
+    let d = l.decide().await.unwrap();
     assert!(!d.allowed);
     assert!(d.retry_after >= Duration::from_millis(390), "{d:?}");
     tokio::time::sleep(Duration::from_millis(150)).await;
     for _ in 0..5 {
-        let d = l.check().await.unwrap();
+        let d = l.decide().await.unwrap();
         assert!(!d.allowed, "admitted while blocked");
         assert!(
             d.retry_after <= Duration::from_millis(260),
@@ -186,7 +218,7 @@ async fn block_rejects_without_counting_then_lifts(rg: Redguard) {
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
     // The rejected calls were not counted: the full burst is back.
-    let d = l.check().await.unwrap();
+    let d = l.decide().await.unwrap();
     assert!(d.allowed, "{d:?}");
     assert_eq!(d.remaining, 1);
 }
@@ -197,8 +229,8 @@ async fn removing_the_penalty_lifts_it(rg: Redguard) {
     let blocked = limiter(&rg, "unblock", Algorithm::Gcra, "10/s")
         .burst(1)
         .block(Duration::from_secs(60));
-    assert!(blocked.check().await.unwrap().allowed);
-    let d = blocked.check().await.unwrap();
+    assert!(blocked.decide().await.unwrap().allowed);
+    let d = blocked.decide().await.unwrap();
     assert!(
         !d.allowed && d.retry_after >= Duration::from_secs(59),
         "{d:?}"
@@ -206,11 +238,11 @@ async fn removing_the_penalty_lifts_it(rg: Redguard) {
     // A unit refills after 100 ms; only the penalty still holds the key.
     tokio::time::sleep(Duration::from_millis(150)).await;
     assert!(
-        !blocked.check().await.unwrap().allowed,
+        !blocked.decide().await.unwrap().allowed,
         "the penalty did not hold"
     );
     let unblocked = limiter(&rg, "unblock", Algorithm::Gcra, "10/s").burst(1);
-    let d = unblocked.check().await.unwrap();
+    let d = unblocked.decide().await.unwrap();
     assert!(d.allowed, "{d:?}");
 }
 
@@ -227,16 +259,16 @@ async fn stacked_penalty_is_written_when_its_limit_rejects(rg: Redguard) {
     let user = limiter(&rg, "login:user:7", Algorithm::Gcra, "100/h").scope("user");
     let both = ip.clone().and(user.clone());
     for _ in 0..2 {
-        assert!(both.check().await.unwrap().iter().all(|d| d.allowed));
+        assert!(both.decide().await.unwrap().iter().all(|d| d.allowed));
     }
-    let ds = both.check().await.unwrap();
+    let ds = both.decide().await.unwrap();
     // Exact on every store: the penalty starts at this decision's own time.
     assert!(!ds[0].allowed, "{ds:?}");
     assert_eq!(ds[0].retry_after, block, "{ds:?}");
     assert_eq!(ds[0].reset_after, block, "{ds:?}");
     assert_eq!(ds[0].remaining, 0, "{ds:?}");
     assert!(ds[1].allowed && ds[1].retry_after.is_zero(), "{ds:?}");
-    let err = both.enforce().await.unwrap_err();
+    let err = both.check().await.unwrap_err();
     let Error::RateLimited(d) = err else {
         panic!("{err:?}")
     };
@@ -245,7 +277,7 @@ async fn stacked_penalty_is_written_when_its_limit_rejects(rg: Redguard) {
         "the penalty does not hold: {d:?}"
     );
     // The ip key stays blocked on its own, whatever the user limit says.
-    let d = ip.check().await.unwrap();
+    let d = ip.decide().await.unwrap();
     assert!(
         !d.allowed && d.retry_after > block - Duration::from_secs(60),
         "{d:?}"
@@ -265,8 +297,8 @@ async fn stacked_penalties_of_every_rejecting_limit(rg: Redguard) {
         .block(Duration::from_secs(300));
     let global = limiter(&rg, "signup", Algorithm::SlidingWindow, "100/min").scope("global");
     let all = ip.clone().and(user.clone()).with(global.clone());
-    assert!(all.check().await.unwrap().iter().all(|d| d.allowed));
-    let ds = all.check().await.unwrap();
+    assert!(all.decide().await.unwrap().iter().all(|d| d.allowed));
+    let ds = all.decide().await.unwrap();
     assert!(!ds[0].allowed && !ds[1].allowed && ds[2].allowed, "{ds:?}");
     assert_eq!(ds[0].retry_after, Duration::from_secs(600), "{ds:?}");
     assert_eq!(ds[1].retry_after, Duration::from_secs(300), "{ds:?}");
@@ -274,12 +306,12 @@ async fn stacked_penalties_of_every_rejecting_limit(rg: Redguard) {
         ds[2].retry_after.is_zero() && ds[2].remaining == 98,
         "{ds:?}"
     );
-    let d = user.check().await.unwrap();
+    let d = user.decide().await.unwrap();
     assert!(
         !d.allowed && d.retry_after > Duration::from_secs(240),
         "the user penalty was not written: {d:?}"
     );
-    let d = ip.check().await.unwrap();
+    let d = ip.decide().await.unwrap();
     assert!(
         !d.allowed && d.retry_after > Duration::from_secs(540),
         "the ip penalty was not written: {d:?}"
@@ -297,9 +329,9 @@ async fn stacked_penalty_is_not_written_when_another_limit_rejects(rg: Redguard)
         .block(Duration::from_secs(900));
     let user = limiter(&rg, "pay:user:7", Algorithm::TokenBucket, "1/h").scope("user");
     let both = ip.clone().and(user);
-    assert!(both.check().await.unwrap().iter().all(|d| d.allowed));
+    assert!(both.decide().await.unwrap().iter().all(|d| d.allowed));
     for _ in 0..3 {
-        let ds = both.check().await.unwrap();
+        let ds = both.decide().await.unwrap();
         assert!(ds[0].allowed && !ds[1].allowed, "{ds:?}");
         assert!(
             ds[1].retry_after <= Duration::from_secs(3600)
@@ -307,7 +339,7 @@ async fn stacked_penalty_is_not_written_when_another_limit_rejects(rg: Redguard)
             "{ds:?}"
         );
     }
-    let d = ip.check().await.unwrap();
+    let d = ip.decide().await.unwrap();
     assert!(d.allowed && d.remaining == 8, "{d:?}");
 }
 
@@ -316,11 +348,11 @@ async fn lowering_the_limit_never_admits_beyond_it(rg: Redguard) {
         let scope = algorithm.as_str();
         let before = limiter(&rg, "cfg", algorithm, "10/min").scope(scope);
         for _ in 0..6 {
-            assert!(before.check().await.unwrap().allowed, "{algorithm}");
+            assert!(before.decide().await.unwrap().allowed, "{algorithm}");
         }
         // Configuration now says 4/min: 6 were already admitted, so nothing more is.
         let after = limiter(&rg, "cfg", algorithm, "4/min").scope(scope);
-        let d = after.check().await.unwrap();
+        let d = after.decide().await.unwrap();
         assert!(
             !d.allowed,
             "{algorithm}: admitted beyond the lowered limit: {d:?}"
@@ -329,7 +361,7 @@ async fn lowering_the_limit_never_admits_beyond_it(rg: Redguard) {
         let raised = limiter(&rg, "cfg", algorithm, "8/min").scope(scope);
         let mut admitted = 0;
         for _ in 0..10 {
-            admitted += u32::from(raised.check().await.unwrap().allowed);
+            admitted += u32::from(raised.decide().await.unwrap().allowed);
         }
         assert_eq!(admitted, 2, "{algorithm}");
     }
@@ -340,7 +372,7 @@ async fn lowering_the_limit_never_admits_beyond_it(rg: Redguard) {
 async fn gcra_debt_is_kept_in_units_across_interval_units(rg: Redguard) {
     // 600,000 units owed at 1667 ns each (1.0002 s) are 600 s at 1000/s.
     let fast = limiter(&rg, "to-slow", Algorithm::Gcra, "600000/s");
-    assert!(fast.clone().cost(600_000).check().await.unwrap().allowed);
+    assert!(fast.clone().cost(600_000).decide().await.unwrap().allowed);
     let slow = limiter(&rg, "to-slow", Algorithm::Gcra, "1000/s").burst(600_000);
     let d = slow.peek().await.unwrap();
     assert!(
@@ -349,7 +381,7 @@ async fn gcra_debt_is_kept_in_units_across_interval_units(rg: Redguard) {
     );
     // And back: 1000 units owed at 1 ms each (1 s) are 1.667 ms at 600,000/s.
     let slow = limiter(&rg, "to-fast", Algorithm::Gcra, "1000/s");
-    assert!(slow.clone().cost(1000).check().await.unwrap().allowed);
+    assert!(slow.clone().cost(1000).decide().await.unwrap().allowed);
     let fast = limiter(&rg, "to-fast", Algorithm::Gcra, "600000/s").burst(1000);
     let d = fast.peek().await.unwrap();
     assert!(
@@ -363,13 +395,13 @@ async fn gcra_debt_is_kept_in_units_across_interval_units(rg: Redguard) {
         fastest
             .clone()
             .cost(1_000_000_000)
-            .check()
+            .decide()
             .await
             .unwrap()
             .allowed
     );
     let slowest = limiter(&rg, "to-slowest", Algorithm::Gcra, "1/30d");
-    let d = slowest.check().await.unwrap();
+    let d = slowest.decide().await.unwrap();
     assert!(!d.allowed, "{d:?}");
     assert_eq!(d.retry_after, Duration::from_micros(1 << 52), "{d:?}");
 }
@@ -379,7 +411,7 @@ async fn changing_the_algorithm_replaces_state(rg: Redguard) {
     for algorithm in Algorithm::ALL.into_iter().chain([Algorithm::Gcra]) {
         let l = limiter(&rg, "switch", algorithm, "3/min");
         let d = l
-            .check()
+            .decide()
             .await
             .unwrap_or_else(|e| panic!("{previous:?} -> {algorithm}: {e}"));
         assert!(d.allowed, "{previous:?} -> {algorithm}: {d:?}");
@@ -390,31 +422,31 @@ async fn changing_the_algorithm_replaces_state(rg: Redguard) {
 async fn bad_runtime_values_are_errors_not_panics(rg: Redguard) {
     let base = || redguard::limiter("cfg").on(&rg);
     for rate in ["0/s", "ten/s", "5/fortnight", "", "1/0s"] {
-        let err = base().rate(rate).check().await.unwrap_err();
+        let err = base().rate(rate).decide().await.unwrap_err();
         assert!(matches!(err, Error::InvalidLimit(_)), "{rate:?}: {err:?}");
     }
-    let err = base().check().await.unwrap_err();
+    let err = base().decide().await.unwrap_err();
     assert!(matches!(err, Error::InvalidLimit(_)), "{err:?}");
-    let err = base().rate("5/s").burst(0).check().await.unwrap_err();
+    let err = base().rate("5/s").burst(0).decide().await.unwrap_err();
     assert!(matches!(err, Error::InvalidLimit(_)), "{err:?}");
-    let err = base().rate("5/s").cost(0).check().await.unwrap_err();
+    let err = base().rate("5/s").cost(0).decide().await.unwrap_err();
     assert!(matches!(err, Error::InvalidLimit(_)), "{err:?}");
     let err = base()
         .rate("5/s")
         .algorithm(Algorithm::FixedWindow)
         .burst(9)
-        .check()
+        .decide()
         .await
         .unwrap_err();
     assert!(matches!(err, Error::InvalidLimit(_)), "{err:?}");
     let twice = base().rate("5/s").and(base().rate("10/s"));
-    let err = twice.check().await.unwrap_err();
+    let err = twice.decide().await.unwrap_err();
     assert!(matches!(err, Error::InvalidLimit(_)), "{err:?}");
     let err = redguard::limiter("ip:")
         .on(&rg)
         .part("ip", "a b")
         .rate("5/s")
-        .check()
+        .decide()
         .await
         .unwrap_err();
     assert!(matches!(err, Error::InvalidKey { .. }), "{err:?}");
@@ -422,7 +454,7 @@ async fn bad_runtime_values_are_errors_not_panics(rg: Redguard) {
         .on(&rg)
         .part("ip", &None::<String>)
         .rate("5/s")
-        .check()
+        .decide()
         .await
         .unwrap_err();
     assert!(matches!(err, Error::MissingKey { .. }), "{err:?}");
@@ -430,7 +462,7 @@ async fn bad_runtime_values_are_errors_not_panics(rg: Redguard) {
 
 async fn decision_headers_for_a_rejection(rg: Redguard) {
     let l = limiter(&rg, "hdr", Algorithm::FixedWindow, "2/h");
-    let allowed = l.check().await.unwrap();
+    let allowed = l.decide().await.unwrap();
     let headers = allowed.headers();
     assert_eq!(headers.len(), 2, "{headers:?}");
     assert_eq!(
@@ -441,8 +473,8 @@ async fn decision_headers_for_a_rejection(rg: Redguard) {
         headers[1].1.starts_with("\"default\";r=1;t="),
         "{headers:?}"
     );
-    l.check().await.unwrap();
-    let rejected = l.check().await.unwrap();
+    l.decide().await.unwrap();
+    let rejected = l.decide().await.unwrap();
     let headers = rejected.headers();
     assert_eq!(headers[0].0, "Retry-After");
     let secs: u64 = headers[0].1.parse().unwrap();

@@ -397,7 +397,7 @@ async fn out_of_memory_is_a_clear_error() {
         .scope("faults")
         .on(&closed)
         .rate("100000/s")
-        .check()
+        .decide()
         .await
     {
         Err(Error::Backend(err)) => assert!(err.to_string().contains("OOM"), "{err}"),
@@ -696,7 +696,7 @@ async fn garbage_at_rate_keys() {
             .rate("1000/s")
             .block(Duration::from_secs(60));
         assert_corrupt(&server, what, blamed, commands, async || {
-            limiter.check().await
+            limiter.decide().await
         })
         .await;
         // Peeking reads the same state: the same error.
@@ -715,7 +715,7 @@ async fn garbage_at_rate_keys() {
         .on(&rg)
         .rate("1/h")
         .block(Duration::from_secs(60));
-    assert!(strict.check().await.unwrap().allowed);
+    assert!(strict.decide().await.unwrap().allowed);
     let garbage = "redguard:rate:{faults:api}";
     let _: () = redis_cmd(&server, &["SET", garbage, "soon", "EX", "60"]);
     let both = strict.clone().and(
@@ -724,7 +724,7 @@ async fn garbage_at_rate_keys() {
             .on(&rg)
             .rate("1000/s"),
     );
-    let refused = both.check().await;
+    let refused = both.decide().await;
     assert!(matches!(refused, Err(Error::Corrupt { .. })), "{refused:?}");
     let penalty: bool = redis_cmd(&server, &["EXISTS", "redguard:rate:{faults:strict}:block"]);
     assert!(!penalty, "a refused decision wrote a penalty");
@@ -736,8 +736,8 @@ async fn garbage_at_rate_keys() {
             .on(&rg)
             .algorithm(algorithm)
             .rate("1000/s");
-        assert!(limiter.check().await.unwrap().allowed, "{algorithm}");
-        assert!(limiter.check().await.unwrap().allowed, "{algorithm}");
+        assert!(limiter.decide().await.unwrap().allowed, "{algorithm}");
+        assert!(limiter.decide().await.unwrap().allowed, "{algorithm}");
     }
     server.assert_every_key_has_ttl();
 }

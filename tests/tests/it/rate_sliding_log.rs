@@ -206,7 +206,7 @@ async fn sliding_window_count_above_the_maximum_is_refused(rg: Redguard) {
         .algorithm(Algorithm::SlidingWindow)
         .rate("1000000/h")
         .cost(1_000_000)
-        .check()
+        .decide()
         .await
         .unwrap_err();
     assert!(matches!(err, Error::InvalidLimit(_)), "{err:?}");

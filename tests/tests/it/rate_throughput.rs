@@ -39,9 +39,9 @@ async fn checks_per_second() {
                     for _ in 0..PER_TASK {
                         let t = Instant::now();
                         if stacked {
-                            both.check().await.unwrap();
+                            both.decide().await.unwrap();
                         } else {
-                            user.check().await.unwrap();
+                            user.decide().await.unwrap();
                         }
                         latencies.push(t.elapsed());
                     }

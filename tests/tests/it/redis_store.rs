@@ -246,3 +246,64 @@ async fn foreign_data_at_a_guard_key_is_reported_not_trusted() {
         other => panic!("expected Corrupt, got {other:?}"),
     }
 }
+
+/// Issue 15: a handle on a connection the application already has (a `ConnectionManager`),
+/// with lock waiters woken over a pub/sub connection opened from its client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_existing_connection_manager_is_accepted() {
+    let server = RedisServer::start();
+    let client = redis::Client::open(server.url()).unwrap();
+    let manager = client.get_connection_manager().await.unwrap();
+    let rg = Redguard::redis_connection(client, manager)
+        .prefix("own")
+        .timeout(TIMEOUT)
+        .connect()
+        .await
+        .unwrap();
+    assert_eq!(rg.store().kind(), redguard::store::StoreKind::Redis);
+    let token = rg
+        .tokens()
+        .issue("t", Duration::from_secs(60))
+        .await
+        .unwrap();
+    rg.tokens().consume("t", &token).await.unwrap();
+    let limiter = redguard::limiter("own").rate("1/min").on(&rg);
+    limiter.check().await.unwrap();
+    assert!(matches!(limiter.check().await, Err(Error::RateLimited(_))));
+    // A waiter is handed the lock when the holder releases it, well before its wait ends.
+    let held = rg.lock("stock").acquire().await.unwrap();
+    let waiter = {
+        let rg = rg.clone();
+        tokio::spawn(async move {
+            let started = Instant::now();
+            let guard = rg
+                .lock("stock")
+                .wait(Duration::from_secs(5))
+                .acquire()
+                .await
+                .unwrap();
+            guard.release().await.unwrap();
+            started.elapsed()
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    held.release().await.unwrap();
+    let waited = waiter.await.unwrap();
+    assert!(waited < Duration::from_secs(2), "{waited:?}");
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("*")
+        .query(&mut server.connection())
+        .unwrap();
+    assert!(keys.iter().all(|k| k.starts_with("own:")), "{keys:?}");
+    server.assert_every_key_has_ttl();
+
+    // TLS settings belong to the client of an existing connection.
+    let client = redis::Client::open(server.url()).unwrap();
+    let manager = client.get_connection_manager().await.unwrap();
+    let err = Redguard::redis_connection(client, manager)
+        .tls_root_ca(Vec::new())
+        .connect()
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Config(_)), "{err:?}");
+}

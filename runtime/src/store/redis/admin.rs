@@ -6,10 +6,13 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use redis::Value;
+#[cfg(feature = "cluster")]
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 
+#[cfg(feature = "cluster")]
+use super::Conn;
 use super::lua::{Lua, lua};
-use super::{Conn, RedisStore, bounded, evalsha};
+use super::{RedisStore, bounded, evalsha};
 use crate::error::{Error, Result};
 use crate::key::Key;
 use crate::store::admin::{
@@ -47,10 +50,13 @@ impl AdminOps for RedisStore {
 
     async fn admin_scan(&self, prefix: &str, limit: usize) -> Result<ScanKeys> {
         let pattern = format!("{}*", escape_glob(prefix));
-        let nodes = match &self.conn {
-            Conn::Single(_) => vec![None],
+        #[cfg(feature = "cluster")]
+        let nodes: Vec<Option<(String, u16)>> = match &self.conn {
             Conn::Cluster(_) => self.masters().await?.into_iter().map(Some).collect(),
+            Conn::Single(_) => vec![None],
         };
+        #[cfg(not(feature = "cluster"))]
+        let nodes = vec![None::<(String, u16)>];
         let mut found = BTreeSet::new();
         // Each SCAN call is bounded by the timeout; their number by the limit: a keyspace
         // where few keys match cannot keep the loop going forever.
@@ -135,6 +141,7 @@ impl AdminOps for RedisStore {
 
 impl RedisStore {
     /// The Cluster's masters that are up, as `(host, port)`.
+    #[cfg(feature = "cluster")]
     async fn masters(&self) -> Result<Vec<(String, u16)>> {
         let nodes: String = self
             .on_node(None, redis::cmd("CLUSTER").arg("NODES").clone())
@@ -162,6 +169,7 @@ impl RedisStore {
     }
 
     /// Runs `cmd` on the single node, or on the Cluster node at `node` (any node: `None`).
+    #[cfg_attr(not(feature = "cluster"), allow(unused_variables))]
     async fn on_node<T: redis::FromRedisValue>(
         &self,
         node: Option<&(String, u16)>,
@@ -170,7 +178,7 @@ impl RedisStore {
         let mut conn = self.conn();
         let value = bounded("admin_scan", self.timeout, async move {
             match &mut conn {
-                Conn::Single(single) => cmd.query_async::<Value>(single).await,
+                #[cfg(feature = "cluster")]
                 Conn::Cluster(cluster) => {
                     let routing = match node {
                         Some((host, port)) => SingleNodeRoutingInfo::ByAddress {
@@ -183,6 +191,7 @@ impl RedisStore {
                         .route_command(cmd, RoutingInfo::SingleNode(routing))
                         .await
                 }
+                single => cmd.query_async::<Value>(single).await,
             }
         })
         .await?;

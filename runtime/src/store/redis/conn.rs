@@ -2,6 +2,7 @@
 //! written once.
 
 use redis::aio::{ConnectionLike, ConnectionManager};
+#[cfg(feature = "cluster")]
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, Pipeline, RedisFuture, Value};
 
@@ -10,6 +11,7 @@ use redis::{Cmd, Pipeline, RedisFuture, Value};
 #[derive(Clone)]
 pub(crate) enum Conn {
     Single(ConnectionManager),
+    #[cfg(feature = "cluster")]
     Cluster(ClusterConnection),
 }
 
@@ -17,6 +19,7 @@ impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
             Conn::Single(conn) => conn.req_packed_command(cmd),
+            #[cfg(feature = "cluster")]
             Conn::Cluster(conn) => conn.req_packed_command(cmd),
         }
     }
@@ -29,6 +32,7 @@ impl ConnectionLike for Conn {
     ) -> RedisFuture<'a, Vec<Value>> {
         match self {
             Conn::Single(conn) => conn.req_packed_commands(pipeline, offset, count),
+            #[cfg(feature = "cluster")]
             Conn::Cluster(conn) => conn.req_packed_commands(pipeline, offset, count),
         }
     }
@@ -36,6 +40,7 @@ impl ConnectionLike for Conn {
     fn get_db(&self) -> i64 {
         match self {
             Conn::Single(conn) => conn.get_db(),
+            #[cfg(feature = "cluster")]
             Conn::Cluster(conn) => conn.get_db(),
         }
     }

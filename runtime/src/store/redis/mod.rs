@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+#[cfg(feature = "cluster")]
 use redis::cluster::ClusterClientBuilder;
 use redis::{FromRedisValue, RedisError, ServerErrorKind, ToRedisArgs};
 
@@ -48,9 +49,26 @@ pub(crate) struct RedisTarget {
     pub(crate) urls: Vec<String>,
     pub(crate) cluster: bool,
     /// PEM root certificate(s) to trust for `rediss://` instead of the system's roots.
+    #[cfg(feature = "tls")]
     pub(crate) tls_root_ca: Option<Vec<u8>>,
+    /// A connection the application already has, used instead of opening one from `urls`.
+    pub(crate) existing: Option<Box<Existing>>,
     #[cfg(feature = "test-util")]
     pub(crate) test: test_util::TestHooks,
+}
+
+/// An application's own connection, and the client the lock-release subscription opens its
+/// connection from (pub/sub needs a connection of its own).
+pub(crate) struct Existing {
+    pub(crate) client: redis::Client,
+    pub(crate) conn: Conn,
+}
+
+impl fmt::Debug for Existing {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The client's Debug would print its address, password included.
+        f.debug_struct("Existing").finish_non_exhaustive()
+    }
 }
 
 /// The Redis-backed [`Store`]: a single node ([`Redguard::redis`](crate::Redguard::redis)) or
@@ -85,6 +103,7 @@ impl RedisStore {
         timeout: Duration,
         connect_timeout: Duration,
     ) -> Result<Self> {
+        #[cfg(feature = "tls")]
         let certificates = || {
             target
                 .tls_root_ca
@@ -94,11 +113,24 @@ impl RedisStore {
                     root_cert: Some(root_cert),
                 })
         };
+        if let Some(existing) = target.existing {
+            let store = RedisStore {
+                conn: existing.conn,
+                timeout,
+                bus: Arc::new(lock::ReleaseBus::new(existing.client, prefix)),
+                #[cfg(feature = "test-util")]
+                test: target.test,
+            };
+            return store.load_scripts(connect_timeout).await;
+        }
         let first = target.urls.first().map(String::as_str).unwrap_or_default();
+        #[cfg(feature = "tls")]
         let node = match certificates() {
             None => redis::Client::open(first),
             Some(certificates) => redis::Client::build_with_tls(first, certificates),
         };
+        #[cfg(not(feature = "tls"))]
+        let node = redis::Client::open(first);
         // The client's own message can echo the URL; keep credentials out of logs.
         let invalid = |err: redis::RedisError| {
             Error::Config(format!(
@@ -110,8 +142,15 @@ impl RedisStore {
         let node = node.map_err(invalid)?;
         // Pub/sub goes through one node: on a Cluster, classic `PUBLISH` reaches every node.
         let bus = Arc::new(lock::ReleaseBus::new(node.clone(), prefix));
-        let conn = if target.cluster {
-            let mut builder = ClusterClientBuilder::new(target.urls.iter().map(String::as_str))
+        #[cfg(not(feature = "cluster"))]
+        if target.cluster {
+            return Err(Error::Config(
+                "a Redis Cluster needs redguard's `cluster` feature".to_owned(),
+            ));
+        }
+        #[cfg(feature = "cluster")]
+        let cluster = if target.cluster {
+            let builder = ClusterClientBuilder::new(target.urls.iter().map(String::as_str))
                 .connection_timeout(connect_timeout)
                 .response_timeout(timeout)
                 // Retries (after MOVED, a refused connection, a failover) must fit inside the
@@ -121,11 +160,22 @@ impl RedisStore {
                 .min_retry_wait(10)
                 .max_retry_wait(timeout.as_millis().try_into().unwrap_or(u64::MAX) / 4)
                 .retry_wait_formula(10, 2);
-            if let Some(certificates) = certificates() {
-                builder = builder.certs(certificates);
-            }
+            #[cfg(feature = "tls")]
+            let builder = match certificates() {
+                Some(certificates) => builder.certs(certificates),
+                None => builder,
+            };
             let client = builder.build().map_err(invalid)?;
-            Conn::Cluster(bounded("connect", connect_timeout, client.get_async_connection()).await?)
+            Some(Conn::Cluster(
+                bounded("connect", connect_timeout, client.get_async_connection()).await?,
+            ))
+        } else {
+            None
+        };
+        #[cfg(not(feature = "cluster"))]
+        let cluster = None;
+        let conn = if let Some(cluster) = cluster {
+            cluster
         } else {
             // No response timeout of the client's own: every call is bounded by `bounded`
             // already, and a second timer per call cost as much as building the command.
@@ -149,14 +199,18 @@ impl RedisStore {
             #[cfg(feature = "test-util")]
             test: target.test,
         };
+        store.load_scripts(connect_timeout).await
+    }
+
+    async fn load_scripts(self, connect_timeout: Duration) -> Result<Self> {
         for script in all_scripts() {
-            let mut conn = store.conn.clone();
+            let mut conn = self.conn.clone();
             bounded("script_load", connect_timeout, async move {
                 script.prepare_invoke().load_async(&mut conn).await
             })
             .await?;
         }
-        Ok(store)
+        Ok(self)
     }
 
     /// A clone of the multiplexed connection (cheap: a handle to the same socket).
@@ -165,8 +219,15 @@ impl RedisStore {
     }
 
     /// True on a Redis Cluster.
+    #[cfg(feature = "cluster")]
     pub(crate) fn is_cluster(&self) -> bool {
         matches!(self.conn, Conn::Cluster(_))
+    }
+
+    /// True on a Redis Cluster: never without the `cluster` feature.
+    #[cfg(not(feature = "cluster"))]
+    pub(crate) fn is_cluster(&self) -> bool {
+        false
     }
 
     /// The bound on each call.

@@ -1,0 +1,70 @@
+//! Feature `axum`: `IntoResponse` for the guards' errors and the `IdempotencyKey` extractor.
+
+use axum::extract::{FromRequestParts, OptionalFromRequestParts};
+use axum::response::{IntoResponse, Response};
+use http::request::Parts;
+
+use super::idempotency_key::{IdempotencyKey, IdempotencyKeyRejection};
+use super::response::Rejection;
+use crate::error::Error;
+
+/// `{"error": code(), "message": public_message()}` with [`status`](Error::status) and
+/// [`headers`](Error::headers). The body never holds a store key or an internal detail;
+/// server-side outcomes (`500`, `503`) are logged with the full error.
+///
+/// ```
+/// use axum::response::IntoResponse;
+///
+/// let response = redguard::Error::KeyReuse.into_response();
+/// assert_eq!(response.status(), 422);
+/// assert_eq!(response.headers()["content-type"], "application/json");
+/// ```
+impl IntoResponse for Error {
+    fn into_response(self) -> Response {
+        let rejection = Rejection::from_error(&self);
+        let mut response = rejection.to_json_response().into_response();
+        response.headers_mut().extend(rejection.headers().clone());
+        response.extensions_mut().insert(rejection);
+        response
+    }
+}
+
+/// A JSON `400`: `{"error": "bad_request", "message": ..}`.
+impl IntoResponse for IdempotencyKeyRejection {
+    fn into_response(self) -> Response {
+        Rejection::new(self.status(), self.code(), self.to_string())
+            .to_json_response()
+            .into_response()
+    }
+}
+
+/// Requires a valid `Idempotency-Key` header.
+///
+/// ```
+/// use axum::{Router, routing::post};
+/// use redguard::http::IdempotencyKey;
+///
+/// async fn pay(key: IdempotencyKey) -> String {
+///     format!("paying once for {key}")
+/// }
+/// let app: Router = Router::new().route("/pay", post(pay));
+/// ```
+impl<S: Send + Sync> FromRequestParts<S> for IdempotencyKey {
+    type Rejection = IdempotencyKeyRejection;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
+        IdempotencyKey::from_headers(&parts.headers)?.ok_or(IdempotencyKeyRejection::Missing)
+    }
+}
+
+/// `Option<IdempotencyKey>`: `None` without the header; a malformed one is still a `400`.
+impl<S: Send + Sync> OptionalFromRequestParts<S> for IdempotencyKey {
+    type Rejection = IdempotencyKeyRejection;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        _state: &S,
+    ) -> Result<Option<Self>, Self::Rejection> {
+        IdempotencyKey::from_headers(&parts.headers)
+    }
+}
