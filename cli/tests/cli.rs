@@ -159,7 +159,7 @@ async fn inspect_reset_and_refund_every_algorithm() {
             if algorithm.is_window() { l } else { l.burst(4) }
         };
         for _ in 0..3 {
-            assert!(limiter().check().await.unwrap().allowed);
+            assert!(limiter().decide().await.unwrap().allowed);
         }
         let key = format!("{text}:10.0.0.1");
         let mut args = vec!["--rate", "4/min", "--algorithm", name];
@@ -181,9 +181,9 @@ async fn inspect_reset_and_refund_every_algorithm() {
         let seen = inspect_json(&server, "rate", &key, &[]).await;
         assert_eq!(seen["rate"]["used"], 1, "{name}: {seen}");
         for _ in 0..3 {
-            limiter().check().await.unwrap();
+            let _ = limiter().decide().await.unwrap();
         }
-        assert!(!limiter().check().await.unwrap().allowed, "{name}");
+        assert!(!limiter().decide().await.unwrap().allowed, "{name}");
         let seen = inspect_json(&server, "rate", &key, &[]).await;
         assert!(
             seen["rate"]["penalty_left_ms"].as_u64().unwrap() > 50_000,
@@ -194,7 +194,7 @@ async fn inspect_reset_and_refund_every_algorithm() {
 
         let out = redguard(on(&server), &["reset", "-s", SCOPE, &key]).await;
         assert!(ok(&out).contains("2 key(s) deleted"), "{name}");
-        assert!(limiter().check().await.unwrap().allowed, "{name}: reset");
+        assert!(limiter().decide().await.unwrap().allowed, "{name}: reset");
     }
     server.assert_every_key_has_ttl();
 }

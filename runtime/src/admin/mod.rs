@@ -332,10 +332,10 @@ impl Admin {
     /// let rg = Redguard::memory();
     /// let limiter = || redguard::limiter("export").rate("1/h").on(&rg);
     /// limiter().check().await?;
-    /// assert!(!limiter().check().await?.allowed);
+    /// assert!(!limiter().decide().await?.allowed);
     /// let admin = Admin::new(rg.clone());
     /// admin.reset(&admin.key(GuardKind::RateLimit, "limiter", "export")?).await?;
-    /// assert!(limiter().check().await?.allowed);
+    /// assert!(limiter().decide().await?.allowed);
     /// # Ok(()) }
     /// ```
     pub async fn reset(&self, key: &AdminKey) -> Result<u64> {
@@ -364,7 +364,7 @@ impl Admin {
     /// limiter().check().await?;
     /// let admin = Admin::new(rg.clone());
     /// assert_eq!(admin.refund(&admin.key(GuardKind::RateLimit, "limiter", "sms")?, 1).await?, 1);
-    /// assert!(limiter().check().await?.allowed); // the unit given back
+    /// assert!(limiter().decide().await?.allowed); // the unit given back
     /// # Ok(()) }
     /// ```
     pub async fn refund(&self, key: &AdminKey, units: u64) -> Result<u64> {

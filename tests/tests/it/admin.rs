@@ -255,7 +255,7 @@ async fn rate_algorithms(rg: Redguard) {
             }
         };
         for _ in 0..3 {
-            assert!(limiter().check().await.unwrap().allowed);
+            assert!(limiter().decide().await.unwrap().allowed);
         }
         let key = admin
             .key(GuardKind::RateLimit, SCOPE, &format!("{text}:1"))
@@ -297,7 +297,7 @@ async fn rate_repairs(rg: Redguard) {
             if algorithm.is_window() { l } else { l.burst(3) }
         };
         for _ in 0..3 {
-            assert!(limiter().check().await.unwrap().allowed);
+            assert!(limiter().decide().await.unwrap().allowed);
         }
         let key = admin
             .key(GuardKind::RateLimit, SCOPE, &format!("{text}:10.0.0.1"))
@@ -311,12 +311,12 @@ async fn rate_repairs(rg: Redguard) {
         );
         for _ in 0..2 {
             assert!(
-                limiter().check().await.unwrap().allowed,
+                limiter().decide().await.unwrap().allowed,
                 "{algorithm}: refunded"
             );
         }
         // Over the limit: a penalty.
-        assert!(!limiter().check().await.unwrap().allowed);
+        assert!(!limiter().decide().await.unwrap().allowed);
         let penalty = admin
             .inspect(&key)
             .await
@@ -328,7 +328,7 @@ async fn rate_repairs(rg: Redguard) {
         assert_eq!(admin.reset(&key).await.unwrap(), 2, "{algorithm}");
         assert!(admin.inspect(&key).await.unwrap().is_empty());
         assert!(
-            limiter().check().await.unwrap().allowed,
+            limiter().decide().await.unwrap().allowed,
             "{algorithm}: reset"
         );
     }

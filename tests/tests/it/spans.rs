@@ -164,6 +164,6 @@ async fn workload(url: String) {
             .rate("1/min")
             .on(&rg)
     };
-    assert!(limiter().check().await.unwrap().allowed);
-    assert!(!limiter().check().await.unwrap().allowed);
+    assert!(limiter().decide().await.unwrap().allowed);
+    assert!(!limiter().decide().await.unwrap().allowed);
 }
