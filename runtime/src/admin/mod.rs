@@ -1,6 +1,6 @@
 //! Operator's tools: see, explain and repair guard state in production.
 //!
-//! [`Admin`] reads what the guards keep in the store through the [`Store`](crate::Store)
+//! [`Admin`] reads what the guards keep in the store through the [`Store`](crate::store::Store)
 //! seam ([`AdminOps`](crate::store::AdminOps)), on memory, a single Redis or a Cluster alike:
 //!
 //! - [`inspect`](Admin::inspect) decodes an idempotency record (status, owner, fingerprint,
