@@ -437,3 +437,21 @@ async fn an_operator_acl_user_is_enough() {
     }
     drop(held);
 }
+
+/// `rediss://` with a private CA named by REDGUARD_TLS_CA, as the library reads it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_with_a_private_ca() {
+    let server = RedisServer::start_tls();
+    let dir = tempfile::tempdir().unwrap();
+    let ca = dir.path().join("ca.pem");
+    std::fs::write(&ca, server.ca_pem()).unwrap();
+    let env = vec![
+        ("REDGUARD_REDIS_URL", server.tls_url()),
+        ("REDGUARD_TLS_CA", ca.display().to_string()),
+    ];
+    let report = json(&redguard(env.clone(), &["--json", "scan"]).await);
+    assert_eq!(report["keys"], 0);
+    // Without the CA the server's certificate is not trusted.
+    let out = redguard(env[..1].to_vec(), &["scan"]).await;
+    assert!(!out.status.success());
+}
