@@ -259,7 +259,11 @@ pub(crate) fn stats(stats: &Stats) -> String {
             samples.len()
         );
         for s in samples {
-            let _ = writeln!(out, "  {}{{{}}} {}", s.name, s.labels, s.value);
+            if s.labels.is_empty() {
+                let _ = writeln!(out, "  {} {}", s.name, s.value);
+            } else {
+                let _ = writeln!(out, "  {}{{{}}} {}", s.name, s.labels, s.value);
+            }
         }
     }
     out
