@@ -533,9 +533,10 @@ async fn sliding_window_logs_of_the_previous_version_are_read() {
     );
     let replaced = durations_us(&mut conn, b"EVAL");
     println!("200,000 old members: read in {read:?} µs, replaced in {replaced:?} µs");
-    // Freeing 200,000 members on the main thread would take 20 ms or more.
+    // Freeing 200,000 members on the main thread would take 20 ms or more (10 ms leaves room
+    // for a loaded machine).
     assert!(
-        read[0] <= 5000 && replaced[0] <= 5000,
+        read[0] <= 10_000 && replaced[0] <= 10_000,
         "{read:?} {replaced:?}"
     );
     server.assert_every_key_has_ttl();
