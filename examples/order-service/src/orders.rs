@@ -111,7 +111,7 @@ async fn reserve_stock(
     let (order, from_database) = match placed {
         Ok(order) => (order, false),
         Err(PlaceError::Duplicate(order)) => (order, true),
-        Err(PlaceError::KeyReuse) => return Err(ApiError::KeyReuse),
+        Err(PlaceError::KeyReuse) => return Err(redguard::Error::KeyReuse.into()),
         Err(PlaceError::OutOfStock) => return Err(ApiError::OutOfStock),
         Err(PlaceError::StaleFence) => {
             return Err(ApiError::Guard(redguard::Error::LockLost {
