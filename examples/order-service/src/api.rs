@@ -7,6 +7,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use metrics_exporter_prometheus::PrometheusHandle;
+use redguard::http::IdempotencyKey;
 use serde::Deserialize;
 use serde_json::json;
 
@@ -141,15 +142,14 @@ fn header<'a>(headers: &'a HeaderMap, name: &str) -> Result<Option<&'a str>, Api
         .transpose()
 }
 
+/// `key`: a missing or malformed `Idempotency-Key` is the library's JSON `400 bad_request`.
 async fn submit_order(
     User(user_id): User,
+    key: IdempotencyKey,
     State(app): State<Shared>,
     headers: HeaderMap,
     ApiJson(req): ApiJson<OrderRequest>,
 ) -> Result<Response, ApiError> {
-    let idem_key = header(&headers, "idempotency-key")?
-        .ok_or_else(|| ApiError::BadRequest("the idempotency-key header is required".into()))?;
-    check_id("Idempotency-Key", idem_key)?;
     check_id("sku", &req.sku)?;
     if !(1..=MAX_QTY).contains(&req.qty) {
         return Err(ApiError::BadRequest(format!(
@@ -163,7 +163,8 @@ async fn submit_order(
         .await?
         .ok_or(ApiError::NotFound)?;
     let (placed, replayed) =
-        redguard::track_replay(orders::submit_order(&app, user_id, idem_key, token, req)).await;
+        redguard::track_replay(orders::submit_order(&app, user_id, key.as_str(), token, req))
+            .await;
     let placed = placed?;
     let replayed = replayed || placed.from_database;
     let mut response = (StatusCode::CREATED, Json(placed)).into_response();
