@@ -7,7 +7,7 @@ use axum::Json;
 use axum::body::{Body, Bytes};
 use axum::extract::{FromRequest, FromRequestParts, Path, Request};
 use axum::http::request::Parts;
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use redguard::{Classify, ErrorClass};
 use serde::de::DeserializeOwned;
@@ -148,21 +148,29 @@ impl<T: DeserializeOwned> FromRequest<Shared> for ApiJson<T> {
 
     async fn from_request(req: Request, app: &Shared) -> Result<ApiJson<T>, ApiError> {
         let (parts, body) = req.into_parts();
-        let json = parts
-            .headers
-            .get("content-type")
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.split(';').next())
-            .is_some_and(|mime| mime.trim().eq_ignore_ascii_case("application/json"));
-        if !json {
-            return Err(ApiError::Body(
-                StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                "unsupported_media_type",
-                "send content-type: application/json".into(),
-            ));
-        }
-        parse(&read_body(body, app).await?).map(ApiJson)
+        json_body(&parts.headers, body, app).await.map(ApiJson)
     }
+}
+
+/// A JSON body as `T`: `415` without the JSON content type, then `read_body`, then `parse`.
+pub(crate) async fn json_body<T: DeserializeOwned>(
+    headers: &HeaderMap,
+    body: Body,
+    app: &Shared,
+) -> Result<T, ApiError> {
+    let json = headers
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|mime| mime.trim().eq_ignore_ascii_case("application/json"));
+    if !json {
+        return Err(ApiError::Body(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+            "send content-type: application/json".into(),
+        ));
+    }
+    parse(&read_body(body, app).await?)
 }
 
 /// `bytes` as `T`, told apart: not JSON at all, or JSON of the wrong shape or range.

@@ -171,7 +171,11 @@ async fn a_global_policy_is_shared_and_decided_with_the_clients(rg: Redguard) {
     }
     // Three more clients share the 3 left of 5; the fourth is refused by `api`.
     for (peer, expected) in [(2, 200), (3, 200), (4, 200), (5, 429)] {
-        let response = app.clone().oneshot(from([198, 51, 100, peer])).await.unwrap();
+        let response = app
+            .clone()
+            .oneshot(from([198, 51, 100, peer]))
+            .await
+            .unwrap();
         assert_eq!(response.status(), expected, "client {peer}");
     }
     // The refusal by `api` charged client 5's own limit nothing.
