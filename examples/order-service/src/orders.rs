@@ -58,6 +58,13 @@ pub struct Placed {
 /// One order per (user, `Idempotency-Key`); a replay never takes the stock lock. The body
 /// runs detached: a client that disconnects mid-write does not strand its order, and its
 /// retry gets it. (Rate limits: the route's layer, in front; see `api::router`.)
+///
+/// Not `IdempotencyLayer`: the layer decides a replay from its own record only and keys on
+/// the header and the request bytes. This route also has an optional single-use token, to be
+/// consumed only when the body runs (`Idempotency::token`), and a database backstop that
+/// outlives the record: an order the unique index finds is answered as a replay
+/// (`Placed::from_database`) or `422`, which the layer cannot see. The payload is the parsed
+/// request, so a retry that formats its JSON differently is still the same intent.
 pub(crate) async fn submit_order(
     app: &Shared,
     user_id: u64,
