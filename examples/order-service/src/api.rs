@@ -96,13 +96,15 @@ fn per_user_and_api(
     user: Rate,
     burst: u64,
     api: Rate,
-) -> redguard::Result<RateLimitLayer<fn(&Parts) -> Option<String>>> {
-    RateLimitLayer::builder(user_key as fn(&Parts) -> Option<String>)
+) -> redguard::Result<RateLimitLayer<UserKey>> {
+    RateLimitLayer::builder(user_key as UserKey)
         .policy(Policy::new("user", user).burst(burst))
         .policy(Policy::new("api", api).global())
         .scope(scope)
         .build()
 }
+
+type UserKey = fn(&Parts) -> Option<String>;
 
 /// The rate-limit key: the user the admission middleware authenticated, never a value the
 /// client picks (a request extension, which no client can send). None: a `400` that writes
