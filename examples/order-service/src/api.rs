@@ -1,16 +1,23 @@
-//! The HTTP contract. Handlers authenticate (the extractors), validate, call one guarded fn,
-//! and map the outcome. Everything that would reach Redis is checked before it does.
+//! The HTTP contract. A writing route runs in three stages: a middleware that authenticates
+//! and validates (nothing reaches Redis before it passes), the route's `RateLimitLayer` keyed
+//! on the identity that middleware established, then the handler, which calls one guarded fn
+//! and maps the outcome.
 
-use axum::extract::State;
+use axum::body::Body;
+use axum::extract::{Extension, Request, State};
+use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::middleware::{Next, from_fn_with_state};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use metrics_exporter_prometheus::PrometheusHandle;
+use redguard::Rate;
+use redguard::http::{Global, IdempotencyKey, Policy, RateLimitLayer};
 use serde::Deserialize;
 use serde_json::json;
 
-use crate::auth::{Admin, Signed, User, now_s};
+use crate::auth::{self, Admin, User, now_s};
 use crate::error::{self, ApiError, ApiJson, ApiPath};
 use crate::orders::{self, OrderRequest, PaymentCallback, Shared};
 
@@ -19,17 +26,57 @@ const MAX_QTY: u32 = 1000;
 /// The longest a user token minted by `POST /admin/tokens` lives: 30 days.
 const MAX_TOKEN_TTL_S: u64 = 30 * 24 * 3600;
 
-/// All routes.
-pub(crate) fn router(app: Shared, metrics: PrometheusHandle) -> Router {
-    Router::new()
+/// All routes; `Err` for a limit the settings make invalid (a burst of 0), at startup.
+///
+/// `MethodRouter::layer` wraps the handlers given so far, the last layer outermost: the
+/// admission middleware runs first, then the limits, then the handler. A request the
+/// limits refuse is answered `429` with `Retry-After`, `RateLimit` and `RateLimit-Policy`
+/// before its handler (so before its token) runs.
+pub(crate) fn router(app: Shared, metrics: PrometheusHandle) -> redguard::Result<Router> {
+    let config = &app.config;
+    // A replay costs a point too: a retry storm is load as well.
+    let orders = per_user_and_api(
+        "orders",
+        config.user_rate,
+        config.user_burst,
+        config.api_rate,
+    )?;
+    let tokens = per_user_and_api(
+        "tokens",
+        config.token_rate,
+        config.token_burst,
+        config.token_api_rate,
+    )?;
+    // Callbacks are the payment provider's, not a user's: one limit for all of them.
+    let callbacks = RateLimitLayer::builder(Global)
+        .limit("api", config.callback_rate)
+        .scope("callbacks")
+        .build()?;
+    Ok(Router::new()
         .route("/healthz", get(healthz))
         .route("/admin/stock", post(set_stock))
         .route("/admin/tokens", post(user_token))
         .route("/stock/{sku}", get(stock))
-        .route("/tokens", post(issue_token))
-        .route("/orders", post(submit_order).get(list_orders))
+        .route(
+            "/tokens",
+            post(issue_token)
+                .layer(tokens)
+                .layer(from_fn_with_state(app.clone(), auth::authenticate)),
+        )
+        .route(
+            "/orders",
+            post(submit_order)
+                .layer(orders)
+                .layer(from_fn_with_state(app.clone(), admit_order))
+                .get(list_orders),
+        )
         .route("/orders/{id}", get(order))
-        .route("/payments/callback", post(payment_callback))
+        .route(
+            "/payments/callback",
+            post(payment_callback)
+                .layer(callbacks)
+                .layer(from_fn_with_state(app.clone(), admit_callback)),
+        )
         .route(
             "/metrics",
             get(move |_: Admin| {
@@ -39,7 +86,40 @@ pub(crate) fn router(app: Shared, metrics: PrometheusHandle) -> Router {
         )
         .fallback(error::not_found)
         .method_not_allowed_fallback(error::method_not_allowed)
-        .with_state(app)
+        .with_state(app))
+}
+
+/// A user's limit and the API-wide one, decided together in one store call: a request
+/// refused by either is charged to neither.
+fn per_user_and_api(
+    scope: &str,
+    user: Rate,
+    burst: u64,
+    api: Rate,
+) -> redguard::Result<RateLimitLayer<UserKey>> {
+    RateLimitLayer::builder(user_key as UserKey)
+        .policy(Policy::new("user", user).burst(burst))
+        .policy(Policy::new("api", api).global())
+        .scope(scope)
+        .build()
+}
+
+type UserKey = fn(&Parts) -> Option<String>;
+
+/// The rate-limit key: the user the admission middleware authenticated, never a value the
+/// client picks (a request extension, which no client can send). None: a `400` that writes
+/// nothing.
+fn user_key(parts: &Parts) -> Option<String> {
+    parts
+        .extensions
+        .get::<User>()
+        .map(|User(id)| id.to_string())
+}
+
+/// The request for its handler, with what its admission found: the body is read already.
+fn admitted<T: Clone + Send + Sync + 'static>(mut parts: Parts, found: T) -> Request {
+    parts.extensions.insert(found);
+    Request::from_parts(parts, Body::empty())
 }
 
 async fn healthz(State(app): State<Shared>) -> Json<serde_json::Value> {
@@ -108,8 +188,9 @@ async fn stock(
     ))
 }
 
-async fn issue_token(User(user_id): User, State(app): State<Shared>) -> Result<Response, ApiError> {
-    let token = orders::issue_token(&app, user_id).await?;
+/// Behind `auth::authenticate` and the token limits.
+async fn issue_token() -> Result<Response, ApiError> {
+    let token = orders::issue_token().await?;
     Ok((StatusCode::CREATED, Json(json!({ "token": token }))).into_response())
 }
 
@@ -141,29 +222,49 @@ fn header<'a>(headers: &'a HeaderMap, name: &str) -> Result<Option<&'a str>, Api
         .transpose()
 }
 
-async fn submit_order(
-    User(user_id): User,
+/// `POST /orders` as checked before its limits and guards: the key, the token and the body.
+#[derive(Debug, Clone)]
+struct Admitted {
+    key: IdempotencyKey,
+    token: Option<String>,
+    order: OrderRequest,
+}
+
+/// `POST /orders`' admission: the user, the headers (a missing or malformed
+/// `Idempotency-Key` is the extractor's JSON `400 bad_request`), the body, then the SKU, so
+/// an unknown one is `404` before any guard writes state for it.
+async fn admit_order(
     State(app): State<Shared>,
-    headers: HeaderMap,
-    ApiJson(req): ApiJson<OrderRequest>,
+    user: User,
+    key: IdempotencyKey,
+    request: Request,
+    next: Next,
 ) -> Result<Response, ApiError> {
-    let idem_key = header(&headers, "idempotency-key")?
-        .ok_or_else(|| ApiError::BadRequest("the idempotency-key header is required".into()))?;
-    check_id("Idempotency-Key", idem_key)?;
-    check_id("sku", &req.sku)?;
-    if !(1..=MAX_QTY).contains(&req.qty) {
+    let (mut parts, body) = request.into_parts();
+    let token = header(&parts.headers, "x-idempotent-token")?.map(str::to_owned);
+    let order: OrderRequest = error::json_body(&parts.headers, body, &app).await?;
+    check_id("sku", &order.sku)?;
+    if !(1..=MAX_QTY).contains(&order.qty) {
         return Err(ApiError::BadRequest(format!(
             "qty must be from 1 to {MAX_QTY}"
         )));
     }
-    let token = header(&headers, "x-idempotent-token")?;
-    // An unknown SKU is refused before any guard writes state for it.
     app.db
-        .stock(req.sku.clone())
+        .stock(order.sku.clone())
         .await?
         .ok_or(ApiError::NotFound)?;
-    let (placed, replayed) =
-        redguard::track_replay(orders::submit_order(&app, user_id, idem_key, token, req)).await;
+    parts.extensions.insert(user);
+    let admitted = admitted(parts, Admitted { key, token, order });
+    Ok(next.run(admitted).await)
+}
+
+async fn submit_order(
+    User(user_id): User,
+    State(app): State<Shared>,
+    Extension(Admitted { key, token, order }): Extension<Admitted>,
+) -> Result<Response, ApiError> {
+    let submitted = orders::submit_order(&app, user_id, key.as_str(), token.as_deref(), order);
+    let (placed, replayed) = redguard::track_replay(submitted).await;
     let placed = placed?;
     let replayed = replayed || placed.from_database;
     let mut response = (StatusCode::CREATED, Json(placed)).into_response();
@@ -198,17 +299,29 @@ async fn list_orders(
     Ok(Json(json!({ "orders": orders })))
 }
 
-async fn payment_callback(
+/// The payment provider's callback, admitted when signed (before its body is parsed), valid,
+/// and for an existing order: a callback for no order leaves nothing behind, not even a
+/// rate-limit point or an idempotency record.
+async fn admit_callback(
     State(app): State<Shared>,
-    Signed(body): Signed,
-) -> Result<Json<orders::Paid>, ApiError> {
+    request: Request,
+    next: Next,
+) -> Result<Response, ApiError> {
+    let (parts, body) = request.into_parts();
+    let body = auth::verify_callback(&parts.headers, body, &app).await?;
     let callback: PaymentCallback = error::parse(&body)?;
     check_id("payment_id", &callback.payment_id)?;
-    // A callback for no order leaves nothing behind, not even an idempotency record.
     app.db
         .order(callback.order_id)
         .await?
         .ok_or(ApiError::NotFound)?;
+    Ok(next.run(admitted(parts, callback)).await)
+}
+
+async fn payment_callback(
+    State(app): State<Shared>,
+    Extension(callback): Extension<PaymentCallback>,
+) -> Result<Json<orders::Paid>, ApiError> {
     let payment_id = callback.payment_id.clone();
     Ok(Json(
         orders::payment_callback(&app, &payment_id, callback).await?,

@@ -5,9 +5,12 @@
 use std::net::{IpAddr, SocketAddr};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use axum::extract::{ConnectInfo, FromRequest, FromRequestParts, Request};
+use axum::body::{Body, Bytes};
+use axum::extract::{ConnectInfo, FromRequestParts, Request};
 use axum::http::HeaderMap;
 use axum::http::request::Parts;
+use axum::middleware::Next;
+use axum::response::Response;
 use hmac::{Hmac, Mac};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
@@ -116,6 +119,11 @@ impl FromRequestParts<Shared> for User {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, app: &Shared) -> Result<User, ApiError> {
+        // Established by `authenticate` or an admission in front: an extension, which no
+        // client can send.
+        if let Some(user) = parts.extensions.get::<User>() {
+            return Ok(*user);
+        }
         let keys = &app.keys;
         if let Some(token) = bearer(&parts.headers) {
             return keys
@@ -151,6 +159,13 @@ impl FromRequestParts<Shared> for User {
     }
 }
 
+/// A middleware that refuses an unauthenticated request before the layers behind it (a rate
+/// limit keyed on the user writes nothing for it), and hands them the `User`.
+pub(crate) async fn authenticate(user: User, mut request: Request, next: Next) -> Response {
+    request.extensions_mut().insert(user);
+    next.run(request).await
+}
+
 /// The operator: `Authorization: Bearer <ADMIN_TOKEN>`; 401 without it, 403 with another.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Admin;
@@ -171,42 +186,38 @@ impl FromRequestParts<Shared> for Admin {
     }
 }
 
-/// A body the payment provider signed: `X-Signature-Timestamp: <Unix seconds>` within the
-/// replay window of this server's clock, and `X-Signature: <hex HMAC-SHA256(PAYMENT_SECRET,
+/// The body, if the payment provider signed it: `X-Signature-Timestamp: <Unix seconds>` within
+/// the replay window of this server's clock, and `X-Signature: <hex HMAC-SHA256(PAYMENT_SECRET,
 /// "<timestamp>." + body)>`. Checked before the body is parsed.
-#[derive(Debug)]
-pub(crate) struct Signed(pub(crate) axum::body::Bytes);
-
-impl FromRequest<Shared> for Signed {
-    type Rejection = ApiError;
-
-    async fn from_request(req: Request, app: &Shared) -> Result<Signed, ApiError> {
-        let (parts, body) = req.into_parts();
-        let header = |name: &str| parts.headers.get(name).and_then(|v| v.to_str().ok());
-        let unsigned = ApiError::Unauthenticated("the callback's signature is missing or wrong");
-        let (Some(timestamp), Some(signature)) =
-            (header("x-signature-timestamp"), header("x-signature"))
-        else {
-            return Err(unsigned);
-        };
-        let keys = &app.keys;
-        let fresh = timestamp
-            .parse::<u64>()
-            .is_ok_and(|at| at.abs_diff(now_s()) <= keys.callback_window_s);
-        if !fresh {
-            return Err(ApiError::Unauthenticated(
-                "the callback's timestamp is outside the replay window",
-            ));
-        }
-        let body = crate::error::read_body(body, app).await?;
-        let tag = unhex(signature).ok_or(ApiError::Unauthenticated(
-            "the callback's signature is missing or wrong",
-        ))?;
-        mac(&keys.payment, &[timestamp.as_bytes(), b".", &body])
-            .verify_slice(&tag)
-            .map_err(|_| unsigned)?;
-        Ok(Signed(body))
+pub(crate) async fn verify_callback(
+    headers: &HeaderMap,
+    body: Body,
+    app: &Shared,
+) -> Result<Bytes, ApiError> {
+    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    let unsigned = ApiError::Unauthenticated("the callback's signature is missing or wrong");
+    let (Some(timestamp), Some(signature)) =
+        (header("x-signature-timestamp"), header("x-signature"))
+    else {
+        return Err(unsigned);
+    };
+    let keys = &app.keys;
+    let fresh = timestamp
+        .parse::<u64>()
+        .is_ok_and(|at| at.abs_diff(now_s()) <= keys.callback_window_s);
+    if !fresh {
+        return Err(ApiError::Unauthenticated(
+            "the callback's timestamp is outside the replay window",
+        ));
     }
+    let body = crate::error::read_body(body, app).await?;
+    let tag = unhex(signature).ok_or(ApiError::Unauthenticated(
+        "the callback's signature is missing or wrong",
+    ))?;
+    mac(&keys.payment, &[timestamp.as_bytes(), b".", &body])
+        .verify_slice(&tag)
+        .map_err(|_| unsigned)?;
+    Ok(body)
 }
 
 /// What a payment provider (or a test) sends as `X-Signature` for `body` at `timestamp`

@@ -7,7 +7,7 @@ use axum::Json;
 use axum::body::{Body, Bytes};
 use axum::extract::{FromRequest, FromRequestParts, Path, Request};
 use axum::http::request::Parts;
-use axum::http::{HeaderName, HeaderValue, StatusCode};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use redguard::{Classify, ErrorClass};
 use serde::de::DeserializeOwned;
@@ -34,14 +34,13 @@ pub(crate) enum ApiError {
     MethodNotAllowed,
     /// 409 `out_of_stock`: a business outcome; the same key may be retried after restock.
     OutOfStock,
-    /// 422 `key_reuse`: the database holds another order under this `Idempotency-Key`.
-    KeyReuse,
     /// 409: a payment that cannot be applied (`order_closed`, `already_paid`,
     /// `payment_conflict`) or 422 `amount_mismatch`.
     Payment(StatusCode, &'static str, &'static str),
     /// 500: the database failed; the outcome of a write is unknown.
     Internal(String),
-    /// A guard refused (or its store failed).
+    /// A guard refused (or its store failed), answered as the library maps it (its
+    /// `Error::status` table); also the database's `key_reuse`, the same outcome.
     Guard(redguard::Error),
 }
 
@@ -70,9 +69,10 @@ impl Classify for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        use redguard::Error as G;
-        let mut headers: Vec<(&'static str, String)> = Vec::new();
         let (status, code, message): (StatusCode, &str, String) = match self {
+            // The library's status, stable code, Retry-After/RateLimit headers and a message
+            // that never shows a store key (its Display does: it goes to the log).
+            ApiError::Guard(err) => return err.into_response(),
             ApiError::BadRequest(message) => (StatusCode::BAD_REQUEST, "bad_request", message),
             ApiError::Body(status, code, message) => (status, code, message),
             ApiError::Unauthenticated(why) => {
@@ -98,11 +98,6 @@ impl IntoResponse for ApiError {
                 "out_of_stock",
                 "not enough stock for this order; the same request may be retried later".into(),
             ),
-            ApiError::KeyReuse => (
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "key_reuse",
-                "this Idempotency-Key was used for another request".into(),
-            ),
             ApiError::Payment(status, code, why) => (status, code, why.into()),
             ApiError::Internal(message) => {
                 tracing::error!(error = %message, "request failed");
@@ -112,81 +107,8 @@ impl IntoResponse for ApiError {
                     "internal error".into(),
                 )
             }
-            // Fixed messages: the error's Display names store keys, which stay in the log.
-            ApiError::Guard(err) => {
-                let (status, code, message) = match &err {
-                    G::InvalidKey { .. } | G::MissingKey { .. } => (
-                        StatusCode::BAD_REQUEST,
-                        "bad_request",
-                        "a key part is not valid",
-                    ),
-                    G::InProgress => (
-                        StatusCode::CONFLICT,
-                        "in_progress",
-                        "the same request is being processed; retry later",
-                    ),
-                    G::KeyReuse => (
-                        StatusCode::UNPROCESSABLE_ENTITY,
-                        "key_reuse",
-                        "this Idempotency-Key was used for another request",
-                    ),
-                    G::TokenUsed => (
-                        StatusCode::CONFLICT,
-                        "token_used",
-                        "this token was already used",
-                    ),
-                    G::TokenUnknown | G::TokenMismatch => (
-                        StatusCode::BAD_REQUEST,
-                        "token_invalid",
-                        "this token was not issued for this request",
-                    ),
-                    G::RateLimited(decision) => {
-                        headers.extend(decision.headers());
-                        (
-                            StatusCode::TOO_MANY_REQUESTS,
-                            "rate_limited",
-                            "too many requests; retry after Retry-After seconds",
-                        )
-                    }
-                    G::LockTimeout { .. } | G::LockHeld { .. } => {
-                        headers.push(("retry-after", "1".to_owned()));
-                        (
-                            StatusCode::SERVICE_UNAVAILABLE,
-                            "busy",
-                            "the resource is busy; retry after Retry-After seconds",
-                        )
-                    }
-                    G::Backend(_) | G::LockLost { .. } | G::Timeout { .. } => {
-                        headers.push(("retry-after", "1".to_owned()));
-                        (
-                            StatusCode::SERVICE_UNAVAILABLE,
-                            "unavailable",
-                            "temporarily unavailable; retry after Retry-After seconds",
-                        )
-                    }
-                    _ => (
-                        StatusCode::INTERNAL_SERVER_ERROR,
-                        "internal",
-                        "internal error",
-                    ),
-                };
-                if status.is_server_error() {
-                    tracing::warn!(error = %err, "guard failed");
-                }
-                (status, code, message.to_owned())
-            }
         };
-        let mut response =
-            (status, Json(json!({ "error": code, "message": message }))).into_response();
-        for (name, value) in headers {
-            if let (Ok(name), Ok(value)) = (
-                HeaderName::from_bytes(name.as_bytes()),
-                HeaderValue::from_str(&value),
-            ) {
-                response.headers_mut().insert(name, value);
-            }
-        }
-        response
+        (status, Json(json!({ "error": code, "message": message }))).into_response()
     }
 }
 
@@ -226,21 +148,29 @@ impl<T: DeserializeOwned> FromRequest<Shared> for ApiJson<T> {
 
     async fn from_request(req: Request, app: &Shared) -> Result<ApiJson<T>, ApiError> {
         let (parts, body) = req.into_parts();
-        let json = parts
-            .headers
-            .get("content-type")
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.split(';').next())
-            .is_some_and(|mime| mime.trim().eq_ignore_ascii_case("application/json"));
-        if !json {
-            return Err(ApiError::Body(
-                StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                "unsupported_media_type",
-                "send content-type: application/json".into(),
-            ));
-        }
-        parse(&read_body(body, app).await?).map(ApiJson)
+        json_body(&parts.headers, body, app).await.map(ApiJson)
     }
+}
+
+/// A JSON body as `T`: `415` without the JSON content type, then `read_body`, then `parse`.
+pub(crate) async fn json_body<T: DeserializeOwned>(
+    headers: &HeaderMap,
+    body: Body,
+    app: &Shared,
+) -> Result<T, ApiError> {
+    let json = headers
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|mime| mime.trim().eq_ignore_ascii_case("application/json"));
+    if !json {
+        return Err(ApiError::Body(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+            "send content-type: application/json".into(),
+        ));
+    }
+    parse(&read_body(body, app).await?)
 }
 
 /// `bytes` as `T`, told apart: not JSON at all, or JSON of the wrong shape or range.

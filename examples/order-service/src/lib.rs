@@ -59,7 +59,7 @@ pub async fn run(config: Config) -> Result<(), Box<dyn std::error::Error>> {
     });
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let job = tokio::spawn(job::run(app.clone(), stopped));
-    let router = api::router(app.clone(), metrics);
+    let router = api::router(app.clone(), metrics)?;
     serve::serve(listener, router, &app.config, serve::signal()).await;
     // Orders of clients that disconnected run on in their own tasks: let them finish. After
     // its body each records its outcome (and may give a token back), store calls bounded by

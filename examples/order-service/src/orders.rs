@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::http::StatusCode;
-use redguard::{Idempotency, KeyBuilder, dist_lock, idempotent, rate_limit};
+use redguard::{Idempotency, KeyBuilder, dist_lock, idempotent};
 use serde::{Deserialize, Serialize};
 use tokio::sync::RwLock;
 
@@ -55,13 +55,16 @@ pub struct Placed {
     pub(crate) from_database: bool,
 }
 
-/// One order per (user, `Idempotency-Key`). The API-wide limit is checked first, then the
-/// user's: a request refused by either is charged to neither, and its token is untouched. A
-/// replay costs a rate-limit point (a retry storm is load too) but never takes the stock lock.
-/// The body runs detached: a client that disconnects mid-write does not strand its order,
-/// and its retry gets it.
-#[rate_limit(key = "order:submit", rate = app.config.api_rate, burst = app.config.api_burst())]
-#[rate_limit(key = "order:submit:user:{user_id}", rate = app.config.user_rate, burst = app.config.user_burst)]
+/// One order per (user, `Idempotency-Key`); a replay never takes the stock lock. The body
+/// runs detached: a client that disconnects mid-write does not strand its order, and its
+/// retry gets it. (Rate limits: the route's layer, in front; see `api::router`.)
+///
+/// Not `IdempotencyLayer`: the layer decides a replay from its own record only and keys on
+/// the header and the request bytes. This route also has an optional single-use token, to be
+/// consumed only when the body runs (`Idempotency::token`), and a database backstop that
+/// outlives the record: an order the unique index finds is answered as a replay
+/// (`Placed::from_database`) or `422`, which the layer cannot see. The payload is the parsed
+/// request, so a retry that formats its JSON differently is still the same intent.
 pub(crate) async fn submit_order(
     app: &Shared,
     user_id: u64,
@@ -111,7 +114,7 @@ async fn reserve_stock(
     let (order, from_database) = match placed {
         Ok(order) => (order, false),
         Err(PlaceError::Duplicate(order)) => (order, true),
-        Err(PlaceError::KeyReuse) => return Err(ApiError::KeyReuse),
+        Err(PlaceError::KeyReuse) => return Err(redguard::Error::KeyReuse.into()),
         Err(PlaceError::OutOfStock) => return Err(ApiError::OutOfStock),
         Err(PlaceError::StaleFence) => {
             return Err(ApiError::Guard(redguard::Error::LockLost {
@@ -131,10 +134,8 @@ async fn reserve_stock(
     })
 }
 
-/// Idempotency tokens for the order form: one user's burst is bounded, and so is everyone's.
-#[rate_limit(key = "token:issue", rate = app.config.token_api_rate, burst = app.config.token_api_rate.count())]
-#[rate_limit(key = "token:issue:user:{user_id}", rate = app.config.token_rate, burst = app.config.token_burst)]
-pub(crate) async fn issue_token(app: &App, user_id: u64) -> Result<String, ApiError> {
+/// Idempotency tokens for the order form (limited per user and API-wide by the route's layer).
+pub(crate) async fn issue_token() -> Result<String, ApiError> {
     Ok(redguard::tokens()
         .issue(ORDER_SCENE, Duration::from_secs(600))
         .await?)
@@ -160,7 +161,6 @@ pub(crate) struct Paid {
 /// Payment providers retry callbacks; each payment is applied once, and every retry gets the
 /// same answer. The guard keeps concurrent deliveries apart for an hour; the ledger's unique
 /// payment id answers for good (and refuses the id for another order).
-#[rate_limit(key = "payment:callback", rate = app.config.callback_rate, burst = app.config.callback_rate.count())]
 #[idempotent(key = "payment:{payment_id}", expire = "1h", payload = callback)]
 pub(crate) async fn payment_callback(
     app: &App,

@@ -110,6 +110,7 @@ pub struct Policy {
     rate: std::result::Result<Rate, String>,
     burst: Option<u64>,
     algorithm: Algorithm,
+    global: bool,
 }
 
 impl Policy {
@@ -121,7 +122,29 @@ impl Policy {
             rate: rate.into_rate().map_err(|err| err.to_string()),
             burst: None,
             algorithm: Algorithm::Gcra,
+            global: false,
         }
+    }
+
+    /// Counts every request against one key shared by all clients, whatever the layer's
+    /// extractor returns: an API-wide limit decided all-or-nothing with the per-client limits
+    /// of the same layer, so a request refused by either is charged to neither (two stacked
+    /// layers would charge the outer one for a request the inner one refuses).
+    ///
+    /// ```
+    /// use redguard::http::{Policy, RateLimitLayer};
+    ///
+    /// let per_user_and_api = RateLimitLayer::builder(|parts: &http::request::Parts| {
+    ///     parts.headers.get("x-tenant")?.to_str().ok().map(str::to_owned)
+    /// })
+    /// .limit("tenant", "10/s")
+    /// .policy(Policy::new("api", "1000/s").global())
+    /// .build()?;
+    /// # Ok::<(), redguard::Error>(())
+    /// ```
+    pub fn global(mut self) -> Policy {
+        self.global = true;
+        self
     }
 
     /// The burst of the bucket algorithms (default: the rate's count).
@@ -277,6 +300,9 @@ impl<K: KeyExtractor> Config<K> {
     fn limits(&self, key: &str) -> RateLimits {
         let mut limits = RateLimits::new();
         for policy in &self.limits {
+            // The key `Global` gives: a global policy and a `Global` layer of the same scope
+            // and name count together.
+            let key = if policy.global { "global" } else { key };
             let mut limiter = Limiter::new(None, format!("{}.{}", self.scope, policy.name).into())
                 .part("key", key)
                 .algorithm(policy.algorithm);

@@ -47,6 +47,7 @@ macro_rules! on_memory_and_redis {
 on_memory_and_redis!(
     rate_limit_adds_headers_then_answers_429,
     stacked_limits_are_all_or_nothing,
+    a_global_policy_is_shared_and_decided_with_the_clients,
     trusted_proxies_only_are_believed,
     requests_without_a_valid_key_never_reach_the_store,
     concurrent_duplicates_run_the_handler_once,
@@ -150,6 +151,40 @@ async fn stacked_limits_are_all_or_nothing(rg: Redguard) {
         .rate("10/min")
         .on(&rg);
     assert_eq!(big.peek().await.unwrap().remaining, 7);
+}
+
+/// `Policy::global`: one count for every client, decided all-or-nothing with the per-client
+/// policy of the same layer.
+async fn a_global_policy_is_shared_and_decided_with_the_clients(rg: Redguard) {
+    let layer = RateLimitLayer::builder(ClientIp::peer())
+        .limit("ip", "2/min")
+        .policy(Policy::new("api", "5/min").global())
+        .scope("mixed")
+        .on(&rg)
+        .build()
+        .unwrap();
+    let app = hello().layer(layer);
+    // Client 1 uses its 2 and is refused 3 times: the refusals cost the API budget nothing.
+    for expected in [200, 200, 429, 429, 429] {
+        let response = app.clone().oneshot(from([198, 51, 100, 1])).await.unwrap();
+        assert_eq!(response.status(), expected);
+    }
+    // Three more clients share the 3 left of 5; the fourth is refused by `api`.
+    for (peer, expected) in [(2, 200), (3, 200), (4, 200), (5, 429)] {
+        let response = app
+            .clone()
+            .oneshot(from([198, 51, 100, peer]))
+            .await
+            .unwrap();
+        assert_eq!(response.status(), expected, "client {peer}");
+    }
+    // The refusal by `api` charged client 5's own limit nothing.
+    let ip = redguard::limiter("")
+        .part("key", "198.51.100.5")
+        .scope("mixed.ip")
+        .rate("2/min")
+        .on(&rg);
+    assert_eq!(ip.peek().await.unwrap().remaining, 1);
 }
 
 async fn trusted_proxies_only_are_believed(rg: Redguard) {
