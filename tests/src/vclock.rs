@@ -171,12 +171,12 @@ impl World {
 
     /// Deletes every Redis key the virtual clock has expired, and checks the rule every key
     /// is written under: it has a TTL, and no longer than the longest any guard setting
-    /// allows (a rate key: a 30-day period plus a 30-day block).
+    /// allows (a bucket's full burst spans at most 2^50 µs, plus a 30-day block).
     ///
     /// # Panics
     /// On a key without a TTL, or one that outlives every bound.
     pub fn sweep(&self) {
-        const LONGEST_MS: i64 = 61 * 86_400 * 1000;
+        const LONGEST_MS: i64 = (1 << 50) / 1000 + 30 * 86_400 * 1000;
         let now_ms = i64::try_from(self.now() / 1000).expect("ms");
         for node in &self.nodes {
             let mut conn = connection(node);
