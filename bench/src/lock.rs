@@ -38,8 +38,10 @@ fn raw_section(shas: &(String, String), key: &str, owner: &str) -> Vec<redis::Cm
 pub(crate) async fn cases(bench: &mut Bench, rg: &Redguard, memory: &Redguard) {
     let conn = bench.conn.clone();
     let shas = (
-        raw::sha(include_str!(
-            "../../runtime/src/store/redis/scripts/lock_acquire.lua"
+        // As the runtime loads it: after the shared `next_fence`.
+        raw::sha(concat!(
+            include_str!("../../runtime/src/store/redis/scripts/fence.lua"),
+            include_str!("../../runtime/src/store/redis/scripts/lock_acquire.lua")
         )),
         raw::sha(include_str!(
             "../../runtime/src/store/redis/scripts/lock_release.lua"

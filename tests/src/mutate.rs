@@ -7,6 +7,8 @@
 //! returned 0/1, statement deletion). A test runs its store with the mutant applied through
 //! `Builder::script_transform` (see [`Mutant::apply`]) and counts the mutants it catches.
 
+/// A script's source as the runtime loads it (`lua!` in `store/redis/lua.rs`): the file,
+/// after its prelude when it has one.
 macro_rules! script {
     ($name:literal) => {
         include_str!(concat!(
@@ -15,23 +17,26 @@ macro_rules! script {
             ".lua"
         ))
     };
+    ($name:literal after $prelude:literal) => {
+        concat!(script!($prelude), script!($name))
+    };
 }
 
 /// Every script the runtime ships, by file name, with its source as the runtime sends it.
 pub const SCRIPTS: &[(&str, &str)] = &[
-    ("fair_acquire", script!("fair_acquire")),
-    ("fair_release", script!("fair_release")),
+    ("fair_acquire", script!("fair_acquire" after "fence")),
+    ("fair_release", script!("fair_release" after "fence")),
     ("idem_abandon", script!("idem_abandon")),
     ("idem_begin", script!("idem_begin")),
     ("idem_finish", script!("idem_finish")),
     ("idem_renew", script!("idem_renew")),
-    ("lock_acquire", script!("lock_acquire")),
+    ("lock_acquire", script!("lock_acquire" after "fence")),
     ("lock_release", script!("lock_release")),
     ("lock_renew", script!("lock_renew")),
     ("rate_check", script!("rate_check")),
-    ("rw_acquire", script!("rw_acquire")),
+    ("rw_acquire", script!("rw_acquire" after "fence")),
     ("rw_release_read", script!("rw_release_read")),
-    ("sem_acquire", script!("sem_acquire")),
+    ("sem_acquire", script!("sem_acquire" after "fence")),
     ("sem_release", script!("sem_release")),
     ("sem_renew", script!("sem_renew")),
     ("token_consume", script!("token_consume")),

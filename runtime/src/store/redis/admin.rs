@@ -21,7 +21,7 @@ use crate::store::admin::{
 use crate::store::lock::FENCE_TTL;
 
 lua!(READ = "admin_read.lua");
-lua!(UNLOCK = "admin_unlock.lua");
+lua!(UNLOCK = "admin_unlock.lua" after "fence.lua");
 lua!(REFUND = "admin_refund.lua");
 
 pub(super) fn scripts() -> Vec<&'static Lua> {

@@ -17,15 +17,15 @@ use crate::key::Key;
 use crate::store::lock::{FAIR_REGISTRATION, FENCE_TTL, WRITER_INTENT, Waiters, rw_readers};
 use crate::store::{Acquire, LockAcquire, LockOps, LockRelease, LockWatch, Release};
 
-lua!(ACQUIRE = "lock_acquire.lua");
+lua!(ACQUIRE = "lock_acquire.lua" after "fence.lua");
 lua!(RENEW = "lock_renew.lua");
 lua!(RELEASE = "lock_release.lua");
-lua!(SEM_ACQUIRE = "sem_acquire.lua");
+lua!(SEM_ACQUIRE = "sem_acquire.lua" after "fence.lua");
 lua!(SEM_RENEW = "sem_renew.lua");
-lua!(RW_ACQUIRE = "rw_acquire.lua");
+lua!(RW_ACQUIRE = "rw_acquire.lua" after "fence.lua");
 lua!(RW_RELEASE_READ = "rw_release_read.lua");
-lua!(FAIR_ACQUIRE = "fair_acquire.lua");
-lua!(FAIR_RELEASE = "fair_release.lua");
+lua!(FAIR_ACQUIRE = "fair_acquire.lua" after "fence.lua");
+lua!(FAIR_RELEASE = "fair_release.lua" after "fence.lua");
 lua!(SEM_RELEASE = "sem_release.lua");
 
 /// The pattern that covers the release channels of every lock under `prefix`: the release
