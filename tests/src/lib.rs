@@ -306,8 +306,10 @@ impl Drop for RedisServer {
 }
 
 mod cluster;
+pub mod sentinel;
 
 pub use crate::cluster::RedisCluster;
+pub use crate::sentinel::RedisSentinel;
 
 /// Connects a handle with default settings to `server`.
 pub async fn connect(server: &RedisServer) -> redguard::Redguard {

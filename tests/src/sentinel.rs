@@ -1,0 +1,311 @@
+//! A real Redis Sentinel deployment: one master, two replicas and three `redis-sentinel`
+//! processes on free ports, monitoring the master as [`MASTER_NAME`] with a quorum of 2 and
+//! short timeouts (a dead master is replaced in about 2 s). Torn down on drop.
+//!
+//! ```no_run
+//! let mut sentinel = redguard_tests::RedisSentinel::start();
+//! let old = sentinel.master();
+//! sentinel.kill_master();                       // SIGKILL: its data is gone
+//! let new = sentinel.wait_for_promotion(old);   // the index of the promoted replica
+//! sentinel.failover();                          // `SENTINEL FAILOVER`: a planned switch
+//! # let _ = new;
+//! ```
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::{RedisServer, free_port};
+
+/// The name the sentinels monitor the master under (Sentinel's customary default).
+pub const MASTER_NAME: &str = "mymaster";
+
+/// How long the sentinels wait before they call an unanswering master down.
+pub const DOWN_AFTER_MS: u64 = 1000;
+
+/// Short, so a second failover in one test is not refused for long (Sentinel waits twice
+/// this before failing the same master over again).
+const FAILOVER_TIMEOUT_MS: u64 = 3000;
+
+const INSTALL_HINT: &str = "redis-sentinel was not found on PATH. The Sentinel tests start \
+    their own sentinels: install it (Debian/Ubuntu: `sudo apt-get install redis-sentinel`; \
+    macOS: `brew install redis`, which includes it) or run `scripts/test`";
+
+/// One master, two replicas, three sentinels.
+#[derive(Debug)]
+pub struct RedisSentinel {
+    /// The data nodes; which one is the master changes with failovers.
+    nodes: Vec<RedisServer>,
+    sentinels: Vec<SentinelProcess>,
+}
+
+/// One `redis-sentinel` process with its own config file (Sentinel rewrites it).
+#[derive(Debug)]
+struct SentinelProcess {
+    port: u16,
+    _dir: tempfile::TempDir,
+    child: Child,
+}
+
+impl Drop for SentinelProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl RedisSentinel {
+    /// Starts the nodes and the sentinels and waits until every sentinel knows both replicas
+    /// and the other two sentinels (before that, a failover could not be agreed on) and both
+    /// replicas have synced.
+    ///
+    /// # Panics
+    /// When `redis-server` or `redis-sentinel` is missing (naming the package), or the
+    /// deployment does not come up within 30 s.
+    pub fn start() -> RedisSentinel {
+        let master = RedisServer::start();
+        let port = master.port().to_string();
+        let mut nodes = vec![master];
+        for _ in 0..2 {
+            nodes.push(RedisServer::start_with(&["--replicaof", "127.0.0.1", &port]));
+        }
+        let sentinels = (0..3)
+            .map(|_| SentinelProcess::start(nodes[0].port()))
+            .collect();
+        let deployment = RedisSentinel { nodes, sentinels };
+        deployment.wait_until_ready(Duration::from_secs(30));
+        deployment
+    }
+
+    /// Waits until every sentinel sees two replicas and two other sentinels, and every replica
+    /// is in sync with the master the sentinels name.
+    pub fn wait_until_ready(&self, within: Duration) {
+        let deadline = Instant::now() + within;
+        loop {
+            let ready = self.sentinels.iter().all(|sentinel| {
+                let fields = sentinel.master_fields();
+                let field = |name: &str| {
+                    fields
+                        .iter()
+                        .position(|f| f == name)
+                        .and_then(|i| fields.get(i + 1))
+                        .cloned()
+                        .unwrap_or_default()
+                };
+                field("num-slaves") == "2"
+                    && field("num-other-sentinels") == "2"
+                    && field("flags") == "master"
+            }) && self.replicas_in_sync();
+            if ready {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the Sentinel deployment did not become ready in {within:?}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn replicas_in_sync(&self) -> bool {
+        let master = self.master_port();
+        self.nodes
+            .iter()
+            .filter(|node| node.pid().is_some() && node.port() != master)
+            .all(|node| {
+                let info: String = redis::cmd("INFO")
+                    .arg("replication")
+                    .query(&mut node.connection())
+                    .unwrap_or_default();
+                info.contains("master_link_status:up")
+                    && info.contains(&format!("master_port:{master}"))
+            })
+    }
+
+    /// `host:port` of each sentinel, what [`redguard::Redguard::redis_sentinel`] takes.
+    pub fn sentinel_addrs(&self) -> Vec<String> {
+        self.sentinels
+            .iter()
+            .map(|sentinel| format!("127.0.0.1:{}", sentinel.port))
+            .collect()
+    }
+
+    /// The data nodes, by index (stable across failovers).
+    pub fn node(&mut self, index: usize) -> &mut RedisServer {
+        &mut self.nodes[index]
+    }
+
+    /// The port of the master the first answering sentinel names.
+    pub fn master_port(&self) -> u16 {
+        self.sentinels
+            .iter()
+            .find_map(SentinelProcess::master_addr)
+            .map(|(_, port)| port)
+            .expect("no sentinel names a master")
+    }
+
+    /// The index of the node the sentinels name as master.
+    pub fn master(&self) -> usize {
+        let port = self.master_port();
+        self.nodes
+            .iter()
+            .position(|node| node.port() == port)
+            .expect("the master is one of ours")
+    }
+
+    /// SIGKILLs the master; returns its index. Its unreplicated writes are gone.
+    pub fn kill_master(&mut self) -> usize {
+        let master = self.master();
+        self.nodes[master].kill();
+        master
+    }
+
+    /// Asks a sentinel for a planned failover (`SENTINEL FAILOVER`): a replica is promoted
+    /// while the old master still runs, then the old master is made its replica.
+    pub fn failover(&self) {
+        let mut conn = self.sentinels[0].connection();
+        let _: () = redis::cmd("SENTINEL")
+            .arg("FAILOVER")
+            .arg(MASTER_NAME)
+            .query(&mut conn)
+            .expect("SENTINEL FAILOVER");
+    }
+
+    /// Waits until every answering sentinel names a master other than node `old`, and that
+    /// node says `ROLE` master; returns its index.
+    pub fn wait_for_promotion(&self, old: usize) -> usize {
+        let old_port = self.nodes[old].port();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let named: Vec<u16> = self
+                .sentinels
+                .iter()
+                .filter_map(SentinelProcess::master_addr)
+                .map(|(_, port)| port)
+                .collect();
+            if let Some(&port) = named.first()
+                && port != old_port
+                && named.iter().all(|&p| p == port)
+                && let Some(index) = self.nodes.iter().position(|node| node.port() == port)
+                && role(&self.nodes[index]) == "master"
+            {
+                return index;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no replica was promoted within 30 s (sentinels name {named:?})"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Fails the test if any key on the current master has no TTL.
+    pub fn assert_every_key_has_ttl(&self) {
+        self.nodes[self.master()].assert_every_key_has_ttl();
+    }
+}
+
+impl SentinelProcess {
+    fn start(master_port: u16) -> SentinelProcess {
+        for _ in 0..5 {
+            let port = free_port();
+            let dir = tempfile::tempdir().expect("create a temp dir for redis-sentinel");
+            let config = dir.path().join("sentinel.conf");
+            std::fs::write(
+                &config,
+                format!(
+                    "port {port}\nbind 127.0.0.1\ndaemonize no\ndir {dir}\n\
+                     sentinel monitor {MASTER_NAME} 127.0.0.1 {master_port} 2\n\
+                     sentinel down-after-milliseconds {MASTER_NAME} {DOWN_AFTER_MS}\n\
+                     sentinel failover-timeout {MASTER_NAME} {FAILOVER_TIMEOUT_MS}\n\
+                     sentinel parallel-syncs {MASTER_NAME} 2\n",
+                    dir = dir.path().display(),
+                ),
+            )
+            .expect("write sentinel.conf");
+            let child = Command::new("redis-sentinel")
+                .arg(&config)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn();
+            let child = match child {
+                Ok(child) => child,
+                Err(err) if err.kind() == std::io::ErrorKind::NotFound => panic!("{INSTALL_HINT}"),
+                Err(err) => panic!("could not run redis-sentinel: {err}"),
+            };
+            let mut sentinel = SentinelProcess {
+                port,
+                _dir: dir,
+                child,
+            };
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while Instant::now() < deadline {
+                if ping(port) {
+                    return sentinel;
+                }
+                if let Ok(Some(_)) = sentinel.child.try_wait() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            let _ = sentinel.child.kill();
+        }
+        panic!("redis-sentinel did not start on any of 5 free ports");
+    }
+
+    fn connection(&self) -> redis::Connection {
+        redis::Client::open(format!("redis://127.0.0.1:{}/", self.port))
+            .and_then(|client| client.get_connection_with_timeout(Duration::from_secs(1)))
+            .expect("connect to a test sentinel")
+    }
+
+    /// `SENTINEL MASTER <name>` as a flat list of field names and values.
+    fn master_fields(&self) -> Vec<String> {
+        redis::cmd("SENTINEL")
+            .arg("MASTER")
+            .arg(MASTER_NAME)
+            .query(&mut self.connection())
+            .unwrap_or_default()
+    }
+
+    fn master_addr(&self) -> Option<(String, u16)> {
+        let reply: Option<(String, u16)> = redis::cmd("SENTINEL")
+            .arg("GET-MASTER-ADDR-BY-NAME")
+            .arg(MASTER_NAME)
+            .query(&mut self.connection())
+            .ok()?;
+        reply
+    }
+}
+
+fn ping(port: u16) -> bool {
+    let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_millis(200)));
+    let mut reply = [0u8; 7];
+    stream.write_all(b"PING\r\n").is_ok()
+        && stream.read_exact(&mut reply).is_ok()
+        && &reply == b"+PONG\r\n"
+}
+
+/// The node's `ROLE`: `master` or `slave` (empty when it does not answer).
+pub fn role(node: &RedisServer) -> String {
+    let Ok(client) = redis::Client::open(node.url()) else {
+        return String::new();
+    };
+    let Ok(mut conn) = client.get_connection_with_timeout(Duration::from_millis(500)) else {
+        return String::new();
+    };
+    let reply: redis::Value = redis::cmd("ROLE")
+        .query(&mut conn)
+        .unwrap_or(redis::Value::Nil);
+    match reply {
+        redis::Value::Array(fields) => match fields.first() {
+            Some(redis::Value::BulkString(role)) => String::from_utf8_lossy(role).into_owned(),
+            _ => String::new(),
+        },
+        _ => String::new(),
+    }
+}
