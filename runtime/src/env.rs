@@ -4,6 +4,10 @@
 //! | variable | meaning |
 //! |---|---|
 //! | `REDGUARD_REDIS_CLUSTER_URLS` | comma-separated Cluster node URLs (takes precedence) |
+//! | `REDGUARD_REDIS_SENTINELS` | comma-separated sentinel `host:port`s: Redis Sentinel (not with `REDGUARD_REDIS_URL`) |
+//! | `REDGUARD_REDIS_MASTER` | the master name the sentinels monitor (default `mymaster`) |
+//! | `REDGUARD_REDIS_SENTINEL_USERNAME`, `_PASSWORD` | the sentinels' credentials |
+//! | `REDGUARD_REDIS_USERNAME`, `_PASSWORD`, `_DB` | the data nodes' credentials and database, with Sentinel |
 //! | `REDGUARD_REDIS_URL`, else `REDIS_URL` | one Redis: `redis://[user:password@]host[:port][/db]`, `rediss://` for TLS |
 //! | `REDGUARD_TLS_CA` | path of PEM root certificate(s) to trust for `rediss://` |
 //! | `REDGUARD_PREFIX` | the key prefix (default `redguard`) |
@@ -19,6 +23,15 @@ fn var(name: &str) -> Option<String> {
 pub(crate) fn builder() -> Result<Option<Builder>> {
     let builder = if let Some(urls) = var("REDGUARD_REDIS_CLUSTER_URLS") {
         cluster(&urls)?
+    } else if let Some(sentinels) = var("REDGUARD_REDIS_SENTINELS") {
+        if var("REDGUARD_REDIS_URL").is_some() {
+            return Err(Error::Config(
+                "both REDGUARD_REDIS_URL and REDGUARD_REDIS_SENTINELS are set: name one Redis \
+                 (a URL) or the sentinels that find it, not both"
+                    .to_owned(),
+            ));
+        }
+        sentinel(&sentinels)?
     } else if let Some(url) = var("REDGUARD_REDIS_URL").or_else(|| var("REDIS_URL")) {
         Redguard::redis(url)
     } else {
@@ -45,6 +58,39 @@ fn cluster(urls: &str) -> Result<Builder> {
 fn cluster(_: &str) -> Result<Builder> {
     Err(Error::Config(
         "REDGUARD_REDIS_CLUSTER_URLS is set, but redguard was built without the `cluster` \
+         feature"
+            .to_owned(),
+    ))
+}
+
+#[cfg(feature = "sentinel")]
+fn sentinel(sentinels: &str) -> Result<Builder> {
+    let master = var("REDGUARD_REDIS_MASTER").unwrap_or_else(|| "mymaster".to_owned());
+    let mut builder = Redguard::redis_sentinel(
+        sentinels.split(',').map(str::trim).filter(|s| !s.is_empty()),
+        master,
+    );
+    if let Some(password) = var("REDGUARD_REDIS_SENTINEL_PASSWORD") {
+        let username = var("REDGUARD_REDIS_SENTINEL_USERNAME").unwrap_or_default();
+        builder = builder.sentinel_auth(username, password);
+    }
+    if let Some(password) = var("REDGUARD_REDIS_PASSWORD") {
+        let username = var("REDGUARD_REDIS_USERNAME").unwrap_or_default();
+        builder = builder.node_auth(username, password);
+    }
+    if let Some(db) = var("REDGUARD_REDIS_DB") {
+        let db = db.trim().parse().map_err(|_| {
+            Error::Config(format!("REDGUARD_REDIS_DB: {db:?} is not a database number"))
+        })?;
+        builder = builder.node_db(db);
+    }
+    Ok(builder)
+}
+
+#[cfg(not(feature = "sentinel"))]
+fn sentinel(_: &str) -> Result<Builder> {
+    Err(Error::Config(
+        "REDGUARD_REDIS_SENTINELS is set, but redguard was built without the `sentinel` \
          feature"
             .to_owned(),
     ))

@@ -321,8 +321,8 @@ pub async fn connect(server: &RedisServer) -> redguard::Redguard {
 
 /// Runs each listed case (an `async fn(Redguard)` in the calling module) once per store:
 /// `memory::<case>` on a fresh in-memory store, `redis::<case>` on its own `redis-server`,
-/// `cluster::<case>` on its own 3-master, 3-replica Redis Cluster; after the Redis runs every
-/// key the case wrote must have a TTL.
+/// `cluster::<case>` on its own 3-master, 3-replica Redis Cluster, `sentinel::<case>` through
+/// a sentinel to its master; after the Redis runs every key the case wrote must have a TTL.
 #[macro_export]
 macro_rules! conformance {
     ($($case:ident),* $(,)?) => {
@@ -353,6 +353,17 @@ macro_rules! conformance {
                     let rg = cluster.connect().await;
                     super::$case(rg).await;
                     cluster.assert_every_key_has_ttl();
+                }
+            )*
+        }
+        mod sentinel {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    let sentinel = $crate::RedisSentinel::start_small();
+                    let rg = sentinel.connect().await;
+                    super::$case(rg).await;
+                    sentinel.assert_every_key_has_ttl();
                 }
             )*
         }

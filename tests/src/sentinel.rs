@@ -64,24 +64,37 @@ impl RedisSentinel {
     /// When `redis-server` or `redis-sentinel` is missing (naming the package), or the
     /// deployment does not come up within 30 s.
     pub fn start() -> RedisSentinel {
+        Self::start_sized(2, 3)
+    }
+
+    /// One master and one sentinel (quorum 1), no replica: what the conformance suite runs
+    /// on (a handle on Sentinel, without the cost of a deployment that can fail over).
+    pub fn start_small() -> RedisSentinel {
+        Self::start_sized(0, 1)
+    }
+
+    fn start_sized(replicas: usize, sentinels: usize) -> RedisSentinel {
         let master = RedisServer::start();
         let port = master.port().to_string();
         let mut nodes = vec![master];
-        for _ in 0..2 {
+        for _ in 0..replicas {
             nodes.push(RedisServer::start_with(&["--replicaof", "127.0.0.1", &port]));
         }
-        let sentinels = (0..3)
-            .map(|_| SentinelProcess::start(nodes[0].port()))
+        let quorum = sentinels / 2 + 1;
+        let sentinels = (0..sentinels)
+            .map(|_| SentinelProcess::start(nodes[0].port(), quorum))
             .collect();
         let deployment = RedisSentinel { nodes, sentinels };
         deployment.wait_until_ready(Duration::from_secs(30));
         deployment
     }
 
-    /// Waits until every sentinel sees two replicas and two other sentinels, and every replica
-    /// is in sync with the master the sentinels name.
+    /// Waits until every sentinel sees every replica and every other sentinel, and every
+    /// replica is in sync with the master the sentinels name.
     pub fn wait_until_ready(&self, within: Duration) {
         let deadline = Instant::now() + within;
+        let replicas = (self.nodes.len() - 1).to_string();
+        let others = (self.sentinels.len() - 1).to_string();
         loop {
             let ready = self.sentinels.iter().all(|sentinel| {
                 let fields = sentinel.master_fields();
@@ -93,8 +106,8 @@ impl RedisSentinel {
                         .cloned()
                         .unwrap_or_default()
                 };
-                field("num-slaves") == "2"
-                    && field("num-other-sentinels") == "2"
+                field("num-slaves") == replicas
+                    && field("num-other-sentinels") == others
                     && field("flags") == "master"
             }) && self.replicas_in_sync();
             if ready {
@@ -129,6 +142,19 @@ impl RedisSentinel {
             .iter()
             .map(|sentinel| format!("127.0.0.1:{}", sentinel.port))
             .collect()
+    }
+
+    /// The builder of a handle on this deployment, for settings of the test's own.
+    pub fn builder(&self) -> redguard::Builder {
+        redguard::Redguard::redis_sentinel(self.sentinel_addrs(), MASTER_NAME)
+    }
+
+    /// A handle on this deployment with default settings.
+    pub async fn connect(&self) -> redguard::Redguard {
+        self.builder()
+            .connect()
+            .await
+            .expect("connect to the test Sentinel deployment")
     }
 
     /// The data nodes, by index (stable across failovers).
@@ -207,7 +233,7 @@ impl RedisSentinel {
 }
 
 impl SentinelProcess {
-    fn start(master_port: u16) -> SentinelProcess {
+    fn start(master_port: u16, quorum: usize) -> SentinelProcess {
         for _ in 0..5 {
             let port = free_port();
             let dir = tempfile::tempdir().expect("create a temp dir for redis-sentinel");
@@ -216,7 +242,7 @@ impl SentinelProcess {
                 &config,
                 format!(
                     "port {port}\nbind 127.0.0.1\ndaemonize no\ndir {dir}\n\
-                     sentinel monitor {MASTER_NAME} 127.0.0.1 {master_port} 2\n\
+                     sentinel monitor {MASTER_NAME} 127.0.0.1 {master_port} {quorum}\n\
                      sentinel down-after-milliseconds {MASTER_NAME} {DOWN_AFTER_MS}\n\
                      sentinel failover-timeout {MASTER_NAME} {FAILOVER_TIMEOUT_MS}\n\
                      sentinel parallel-syncs {MASTER_NAME} 2\n",

@@ -35,6 +35,8 @@ pub use self::memory::MemoryStore;
 pub use self::rate::{RateCheck, RateMode, RateOps, RateOutcome};
 pub use self::redis::RedisStore;
 pub(crate) use self::redis::{Conn, Existing, RedisTarget};
+#[cfg(feature = "sentinel")]
+pub(crate) use self::redis::{Auth as SentinelAuth, SentinelTarget};
 pub use self::token::{TokenOps, TokenOutcome};
 pub use crate::error::StoreFailure;
 
