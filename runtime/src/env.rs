@@ -67,7 +67,10 @@ fn cluster(_: &str) -> Result<Builder> {
 fn sentinel(sentinels: &str) -> Result<Builder> {
     let master = var("REDGUARD_REDIS_MASTER").unwrap_or_else(|| "mymaster".to_owned());
     let mut builder = Redguard::redis_sentinel(
-        sentinels.split(',').map(str::trim).filter(|s| !s.is_empty()),
+        sentinels
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty()),
         master,
     );
     if let Some(password) = var("REDGUARD_REDIS_SENTINEL_PASSWORD") {
@@ -80,7 +83,9 @@ fn sentinel(sentinels: &str) -> Result<Builder> {
     }
     if let Some(db) = var("REDGUARD_REDIS_DB") {
         let db = db.trim().parse().map_err(|_| {
-            Error::Config(format!("REDGUARD_REDIS_DB: {db:?} is not a database number"))
+            Error::Config(format!(
+                "REDGUARD_REDIS_DB: {db:?} is not a database number"
+            ))
         })?;
         builder = builder.node_db(db);
     }

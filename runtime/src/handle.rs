@@ -278,7 +278,7 @@ impl Redguard {
                 test: Default::default(),
             }),
             settings: Settings::default(),
-                    }
+        }
     }
 
     /// Starts building a handle on a connection the application already has. `client` is
@@ -591,7 +591,8 @@ impl Builder {
         };
         self.with_sentinel(
             "`sentinel_auth` applies to Redis Sentinel handles only",
-            |target| target.sentinel_auth = Some(auth))
+            |target| target.sentinel_auth = Some(auth),
+        )
     }
 
     /// The data nodes' ACL user and password (`""` as `username`: the `default` user).
@@ -604,7 +605,8 @@ impl Builder {
         };
         self.with_sentinel(
             "`node_auth` applies to Redis Sentinel handles only",
-            |target| target.node_auth = Some(auth))
+            |target| target.node_auth = Some(auth),
+        )
     }
 
     /// The database number on the data nodes (default 0). Sentinel handles only.
@@ -612,7 +614,8 @@ impl Builder {
     pub fn node_db(self, db: i64) -> Self {
         self.with_sentinel(
             "`node_db` applies to Redis Sentinel handles only",
-            |target| target.node_db = db)
+            |target| target.node_db = db,
+        )
     }
 
     /// TLS to the sentinels and the data nodes, trusting [`tls_root_ca`](Builder::tls_root_ca)
@@ -621,7 +624,8 @@ impl Builder {
     pub fn sentinel_tls(self) -> Self {
         self.with_sentinel(
             "`sentinel_tls` applies to Redis Sentinel handles only",
-            |target| target.tls = true)
+            |target| target.tls = true,
+        )
     }
 
     #[cfg(feature = "sentinel")]

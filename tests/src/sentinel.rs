@@ -78,7 +78,11 @@ impl RedisSentinel {
         let port = master.port().to_string();
         let mut nodes = vec![master];
         for _ in 0..replicas {
-            nodes.push(RedisServer::start_with(&["--replicaof", "127.0.0.1", &port]));
+            nodes.push(RedisServer::start_with(&[
+                "--replicaof",
+                "127.0.0.1",
+                &port,
+            ]));
         }
         let quorum = sentinels / 2 + 1;
         let sentinels = (0..sentinels)

@@ -128,7 +128,12 @@ impl Load {
                     Ok(Some(guard)) => {
                         record("lock_acquire", started, true);
                         // Recorded before the release: the next holder's fence comes after.
-                        fences.lock().unwrap().entry(key).or_default().push(guard.fence());
+                        fences
+                            .lock()
+                            .unwrap()
+                            .entry(key)
+                            .or_default()
+                            .push(guard.fence());
                         tokio::time::sleep(Duration::from_millis(5)).await;
                         let started = Instant::now();
                         let released = guard.release().await;
@@ -163,12 +168,14 @@ impl Load {
                     let runs = Arc::clone(&runs);
                     let started = Instant::now();
                     let outcome = rg
-                        .scope(Idempotency::new("sentinel", key).expire(Duration::from_secs(60)).run(
-                            async move {
-                                *runs.lock().unwrap().entry(intent).or_default() += 1;
-                                Ok::<_, Error>(intent)
-                            },
-                        ))
+                        .scope(
+                            Idempotency::new("sentinel", key)
+                                .expire(Duration::from_secs(60))
+                                .run(async move {
+                                    *runs.lock().unwrap().entry(intent).or_default() += 1;
+                                    Ok::<_, Error>(intent)
+                                }),
+                        )
                         .await;
                     match outcome {
                         Ok(value) => {
@@ -253,9 +260,18 @@ impl Report {
     /// Fencing tokens strictly increase per key, failover included.
     fn assert_fences_increase(&self) {
         for (key, fences) in &self.fences {
-            assert!(fences.len() > 10, "key {key}: only {} acquisitions", fences.len());
+            assert!(
+                fences.len() > 10,
+                "key {key}: only {} acquisitions",
+                fences.len()
+            );
             for pair in fences.windows(2) {
-                assert!(pair[0] < pair[1], "key {key}: fence {} then {}", pair[0], pair[1]);
+                assert!(
+                    pair[0] < pair[1],
+                    "key {key}: fence {} then {}",
+                    pair[0],
+                    pair[1]
+                );
             }
         }
     }
@@ -406,7 +422,10 @@ fn lock_key(rg: &Redguard, body: &str) -> redguard::Key {
 async fn until_served(rg: &Redguard) {
     let deadline = Instant::now() + Duration::from_secs(10);
     while rg.store().time().await.is_err() {
-        assert!(Instant::now() < deadline, "no master served the handle in 10 s");
+        assert!(
+            Instant::now() < deadline,
+            "no master served the handle in 10 s"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -451,7 +470,10 @@ async fn release_notifications_follow_the_new_master() {
             LockAcquire::Acquired { .. }
         ));
         let mut watch = store.lock_watch(&key).await;
-        assert!(watch.is_live(), "round {round}: the subscription is not back");
+        assert!(
+            watch.is_live(),
+            "round {round}: the subscription is not back"
+        );
         let release = Release {
             key: &key,
             owner: "alice",

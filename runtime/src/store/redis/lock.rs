@@ -337,7 +337,7 @@ fn acquire_reply(key: &Key, op: &str, reply: (i64, i64, i64)) -> Result<LockAcqu
 /// master now, moving with it.
 #[derive(Clone)]
 pub(crate) enum BusSource {
-    Fixed(redis::Client),
+    Fixed(Box<redis::Client>),
     #[cfg(feature = "sentinel")]
     Sentinel(super::sentinel::SentinelConn),
 }
@@ -346,7 +346,7 @@ impl BusSource {
     /// The client to subscribe with now, and a token [`moved`](BusSource::moved) compares.
     fn client(&self) -> Option<(redis::Client, u64)> {
         match self {
-            BusSource::Fixed(client) => Some((client.clone(), 0)),
+            BusSource::Fixed(client) => Some((redis::Client::clone(client), 0)),
             #[cfg(feature = "sentinel")]
             BusSource::Sentinel(conn) => {
                 let generation = conn.generation();
@@ -357,6 +357,7 @@ impl BusSource {
 
     /// Resolves when the node subscribed to at `generation` is no longer the one to use:
     /// releases are published on the master, so the subscription must follow it.
+    #[cfg_attr(not(feature = "sentinel"), allow(unused_variables))]
     async fn moved(&self, generation: u64) {
         match self {
             BusSource::Fixed(_) => std::future::pending().await,

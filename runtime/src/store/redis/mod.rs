@@ -126,7 +126,7 @@ impl RedisStore {
                 conn: existing.conn,
                 timeout,
                 bus: Arc::new(lock::ReleaseBus::new(
-                    BusSource::Fixed(existing.client),
+                    BusSource::Fixed(Box::new(existing.client)),
                     prefix,
                 )),
                 #[cfg(feature = "test-util")]
@@ -173,7 +173,10 @@ impl RedisStore {
         };
         let node = node.map_err(invalid)?;
         // Pub/sub goes through one node: on a Cluster, classic `PUBLISH` reaches every node.
-        let bus = Arc::new(lock::ReleaseBus::new(BusSource::Fixed(node.clone()), prefix));
+        let bus = Arc::new(lock::ReleaseBus::new(
+            BusSource::Fixed(Box::new(node.clone())),
+            prefix,
+        ));
         #[cfg(not(feature = "cluster"))]
         if target.cluster {
             return Err(Error::Config(

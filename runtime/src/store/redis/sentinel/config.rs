@@ -92,7 +92,7 @@ impl Nodes {
             node_auth: target.node_auth,
             node_db: target.node_db,
             #[cfg(feature = "tls")]
-            tls: target.tls.then(|| redis::TlsCertificates {
+            tls: target.tls.then_some(redis::TlsCertificates {
                 client_tls: None,
                 root_cert: tls_root_ca,
             }),
@@ -149,7 +149,10 @@ fn settings(auth: Option<&Auth>, db: i64) -> RedisConnectionInfo {
 
 // The client's own message can echo settings; keep credentials out of logs.
 fn invalid(err: redis::RedisError) -> Error {
-    Error::Config(format!("invalid Redis Sentinel settings ({:?})", err.kind()))
+    Error::Config(format!(
+        "invalid Redis Sentinel settings ({:?})",
+        err.kind()
+    ))
 }
 
 /// `host:port` (an IPv6 host in brackets).

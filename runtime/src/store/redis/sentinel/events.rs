@@ -17,7 +17,11 @@ const CHANNELS: [&str; 3] = ["+switch-master", "+selected-slave", "+promoted-sla
 const RETRY: Duration = Duration::from_secs(1);
 
 /// Keeps a subscription to sentinel `index` up until the connection's state is dropped.
-pub(super) async fn run(shared: Weak<Shared>, index: usize, announce: UnboundedSender<Announcement>) {
+pub(super) async fn run(
+    shared: Weak<Shared>,
+    index: usize,
+    announce: UnboundedSender<Announcement>,
+) {
     loop {
         let (client, name) = match shared.upgrade() {
             Some(shared) => (
@@ -53,16 +57,17 @@ fn parse(channel: &str, payload: &str, name: &str) -> Option<Announcement> {
     let fields: Vec<&str> = payload.split_whitespace().collect();
     if channel == "+switch-master" {
         return match fields[..] {
-            [master, _, _, host, port] if master == name => {
-                Some(Announcement::Switched((host.to_owned(), port.parse().ok()?)))
-            }
+            [master, _, _, host, port] if master == name => Some(Announcement::Switched((
+                host.to_owned(),
+                port.parse().ok()?,
+            ))),
             _ => None,
         };
     }
     match fields[..] {
-        ["slave", _, host, port, "@", master, _, _] if master == name => {
-            Some(Announcement::Promoting((host.to_owned(), port.parse().ok()?)))
-        }
+        ["slave", _, host, port, "@", master, _, _] if master == name => Some(
+            Announcement::Promoting((host.to_owned(), port.parse().ok()?)),
+        ),
         _ => None,
     }
 }
@@ -74,7 +79,11 @@ mod tests {
     #[test]
     fn announcements_of_our_master_only() {
         assert_eq!(
-            parse("+switch-master", "mymaster 127.0.0.1 6379 127.0.0.1 6380", "mymaster"),
+            parse(
+                "+switch-master",
+                "mymaster 127.0.0.1 6379 127.0.0.1 6380",
+                "mymaster"
+            ),
             Some(Announcement::Switched(("127.0.0.1".to_owned(), 6380)))
         );
         assert_eq!(
@@ -86,7 +95,11 @@ mod tests {
             Some(Announcement::Promoting(("127.0.0.1".to_owned(), 6381)))
         );
         assert_eq!(
-            parse("+switch-master", "other 127.0.0.1 6379 127.0.0.1 6380", "mymaster"),
+            parse(
+                "+switch-master",
+                "other 127.0.0.1 6379 127.0.0.1 6380",
+                "mymaster"
+            ),
             None
         );
         assert_eq!(parse("+selected-slave", "garbage", "mymaster"), None);

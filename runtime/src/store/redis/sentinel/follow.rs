@@ -2,8 +2,8 @@
 //! one gone, a sentinel announces a promotion, or the 1 s check finds the sentinels naming
 //! another.
 
-use std::sync::Weak;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use tokio::sync::mpsc::UnboundedReceiver;
@@ -34,7 +34,11 @@ pub(super) enum Announcement {
 
 static GENERATION: AtomicU64 = AtomicU64::new(1);
 
-fn node(addr: (String, u16), conn: redis::aio::MultiplexedConnection, client: redis::Client) -> Node {
+fn node(
+    addr: (String, u16),
+    conn: redis::aio::MultiplexedConnection,
+    client: redis::Client,
+) -> Node {
     Node {
         addr,
         conn,
@@ -112,17 +116,24 @@ pub(super) async fn run(shared: Weak<Shared>, mut announced: UnboundedReceiver<A
     }
 }
 
-fn current(shared: &Shared) -> Option<Node> {
+fn current(shared: &Shared) -> Option<Arc<Node>> {
     match &*shared.master.borrow() {
         Master::Up(node) => Some(node.clone()),
         Master::Switching | Master::Broken => None,
     }
 }
 
-fn switch(shared: &Shared, addr: (String, u16), conn: redis::aio::MultiplexedConnection, client: redis::Client) {
+fn switch(
+    shared: &Shared,
+    addr: (String, u16),
+    conn: redis::aio::MultiplexedConnection,
+    client: redis::Client,
+) {
     tracing::warn!(host = %addr.0, port = addr.1, "Redis master moved; following it");
     metrics::counter!("redguard_sentinel_master_changes_total").increment(1);
-    shared.master.send_replace(Master::Up(node(addr, conn, client)));
+    shared
+        .master
+        .send_replace(Master::Up(Arc::new(node(addr, conn, client))));
 }
 
 /// No master answers: ask the sentinels, and take the first node they name that says it is
@@ -163,10 +174,10 @@ async fn promote(shared: &Shared, addr: (String, u16)) {
 /// The periodic check: the master must still say it is master, and be the one the sentinels
 /// name. A different node is moved to only once it says it is master too.
 async fn check(shared: &Shared) {
-    let Some(mut node) = current(shared) else {
+    let Some(node) = current(shared) else {
         return;
     };
-    if role(&mut node.conn).await.as_deref() != Some("master") {
+    if role(&mut node.conn.clone()).await.as_deref() != Some("master") {
         shared.master.send_if_modified(|master| match master {
             Master::Up(current) if current.generation == node.generation => {
                 *master = Master::Broken;

@@ -28,22 +28,21 @@ use redis::{Cmd, Pipeline, RedisError, RedisFuture, ServerErrorKind, Value};
 use tokio::sync::{Notify, watch};
 use tokio::task::AbortHandle;
 
-pub(crate) use self::config::{Auth, SentinelTarget};
 use self::config::Nodes;
+pub(crate) use self::config::{Auth, SentinelTarget};
 use crate::error::Result;
 
 /// Where calls go now.
 #[derive(Clone)]
 enum Master {
     /// A node that said `ROLE` master, and our connection to it.
-    Up(Node),
+    Up(Arc<Node>),
     /// A replica is being promoted: calls wait for it (bounded by their timeout).
     Switching,
     /// No known master answers: calls fail at once, as backend errors.
     Broken,
 }
 
-#[derive(Clone)]
 struct Node {
     addr: (String, u16),
     conn: MultiplexedConnection,
@@ -100,12 +99,13 @@ impl SentinelConn {
         let first = follow::first_master(&nodes, connect_timeout).await?;
         let shared = Arc::new(Shared {
             nodes,
-            master: watch::channel(Master::Up(first)).0,
+            master: watch::channel(Master::Up(Arc::new(first))).0,
             kick: Notify::new(),
             tasks: Mutex::new(Vec::new()),
         });
         let (announce, announced) = tokio::sync::mpsc::unbounded_channel();
-        let mut tasks = vec![tokio::spawn(follow::run(Arc::downgrade(&shared), announced)).abort_handle()];
+        let mut tasks =
+            vec![tokio::spawn(follow::run(Arc::downgrade(&shared), announced)).abort_handle()];
         for sentinel in 0..shared.nodes.sentinels.len() {
             tasks.push(
                 tokio::spawn(events::run(
@@ -146,7 +146,7 @@ impl SentinelConn {
 
     /// The node calls go to now: waits out a promotion in progress (the caller's timeout
     /// bounds the wait), fails at once while no master is known.
-    async fn node(&self) -> Result<Node, RedisError> {
+    async fn node(&self) -> Result<Arc<Node>, RedisError> {
         let mut master = self.shared.master.subscribe();
         let current = master
             .wait_for(|master| !matches!(master, Master::Switching))
@@ -211,8 +211,9 @@ fn no_master() -> RedisError {
 impl ConnectionLike for SentinelConn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         Box::pin(async move {
-            let mut node = self.node().await?;
-            match node.conn.req_packed_command(cmd).await {
+            let node = self.node().await?;
+            let mut conn = node.conn.clone();
+            match conn.req_packed_command(cmd).await {
                 Ok(value) => self.still_current(&node).map(|()| value),
                 Err(err) => {
                     self.check(&node, &err);
@@ -229,8 +230,9 @@ impl ConnectionLike for SentinelConn {
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
         Box::pin(async move {
-            let mut node = self.node().await?;
-            match node.conn.req_packed_commands(pipeline, offset, count).await {
+            let node = self.node().await?;
+            let mut conn = node.conn.clone();
+            match conn.req_packed_commands(pipeline, offset, count).await {
                 Ok(values) => self.still_current(&node).map(|()| values),
                 Err(err) => {
                     self.check(&node, &err);

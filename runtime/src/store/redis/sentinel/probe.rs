@@ -55,7 +55,7 @@ pub(super) async fn named_masters(nodes: &Nodes) -> Vec<(String, u16)> {
             None => votes.push((addr, 1)),
         }
     }
-    votes.sort_by(|a, b| b.1.cmp(&a.1));
+    votes.sort_by_key(|&(_, n)| std::cmp::Reverse(n));
     votes.into_iter().map(|(addr, _)| addr).collect()
 }
 
