@@ -21,6 +21,11 @@ fn var(name: &str) -> Option<String> {
 
 /// A builder for the store the environment names; `None` when it names no Redis.
 pub(crate) fn builder() -> Result<Option<Builder>> {
+    builder_from(&var)
+}
+
+/// [`builder`] with the variables read through `var`.
+fn builder_from(var: &dyn Fn(&str) -> Option<String>) -> Result<Option<Builder>> {
     let builder = if let Some(urls) = var("REDGUARD_REDIS_CLUSTER_URLS") {
         cluster(&urls)?
     } else if let Some(sentinels) = var("REDGUARD_REDIS_SENTINELS") {
@@ -31,7 +36,7 @@ pub(crate) fn builder() -> Result<Option<Builder>> {
                     .to_owned(),
             ));
         }
-        sentinel(&sentinels)?
+        sentinel(&sentinels, var)?
     } else if let Some(url) = var("REDGUARD_REDIS_URL").or_else(|| var("REDIS_URL")) {
         Redguard::redis(url)
     } else {
@@ -64,7 +69,7 @@ fn cluster(_: &str) -> Result<Builder> {
 }
 
 #[cfg(feature = "sentinel")]
-fn sentinel(sentinels: &str) -> Result<Builder> {
+fn sentinel(sentinels: &str, var: &dyn Fn(&str) -> Option<String>) -> Result<Builder> {
     let master = var("REDGUARD_REDIS_MASTER").unwrap_or_else(|| "mymaster".to_owned());
     let mut builder = Redguard::redis_sentinel(
         sentinels
@@ -93,7 +98,7 @@ fn sentinel(sentinels: &str) -> Result<Builder> {
 }
 
 #[cfg(not(feature = "sentinel"))]
-fn sentinel(_: &str) -> Result<Builder> {
+fn sentinel(_: &str, _: &dyn Fn(&str) -> Option<String>) -> Result<Builder> {
     Err(Error::Config(
         "REDGUARD_REDIS_SENTINELS is set, but redguard was built without the `sentinel` \
          feature"
@@ -118,4 +123,44 @@ fn tls_root_ca(_: Builder, _: &str) -> Result<Builder> {
 /// The prefix the environment names, for the in-memory store.
 pub(crate) fn prefix() -> Option<String> {
     var("REDGUARD_PREFIX")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::builder_from;
+    use crate::error::Error;
+
+    fn from(vars: &[(&str, &str)]) -> crate::Result<Option<crate::handle::Builder>> {
+        builder_from(&|name| {
+            vars.iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, v)| (*v).to_owned())
+        })
+    }
+
+    #[test]
+    fn a_url_and_sentinels_together_are_a_config_error() {
+        let both = from(&[
+            ("REDGUARD_REDIS_URL", "redis://127.0.0.1:6379"),
+            ("REDGUARD_REDIS_SENTINELS", "127.0.0.1:26379"),
+        ]);
+        assert!(matches!(both, Err(Error::Config(_))), "{both:?}");
+    }
+
+    #[cfg(feature = "sentinel")]
+    #[test]
+    fn sentinels_alone_select_sentinel() {
+        let sentinel = from(&[
+            ("REDGUARD_REDIS_SENTINELS", "10.0.0.1:26379, 10.0.0.2:26379"),
+            ("REDGUARD_REDIS_MASTER", "orders"),
+            ("REDGUARD_REDIS_DB", "2"),
+        ])
+        .unwrap()
+        .expect("a Redis builder");
+        let text = format!("{sentinel:?}");
+        assert!(text.contains("10.0.0.2:26379") && text.contains("\"orders\""), "{text}");
+        assert!(text.contains("node_db: 2"), "{text}");
+        let bad_db = from(&[("REDGUARD_REDIS_SENTINELS", "h:1"), ("REDGUARD_REDIS_DB", "x")]);
+        assert!(matches!(bad_db, Err(Error::Config(_))), "{bad_db:?}");
+    }
 }
