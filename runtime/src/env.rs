@@ -158,9 +158,15 @@ mod tests {
         .unwrap()
         .expect("a Redis builder");
         let text = format!("{sentinel:?}");
-        assert!(text.contains("10.0.0.2:26379") && text.contains("\"orders\""), "{text}");
+        assert!(
+            text.contains("10.0.0.2:26379") && text.contains("\"orders\""),
+            "{text}"
+        );
         assert!(text.contains("node_db: 2"), "{text}");
-        let bad_db = from(&[("REDGUARD_REDIS_SENTINELS", "h:1"), ("REDGUARD_REDIS_DB", "x")]);
+        let bad_db = from(&[
+            ("REDGUARD_REDIS_SENTINELS", "h:1"),
+            ("REDGUARD_REDIS_DB", "x"),
+        ]);
         assert!(matches!(bad_db, Err(Error::Config(_))), "{bad_db:?}");
     }
 }

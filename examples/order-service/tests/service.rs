@@ -58,7 +58,10 @@ async fn start(redis: &RedisServer, db: &Path, name: &str, env: &[(&str, &str)])
     for (key, value) in env {
         command.env(key, value);
     }
-    if env.iter().any(|(key, _)| *key == "REDGUARD_REDIS_SENTINELS") {
+    if env
+        .iter()
+        .any(|(key, _)| *key == "REDGUARD_REDIS_SENTINELS")
+    {
         command.env_remove("REDGUARD_REDIS_URL");
     }
     let instance = Instance {
