@@ -48,8 +48,21 @@ struct SentinelProcess {
     child: Child,
 }
 
+fn signal(pid: u32, signal: &str) {
+    let status = Command::new("kill")
+        .args([signal, &pid.to_string()])
+        .status()
+        .expect("run kill(1)");
+    assert!(status.success(), "kill {signal} {pid} failed");
+}
+
 impl Drop for SentinelProcess {
     fn drop(&mut self) {
+        // A stopped process is continued first, so that `wait` returns.
+        let _ = Command::new("kill")
+            .args(["-CONT", &self.child.id().to_string()])
+            .stderr(Stdio::null())
+            .status();
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -194,7 +207,9 @@ impl RedisSentinel {
     /// Asks a sentinel for a planned failover (`SENTINEL FAILOVER`): a replica is promoted
     /// while the old master still runs, then the old master is made its replica.
     pub fn failover(&self) {
-        let mut conn = self.sentinels[0].connection();
+        let mut conn = self.sentinels[0]
+            .connection()
+            .expect("connect to a test sentinel");
         let _: () = redis::cmd("SENTINEL")
             .arg("FAILOVER")
             .arg(MASTER_NAME)
@@ -228,6 +243,21 @@ impl RedisSentinel {
             );
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// A plain connection to the current master.
+    pub fn master_connection(&self) -> redis::Connection {
+        self.nodes[self.master()].connection()
+    }
+
+    /// SIGSTOPs sentinel `index`: it keeps its connections and answers nothing.
+    pub fn pause_sentinel(&self, index: usize) {
+        signal(self.sentinels[index].child.id(), "-STOP");
+    }
+
+    /// SIGCONTs a paused sentinel.
+    pub fn resume_sentinel(&self, index: usize) {
+        signal(self.sentinels[index].child.id(), "-CONT");
     }
 
     /// Fails the test if any key on the current master has no TTL.
@@ -284,18 +314,24 @@ impl SentinelProcess {
         panic!("redis-sentinel did not start on any of 5 free ports");
     }
 
-    fn connection(&self) -> redis::Connection {
-        redis::Client::open(format!("redis://127.0.0.1:{}/", self.port))
-            .and_then(|client| client.get_connection_with_timeout(Duration::from_secs(1)))
-            .expect("connect to a test sentinel")
+    /// A connection, or an error within about a second (a paused sentinel accepts
+    /// connections, as the kernel does, and answers nothing).
+    fn connection(&self) -> redis::RedisResult<redis::Connection> {
+        let conn = redis::Client::open(format!("redis://127.0.0.1:{}/", self.port))?
+            .get_connection_with_timeout(Duration::from_secs(1))?;
+        conn.set_read_timeout(Some(Duration::from_secs(1)))?;
+        Ok(conn)
     }
 
     /// `SENTINEL MASTER <name>` as a flat list of field names and values.
     fn master_fields(&self) -> Vec<String> {
+        let Ok(mut conn) = self.connection() else {
+            return Vec::new();
+        };
         redis::cmd("SENTINEL")
             .arg("MASTER")
             .arg(MASTER_NAME)
-            .query(&mut self.connection())
+            .query(&mut conn)
             .unwrap_or_default()
     }
 
@@ -303,7 +339,7 @@ impl SentinelProcess {
         let reply: Option<(String, u16)> = redis::cmd("SENTINEL")
             .arg("GET-MASTER-ADDR-BY-NAME")
             .arg(MASTER_NAME)
-            .query(&mut self.connection())
+            .query(&mut self.connection().ok()?)
             .ok()?;
         reply
     }

@@ -3,7 +3,8 @@
 
 use std::time::Duration;
 
-use futures_util::future::join_all;
+use futures_util::StreamExt as _;
+use futures_util::stream::FuturesUnordered;
 use redis::AsyncConnectionConfig;
 use redis::aio::MultiplexedConnection;
 
@@ -29,30 +30,45 @@ pub(super) async fn open(client: &redis::Client, cap: Duration) -> Option<Multip
 }
 
 /// The masters the sentinels name, asked all at once: the most named first, then the others
-/// (a sentinel that has not heard of a failover yet names the old one).
+/// (a sentinel that has not heard of a failover yet names the old one). Returns as soon as a
+/// majority of the sentinels agree, so a hung one costs nothing then.
 pub(super) async fn named_masters(nodes: &Nodes) -> Vec<(String, u16)> {
-    let answers = join_all(nodes.sentinels.iter().map(|sentinel| async move {
-        tokio::time::timeout(CAP, async {
-            let mut conn = open(sentinel, CAP).await?;
-            redis::cmd("SENTINEL")
-                .arg("GET-MASTER-ADDR-BY-NAME")
-                .arg(&nodes.master_name)
-                .query_async::<Option<(String, u16)>>(&mut conn)
-                .await
-                .map_err(|err| tracing::debug!(error = %err, "Redis Sentinel: no answer"))
-                .ok()
-                .flatten()
+    let mut answers: FuturesUnordered<_> = nodes
+        .sentinels
+        .iter()
+        .map(|sentinel| async move {
+            tokio::time::timeout(CAP, async {
+                let mut conn = open(sentinel, CAP).await?;
+                redis::cmd("SENTINEL")
+                    .arg("GET-MASTER-ADDR-BY-NAME")
+                    .arg(&nodes.master_name)
+                    .query_async::<Option<(String, u16)>>(&mut conn)
+                    .await
+                    .map_err(|err| tracing::debug!(error = %err, "Redis Sentinel: no answer"))
+                    .ok()
+                    .flatten()
+            })
+            .await
+            .ok()
+            .flatten()
         })
-        .await
-        .ok()
-        .flatten()
-    }))
-    .await;
+        .collect();
+    let majority = nodes.sentinels.len() / 2 + 1;
     let mut votes: Vec<((String, u16), usize)> = Vec::new();
-    for addr in answers.into_iter().flatten() {
-        match votes.iter_mut().find(|(named, _)| *named == addr) {
-            Some((_, n)) => *n += 1,
-            None => votes.push((addr, 1)),
+    while let Some(answer) = answers.next().await {
+        let Some(addr) = answer else { continue };
+        let n = match votes.iter_mut().find(|(named, _)| *named == addr) {
+            Some((_, n)) => {
+                *n += 1;
+                *n
+            }
+            None => {
+                votes.push((addr, 1));
+                1
+            }
+        };
+        if n >= majority {
+            break;
         }
     }
     votes.sort_by_key(|&(_, n)| std::cmp::Reverse(n));
