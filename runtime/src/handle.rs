@@ -597,6 +597,14 @@ impl Builder {
 
     /// The data nodes' ACL user and password (`""` as `username`: the `default` user).
     /// Sentinel handles only: a single node or Cluster takes them in its URLs.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// // On another builder, a configuration error.
+    /// let wrong = redguard::Redguard::redis("redis://127.0.0.1:1").node_auth("app", "secret");
+    /// assert!(matches!(wrong.connect().await, Err(redguard::Error::Config(_))));
+    /// # }
+    /// ```
     #[cfg(feature = "sentinel")]
     pub fn node_auth(self, username: impl Into<String>, password: impl Into<String>) -> Self {
         let auth = SentinelAuth {
@@ -610,6 +618,15 @@ impl Builder {
     }
 
     /// The database number on the data nodes (default 0). Sentinel handles only.
+    ///
+    /// ```no_run
+    /// # async fn run() -> redguard::Result<()> {
+    /// let rg = redguard::Redguard::redis_sentinel(["10.0.0.1:26379"], "mymaster")
+    ///     .node_db(3)
+    ///     .connect()
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
     #[cfg(feature = "sentinel")]
     pub fn node_db(self, db: i64) -> Self {
         self.with_sentinel(
@@ -620,6 +637,17 @@ impl Builder {
 
     /// TLS to the sentinels and the data nodes, trusting [`tls_root_ca`](Builder::tls_root_ca)
     /// when set, else the system's roots. Sentinel handles only.
+    ///
+    /// ```no_run
+    /// # async fn run() -> redguard::Result<()> {
+    /// let ca = std::fs::read("/etc/redis/tls/ca.crt").expect("read the CA");
+    /// let rg = redguard::Redguard::redis_sentinel(["sentinel.internal:26379"], "mymaster")
+    ///     .sentinel_tls()
+    ///     .tls_root_ca(ca)
+    ///     .connect()
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
     #[cfg(all(feature = "sentinel", feature = "tls"))]
     pub fn sentinel_tls(self) -> Self {
         self.with_sentinel(

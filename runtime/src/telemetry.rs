@@ -104,11 +104,6 @@ pub const METRICS: &[Metric] = &[
          grant): waiters poll instead.",
     ),
     counter(
-        "redguard_sentinel_master_changes_total",
-        &[],
-        "Moves of a Redis Sentinel handle to a new master (after a failover, or a lost one).",
-    ),
-    counter(
         "redguard_rate_decisions_total",
         &["scope", "limit", "outcome"],
         "Rate decisions per limit (limit: its position in a stacked call, 0 the first): \

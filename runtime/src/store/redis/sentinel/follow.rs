@@ -130,7 +130,6 @@ fn switch(
     client: redis::Client,
 ) {
     tracing::warn!(host = %addr.0, port = addr.1, "Redis master moved; following it");
-    metrics::counter!("redguard_sentinel_master_changes_total").increment(1);
     shared
         .master
         .send_replace(Master::Up(Arc::new(node(addr, conn, client))));
