@@ -371,7 +371,7 @@ macro_rules! conformance {
 }
 
 /// A CA and a server certificate for `localhost`/127.0.0.1, written into `dir`.
-fn make_test_certificates(dir: &std::path::Path) {
+pub(crate) fn make_test_certificates(dir: &std::path::Path) {
     let run = |args: &[&str]| {
         let output = Command::new("openssl")
             .args(args)

@@ -38,12 +38,48 @@ pub struct RedisSentinel {
     /// The data nodes; which one is the master changes with failovers.
     nodes: Vec<RedisServer>,
     sentinels: Vec<SentinelProcess>,
+    /// With TLS: the certificates, and each node's TLS port (what the sentinels name).
+    tls: Option<Tls>,
+}
+
+#[derive(Debug)]
+struct Tls {
+    dir: tempfile::TempDir,
+    node_ports: Vec<u16>,
+}
+
+impl Tls {
+    fn file(&self, name: &str) -> String {
+        self.dir.path().join(name).display().to_string()
+    }
+
+    /// The `tls-*` settings of a node or sentinel listening for TLS on `port`; replication
+    /// and the sentinels' own connections use TLS too.
+    fn args(&self, port: u16) -> Vec<String> {
+        vec![
+            "--tls-port".into(),
+            port.to_string(),
+            "--tls-cert-file".into(),
+            self.file("server.crt"),
+            "--tls-key-file".into(),
+            self.file("server.key"),
+            "--tls-ca-cert-file".into(),
+            self.file("ca.crt"),
+            "--tls-auth-clients".into(),
+            "no".into(),
+            "--tls-replication".into(),
+            "yes".into(),
+        ]
+    }
 }
 
 /// One `redis-sentinel` process with its own config file (Sentinel rewrites it).
 #[derive(Debug)]
 struct SentinelProcess {
+    /// The plain port (the harness's own questions).
     port: u16,
+    /// With TLS, the port clients use.
+    tls_port: Option<u16>,
     _dir: tempfile::TempDir,
     child: Child,
 }
@@ -86,22 +122,63 @@ impl RedisSentinel {
         Self::start_sized(0, 1)
     }
 
+    /// [`start`](RedisSentinel::start) with every node and sentinel also serving TLS (one
+    /// test CA, trust [`ca_pem`](RedisSentinel::ca_pem)); replication and the sentinels'
+    /// connections use TLS, and the sentinels name the nodes' TLS ports.
+    pub fn start_tls() -> RedisSentinel {
+        let dir = tempfile::tempdir().expect("create a temp dir for certificates");
+        crate::make_test_certificates(dir.path());
+        let tls = Tls {
+            dir,
+            node_ports: (0..3).map(|_| free_port()).collect(),
+        };
+        Self::start_with_tls(2, 3, Some(tls))
+    }
+
+    /// The test CA's certificate, PEM (TLS deployments only).
+    pub fn ca_pem(&self) -> Vec<u8> {
+        let tls = self.tls.as_ref().expect("not a TLS deployment");
+        std::fs::read(tls.dir.path().join("ca.crt")).expect("read the test CA")
+    }
+
     fn start_sized(replicas: usize, sentinels: usize) -> RedisSentinel {
-        let master = RedisServer::start();
-        let port = master.port().to_string();
+        Self::start_with_tls(replicas, sentinels, None)
+    }
+
+    fn start_with_tls(replicas: usize, sentinels: usize, tls: Option<Tls>) -> RedisSentinel {
+        let node_args = |index: usize| -> Vec<String> {
+            tls.as_ref()
+                .map(|tls| tls.args(tls.node_ports[index]))
+                .unwrap_or_default()
+        };
+        let start = |args: Vec<String>| {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            RedisServer::start_with(&args)
+        };
+        let master = start(node_args(0));
+        let monitored = match &tls {
+            Some(tls) => tls.node_ports[0],
+            None => master.port(),
+        };
         let mut nodes = vec![master];
-        for _ in 0..replicas {
-            nodes.push(RedisServer::start_with(&[
-                "--replicaof",
-                "127.0.0.1",
-                &port,
-            ]));
+        for index in 1..=replicas {
+            let mut args = node_args(index);
+            args.extend([
+                "--replicaof".into(),
+                "127.0.0.1".into(),
+                monitored.to_string(),
+            ]);
+            nodes.push(start(args));
         }
         let quorum = sentinels / 2 + 1;
         let sentinels = (0..sentinels)
-            .map(|_| SentinelProcess::start(nodes[0].port(), quorum))
+            .map(|_| SentinelProcess::start(monitored, quorum, tls.as_ref()))
             .collect();
-        let deployment = RedisSentinel { nodes, sentinels };
+        let deployment = RedisSentinel {
+            nodes,
+            sentinels,
+            tls,
+        };
         deployment.wait_until_ready(Duration::from_secs(30));
         deployment
     }
@@ -138,11 +215,24 @@ impl RedisSentinel {
         }
     }
 
+    /// The port the sentinels name node `index` by.
+    fn named_port(&self, index: usize) -> u16 {
+        match &self.tls {
+            Some(tls) => tls.node_ports[index],
+            None => self.nodes[index].port(),
+        }
+    }
+
+    fn index_of(&self, named: u16) -> Option<usize> {
+        (0..self.nodes.len()).find(|&index| self.named_port(index) == named)
+    }
+
     fn replicas_in_sync(&self) -> bool {
         let master = self.master_port();
-        self.nodes
-            .iter()
-            .filter(|node| node.pid().is_some() && node.port() != master)
+        (0..self.nodes.len())
+            .filter(|&index| self.named_port(index) != master)
+            .map(|index| &self.nodes[index])
+            .filter(|node| node.pid().is_some())
             .all(|node| {
                 let info: String = redis::cmd("INFO")
                     .arg("replication")
@@ -157,7 +247,7 @@ impl RedisSentinel {
     pub fn sentinel_addrs(&self) -> Vec<String> {
         self.sentinels
             .iter()
-            .map(|sentinel| format!("127.0.0.1:{}", sentinel.port))
+            .map(|sentinel| format!("127.0.0.1:{}", sentinel.tls_port.unwrap_or(sentinel.port)))
             .collect()
     }
 
@@ -190,10 +280,7 @@ impl RedisSentinel {
 
     /// The index of the node the sentinels name as master.
     pub fn master(&self) -> usize {
-        let port = self.master_port();
-        self.nodes
-            .iter()
-            .position(|node| node.port() == port)
+        self.index_of(self.master_port())
             .expect("the master is one of ours")
     }
 
@@ -220,7 +307,7 @@ impl RedisSentinel {
     /// Waits until every answering sentinel names a master other than node `old`, and that
     /// node says `ROLE` master; returns its index.
     pub fn wait_for_promotion(&self, old: usize) -> usize {
-        let old_port = self.nodes[old].port();
+        let old_port = self.named_port(old);
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             let named: Vec<u16> = self
@@ -232,7 +319,7 @@ impl RedisSentinel {
             if let Some(&port) = named.first()
                 && port != old_port
                 && named.iter().all(|&p| p == port)
-                && let Some(index) = self.nodes.iter().position(|node| node.port() == port)
+                && let Some(index) = self.index_of(port)
                 && role(&self.nodes[index]) == "master"
             {
                 return index;
@@ -267,9 +354,18 @@ impl RedisSentinel {
 }
 
 impl SentinelProcess {
-    fn start(master_port: u16, quorum: usize) -> SentinelProcess {
+    fn start(master_port: u16, quorum: usize, tls: Option<&Tls>) -> SentinelProcess {
         for _ in 0..5 {
             let port = free_port();
+            let tls_port = tls.map(|_| free_port());
+            let tls_config = match (tls, tls_port) {
+                (Some(tls), Some(tls_port)) => tls
+                    .args(tls_port)
+                    .chunks(2)
+                    .map(|pair| format!("{} {}\n", pair[0].trim_start_matches("--"), pair[1]))
+                    .collect(),
+                _ => String::new(),
+            };
             let dir = tempfile::tempdir().expect("create a temp dir for redis-sentinel");
             let config = dir.path().join("sentinel.conf");
             std::fs::write(
@@ -279,7 +375,7 @@ impl SentinelProcess {
                      sentinel monitor {MASTER_NAME} 127.0.0.1 {master_port} {quorum}\n\
                      sentinel down-after-milliseconds {MASTER_NAME} {DOWN_AFTER_MS}\n\
                      sentinel failover-timeout {MASTER_NAME} {FAILOVER_TIMEOUT_MS}\n\
-                     sentinel parallel-syncs {MASTER_NAME} 2\n",
+                     sentinel parallel-syncs {MASTER_NAME} 2\n{tls_config}",
                     dir = dir.path().display(),
                 ),
             )
@@ -296,6 +392,7 @@ impl SentinelProcess {
             };
             let mut sentinel = SentinelProcess {
                 port,
+                tls_port,
                 _dir: dir,
                 child,
             };

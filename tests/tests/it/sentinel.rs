@@ -557,3 +557,35 @@ async fn a_hung_sentinel_does_not_stall_the_handle() {
     assert!(killed.elapsed() < Duration::from_secs(5));
     sentinel.resume_sentinel(0);
 }
+
+/// TLS to the sentinels and the data nodes (`sentinel_tls`, a private CA): the handle finds
+/// the master, follows a kill, and its release subscription is live on the new master.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_over_tls_follows_a_killed_master() {
+    let mut sentinel = RedisSentinel::start_tls();
+    let rg = sentinel
+        .builder()
+        .sentinel_tls()
+        .tls_root_ca(sentinel.ca_pem())
+        .connect()
+        .await
+        .expect("connect over TLS");
+    let guard = rg.lock("tls").acquire().await.unwrap();
+    guard.release().await.unwrap();
+    sentinel.kill_master();
+    let killed = Instant::now();
+    until_served(&rg).await;
+    println!(
+        "over TLS: served again {:?} after the kill",
+        killed.elapsed()
+    );
+    let guard = rg.lock("tls").acquire().await.unwrap();
+    guard.release().await.unwrap();
+    assert!(
+        rg.store()
+            .lock_watch(&lock_key(&rg, "tls:watch"))
+            .await
+            .is_live(),
+        "no release subscription on the new master"
+    );
+}
