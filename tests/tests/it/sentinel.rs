@@ -67,6 +67,10 @@ struct Load {
     fences: Arc<Mutex<HashMap<usize, Vec<u64>>>>,
     /// Per intent, how often its body ran.
     runs: Arc<Mutex<HashMap<u64, u32>>>,
+    /// Per lock key, how many tasks are inside its section now; and how often one entered
+    /// while another was inside.
+    inside: Arc<[AtomicU64; 2]>,
+    overlaps: Arc<AtomicU64>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
@@ -90,6 +94,8 @@ impl Load {
             calls: Arc::default(),
             fences: Arc::default(),
             runs: Arc::default(),
+            inside: Arc::default(),
+            overlaps: Arc::default(),
             tasks: Vec::new(),
         };
         for task in 0..4 {
@@ -120,6 +126,7 @@ impl Load {
             Arc::clone(&self.fences),
             self.record(),
         );
+        let (inside, overlaps) = (Arc::clone(&self.inside), Arc::clone(&self.overlaps));
         self.tasks.push(tokio::spawn(async move {
             let name = format!("sentinel:{key}");
             while !stop.load(Ordering::Relaxed) {
@@ -134,7 +141,11 @@ impl Load {
                             .entry(key)
                             .or_default()
                             .push(guard.fence());
+                        if inside[key].fetch_add(1, Ordering::SeqCst) > 0 {
+                            overlaps.fetch_add(1, Ordering::SeqCst);
+                        }
                         tokio::time::sleep(Duration::from_millis(5)).await;
+                        inside[key].fetch_sub(1, Ordering::SeqCst);
                         let started = Instant::now();
                         let released = guard.release().await;
                         record("lock_release", started, released.is_ok());
@@ -233,6 +244,7 @@ impl Load {
             calls,
             fences,
             runs,
+            overlaps: self.overlaps.load(Ordering::SeqCst),
         }
     }
 }
@@ -242,6 +254,7 @@ struct Report {
     calls: Vec<Call>,
     fences: HashMap<usize, Vec<u64>>,
     runs: HashMap<u64, u32>,
+    overlaps: u64,
 }
 
 impl Report {
@@ -367,11 +380,12 @@ async fn guards_recover_after_the_master_is_killed() {
     println!(
         "master killed: promotion seen by the harness after {promoted:?}; {} failed calls \
          (median {median_failure:?}), the last ending {window:?} after the kill; {} of {} \
-         intents ran twice, {} records lost; slowest call {:?}",
+         intents ran twice, {} records lost, {} overlapping lock sections; slowest call {:?}",
         failures.len(),
         report.twice_run_intents(),
         report.runs.len(),
         report.lost_records(&sentinel),
+        report.overlaps,
         report.slowest_after(killed),
     );
     // While no master answers, calls fail at once instead of waiting out their timeout.
@@ -433,6 +447,7 @@ async fn a_planned_failover_under_load_fails_no_call() {
         "records lost in a planned failover"
     );
     assert_eq!(report.twice_run_intents(), 0);
+    assert_eq!(report.overlaps, 0, "lock sections overlapped");
     assert!(
         failures.len() <= 8,
         "{} calls failed in a planned failover",
