@@ -147,6 +147,9 @@ impl SentinelConn {
     /// The node calls go to now: waits out a promotion in progress (the caller's timeout
     /// bounds the wait), fails at once while no master is known.
     async fn node(&self) -> Result<Arc<Node>, RedisError> {
+        if let Master::Up(node) = &*self.shared.master.borrow() {
+            return Ok(Arc::clone(node));
+        }
         let mut master = self.shared.master.subscribe();
         let current = master
             .wait_for(|master| !matches!(master, Master::Switching))
