@@ -101,9 +101,8 @@ pub(super) async fn run(shared: Weak<Shared>, mut announced: UnboundedReceiver<A
             () = tokio::time::sleep_until(until) => Wake::Timer,
         };
         match wake {
-            Wake::Announced(Announcement::Promoting(addr) | Announcement::Switched(addr)) => {
-                promote(&shared, addr).await;
-            }
+            Wake::Announced(Announcement::Promoting(addr)) => promote(&shared, addr).await,
+            Wake::Announced(Announcement::Switched(addr)) => switched(&shared, addr).await,
             Wake::Kick | Wake::Timer if matches!(*shared.master.borrow(), Master::Broken) => {
                 resolve(&shared).await;
             }
@@ -168,6 +167,21 @@ async fn promote(shared: &Shared, addr: (String, u16)) {
     }
     tracing::warn!(host = %addr.0, port = addr.1, "the announced Redis master was not promoted");
     resolve(shared).await;
+}
+
+/// A sentinel announced that the master is now at `addr`: the promotion is done, so the node
+/// must say master at once. If it does not (a sentinel late with news of an older failover),
+/// calls are not held up.
+async fn switched(shared: &Shared, addr: (String, u16)) {
+    if current(shared).is_some_and(|node| node.addr == addr) {
+        return;
+    }
+    match master_at(&shared.nodes, &addr, CAP).await {
+        Some((conn, client)) => switch(shared, addr, conn, client),
+        None if current(shared).is_none() => resolve(shared).await,
+        // The current master stays; the 1 s check asks the sentinels.
+        None => {}
+    }
 }
 
 /// The periodic check: the master must still say it is master, and be the one the sentinels
