@@ -79,9 +79,10 @@ impl fmt::Debug for Existing {
     }
 }
 
-/// The Redis-backed [`Store`]: a single node ([`Redguard::redis`](crate::Redguard::redis)) or
-/// a Cluster ([`Redguard::redis_cluster`](crate::Redguard::redis_cluster)). Every key one
-/// operation touches shares a hash tag, so each operation is one script on one node either way.
+/// The Redis-backed [`Store`]: a single node ([`Redguard::redis`](crate::Redguard::redis)),
+/// a Cluster ([`Redguard::redis_cluster`](crate::Redguard::redis_cluster)) or the master Redis
+/// Sentinel names (`Redguard::redis_sentinel`). Every key one operation touches shares a hash
+/// tag, so each operation is one script on one node either way.
 #[derive(Clone)]
 pub struct RedisStore {
     conn: Conn,
