@@ -2,7 +2,9 @@
 //! clients it opens from that.
 
 use std::fmt;
+use std::sync::Mutex;
 
+use redis::aio::MultiplexedConnection;
 use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo, RedisConnectionInfo};
 
 use crate::error::{Error, Result};
@@ -55,6 +57,9 @@ impl fmt::Debug for Auth {
 pub(super) struct Nodes {
     /// Each sentinel's client.
     pub(super) sentinels: Vec<redis::Client>,
+    /// Each sentinel's connection for questions, kept between them (a handle asks every
+    /// second); dropped after a failed or unanswered question.
+    pub(super) asked: Vec<Mutex<Option<MultiplexedConnection>>>,
     pub(super) master_name: String,
     node_auth: Option<Auth>,
     node_db: i64,
@@ -88,6 +93,7 @@ impl Nodes {
         }
         let mut nodes = Nodes {
             sentinels: Vec::new(),
+            asked: Vec::new(),
             master_name: target.master,
             node_auth: target.node_auth,
             node_db: target.node_db,
@@ -103,6 +109,7 @@ impl Nodes {
                 // Sentinels before 7.2 do not know `CLIENT SETINFO`.
                 .set_skip_set_lib_name();
             nodes.sentinels.push(nodes.client(host, port, redis)?);
+            nodes.asked.push(Mutex::new(None));
         }
         Ok(nodes)
     }

@@ -1,6 +1,7 @@
 //! Questions to the sentinels and the data nodes, each bounded: a hung sentinel or node costs
 //! one cap, never a stalled follower.
 
+use std::sync::PoisonError;
 use std::time::Duration;
 
 use futures_util::StreamExt as _;
@@ -36,21 +37,40 @@ pub(super) async fn named_masters(nodes: &Nodes) -> Vec<(String, u16)> {
     let mut answers: FuturesUnordered<_> = nodes
         .sentinels
         .iter()
-        .map(|sentinel| async move {
-            tokio::time::timeout(CAP, async {
-                let mut conn = open(sentinel, CAP).await?;
-                redis::cmd("SENTINEL")
+        .zip(&nodes.asked)
+        .map(|(sentinel, asked)| async move {
+            let cached = asked.lock().unwrap_or_else(PoisonError::into_inner).clone();
+            let answer = tokio::time::timeout(CAP, async {
+                let mut conn = match cached {
+                    Some(conn) => conn,
+                    None => open(sentinel, CAP).await?,
+                };
+                let reply = redis::cmd("SENTINEL")
                     .arg("GET-MASTER-ADDR-BY-NAME")
                     .arg(&nodes.master_name)
                     .query_async::<Option<(String, u16)>>(&mut conn)
-                    .await
-                    .map_err(|err| tracing::debug!(error = %err, "Redis Sentinel: no answer"))
-                    .ok()
-                    .flatten()
+                    .await;
+                Some((conn, reply))
             })
             .await
             .ok()
-            .flatten()
+            .flatten();
+            let mut asked = asked.lock().unwrap_or_else(PoisonError::into_inner);
+            match answer {
+                Some((conn, Ok(named))) => {
+                    *asked = Some(conn);
+                    named
+                }
+                Some((_, Err(err))) => {
+                    tracing::debug!(error = %err, "Redis Sentinel: no answer");
+                    *asked = None;
+                    None
+                }
+                None => {
+                    *asked = None;
+                    None
+                }
+            }
         })
         .collect();
     let majority = nodes.sentinels.len() / 2 + 1;
