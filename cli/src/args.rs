@@ -6,7 +6,8 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 ///
 /// Connects like the library (`Redguard::from_env`): REDGUARD_REDIS_CLUSTER_URLS
 /// (comma-separated) or REDGUARD_REDIS_URL / REDIS_URL (`redis://user:password@host:port`,
-/// `rediss://` for TLS), REDGUARD_TLS_CA (a PEM file of roots to trust), REDGUARD_PREFIX.
+/// `rediss://` for TLS) or REDGUARD_REDIS_SENTINELS (`host:port,...`, with
+/// REDGUARD_REDIS_MASTER), REDGUARD_TLS_CA (a PEM file of roots to trust), REDGUARD_PREFIX.
 /// Every repair refuses keys outside the prefix and is logged at warn on stderr.
 #[derive(Debug, Parser)]
 #[command(name = "redguard", version)]

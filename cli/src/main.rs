@@ -72,7 +72,8 @@ async fn run(cli: Cli) -> Result<(), Failure> {
     let rg = Redguard::from_env().await?;
     if rg.store().kind() == StoreKind::Memory {
         return Err(
-            "no Redis configured: set REDGUARD_REDIS_URL (or REDGUARD_REDIS_CLUSTER_URLS) \
+            "no Redis configured: set REDGUARD_REDIS_URL (or REDGUARD_REDIS_CLUSTER_URLS, or \
+                    REDGUARD_REDIS_SENTINELS) \
                     to the Redis your services use"
                 .into(),
         );

@@ -22,6 +22,8 @@ async fn redguard(env: Vec<(&'static str, String)>, args: &[&str]) -> Output {
             "REDGUARD_REDIS_URL",
             "REDIS_URL",
             "REDGUARD_REDIS_CLUSTER_URLS",
+            "REDGUARD_REDIS_SENTINELS",
+            "REDGUARD_REDIS_MASTER",
             "REDGUARD_TLS_CA",
             "REDGUARD_PREFIX",
             "RUST_LOG",
@@ -454,4 +456,16 @@ async fn tls_with_a_private_ca() {
     // Without the CA the server's certificate is not trusted.
     let out = redguard(env[..1].to_vec(), &["scan"]).await;
     assert!(!out.status.success());
+}
+
+/// Redis Sentinel named by REDGUARD_REDIS_SENTINELS, as the library reads it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn through_redis_sentinel() {
+    let sentinel = redguard_tests::RedisSentinel::start_small();
+    let env = vec![(
+        "REDGUARD_REDIS_SENTINELS",
+        sentinel.sentinel_addrs().join(","),
+    )];
+    let report = json(&redguard(env, &["--json", "scan"]).await);
+    assert_eq!(report["keys"], 0);
 }

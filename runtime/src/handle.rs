@@ -14,6 +14,8 @@ use crate::error::{Error, Result};
 use crate::key::{GuardKind, Key, KeyBody, check_name};
 use crate::state::State;
 use crate::store::{Conn, Existing, MemoryStore, RedisStore, RedisTarget, Store};
+#[cfg(feature = "sentinel")]
+use crate::store::{SentinelAuth, SentinelTarget};
 
 /// Default bound on every store call.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(250);
@@ -190,6 +192,8 @@ impl Redguard {
                 #[cfg(feature = "tls")]
                 tls_root_ca: None,
                 existing: None,
+                #[cfg(feature = "sentinel")]
+                sentinel: None,
                 #[cfg(feature = "test-util")]
                 test: Default::default(),
             }),
@@ -226,6 +230,50 @@ impl Redguard {
                 #[cfg(feature = "tls")]
                 tls_root_ca: None,
                 existing: None,
+                #[cfg(feature = "sentinel")]
+                sentinel: None,
+                #[cfg(feature = "test-util")]
+                test: Default::default(),
+            }),
+            settings: Settings::default(),
+        }
+    }
+
+    /// Starts building a handle on the master that Redis Sentinel names `master` (Sentinel's
+    /// customary default is `mymaster`), given some sentinels as `host:port`. The handle asks
+    /// them for the master at connect, and follows it through failovers by itself: see
+    /// README "Redis Sentinel" for the time a failover takes and what it may lose.
+    ///
+    /// Credentials and the database of the data nodes are set apart from the sentinels':
+    /// [`node_auth`](Builder::node_auth), [`node_db`](Builder::node_db),
+    /// [`sentinel_auth`](Builder::sentinel_auth).
+    ///
+    /// ```no_run
+    /// # async fn run() -> redguard::Result<()> {
+    /// let rg = redguard::Redguard::redis_sentinel(["10.0.0.1:26379", "10.0.0.2:26379"], "mymaster")
+    ///     .node_auth("app", "secret")
+    ///     .connect()
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    #[cfg(feature = "sentinel")]
+    pub fn redis_sentinel<I, S>(sentinels: I, master: impl Into<String>) -> Builder
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        let sentinels: Vec<String> = sentinels.into_iter().map(Into::into).collect();
+        Builder {
+            misuse: sentinels
+                .is_empty()
+                .then_some("Redis Sentinel needs at least one sentinel address"),
+            backend: Backend::Redis(RedisTarget {
+                urls: Vec::new(),
+                cluster: false,
+                #[cfg(feature = "tls")]
+                tls_root_ca: None,
+                existing: None,
+                sentinel: Some(Box::new(SentinelTarget::new(sentinels, master.into()))),
                 #[cfg(feature = "test-util")]
                 test: Default::default(),
             }),
@@ -272,6 +320,8 @@ impl Redguard {
                 #[cfg(feature = "tls")]
                 tls_root_ca: None,
                 existing: Some(Box::new(Existing { client, conn })),
+                #[cfg(feature = "sentinel")]
+                sentinel: None,
                 #[cfg(feature = "test-util")]
                 test: Default::default(),
             }),
@@ -516,6 +566,108 @@ impl Builder {
             Backend::Memory(_) => {
                 self.misuse = Some("`tls_root_ca` applies to Redis stores only");
             }
+        }
+        self
+    }
+
+    /// The sentinels' ACL user and password (a `username` of `""`: the `default` user of a
+    /// `requirepass` sentinel). Sentinel handles only.
+    ///
+    /// ```no_run
+    /// # async fn run() -> redguard::Result<()> {
+    /// let rg = redguard::Redguard::redis_sentinel(["10.0.0.1:26379"], "mymaster")
+    ///     .sentinel_auth("watcher", "s3")
+    ///     .node_auth("app", "secret")
+    ///     .node_db(2)
+    ///     .connect()
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    #[cfg(feature = "sentinel")]
+    pub fn sentinel_auth(self, username: impl Into<String>, password: impl Into<String>) -> Self {
+        let auth = SentinelAuth {
+            username: username.into(),
+            password: password.into(),
+        };
+        self.with_sentinel(
+            "`sentinel_auth` applies to Redis Sentinel handles only",
+            |target| target.sentinel_auth = Some(auth),
+        )
+    }
+
+    /// The data nodes' ACL user and password (`""` as `username`: the `default` user).
+    /// Sentinel handles only: a single node or Cluster takes them in its URLs.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// // On another builder, a configuration error.
+    /// let wrong = redguard::Redguard::redis("redis://127.0.0.1:1").node_auth("app", "secret");
+    /// assert!(matches!(wrong.connect().await, Err(redguard::Error::Config(_))));
+    /// # }
+    /// ```
+    #[cfg(feature = "sentinel")]
+    pub fn node_auth(self, username: impl Into<String>, password: impl Into<String>) -> Self {
+        let auth = SentinelAuth {
+            username: username.into(),
+            password: password.into(),
+        };
+        self.with_sentinel(
+            "`node_auth` applies to Redis Sentinel handles only",
+            |target| target.node_auth = Some(auth),
+        )
+    }
+
+    /// The database number on the data nodes (default 0). Sentinel handles only.
+    ///
+    /// ```no_run
+    /// # async fn run() -> redguard::Result<()> {
+    /// let rg = redguard::Redguard::redis_sentinel(["10.0.0.1:26379"], "mymaster")
+    ///     .node_db(3)
+    ///     .connect()
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    #[cfg(feature = "sentinel")]
+    pub fn node_db(self, db: i64) -> Self {
+        self.with_sentinel(
+            "`node_db` applies to Redis Sentinel handles only",
+            |target| target.node_db = db,
+        )
+    }
+
+    /// TLS to the sentinels and the data nodes, trusting [`tls_root_ca`](Builder::tls_root_ca)
+    /// when set, else the system's roots. Sentinel handles only.
+    ///
+    /// ```no_run
+    /// # async fn run() -> redguard::Result<()> {
+    /// let ca = std::fs::read("/etc/redis/tls/ca.crt").expect("read the CA");
+    /// let rg = redguard::Redguard::redis_sentinel(["sentinel.internal:26379"], "mymaster")
+    ///     .sentinel_tls()
+    ///     .tls_root_ca(ca)
+    ///     .connect()
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    #[cfg(all(feature = "sentinel", feature = "tls"))]
+    pub fn sentinel_tls(self) -> Self {
+        self.with_sentinel(
+            "`sentinel_tls` applies to Redis Sentinel handles only",
+            |target| target.tls = true,
+        )
+    }
+
+    #[cfg(feature = "sentinel")]
+    fn with_sentinel(
+        mut self,
+        misuse: &'static str,
+        set: impl FnOnce(&mut SentinelTarget),
+    ) -> Self {
+        match &mut self.backend {
+            Backend::Redis(RedisTarget {
+                sentinel: Some(target),
+                ..
+            }) => set(target),
+            _ => self.misuse = Some(misuse),
         }
         self
     }

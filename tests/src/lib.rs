@@ -306,8 +306,10 @@ impl Drop for RedisServer {
 }
 
 mod cluster;
+pub mod sentinel;
 
 pub use crate::cluster::RedisCluster;
+pub use crate::sentinel::RedisSentinel;
 
 /// Connects a handle with default settings to `server`.
 pub async fn connect(server: &RedisServer) -> redguard::Redguard {
@@ -319,8 +321,8 @@ pub async fn connect(server: &RedisServer) -> redguard::Redguard {
 
 /// Runs each listed case (an `async fn(Redguard)` in the calling module) once per store:
 /// `memory::<case>` on a fresh in-memory store, `redis::<case>` on its own `redis-server`,
-/// `cluster::<case>` on its own 3-master, 3-replica Redis Cluster; after the Redis runs every
-/// key the case wrote must have a TTL.
+/// `cluster::<case>` on its own 3-master, 3-replica Redis Cluster, `sentinel::<case>` through
+/// a sentinel to its master; after the Redis runs every key the case wrote must have a TTL.
 #[macro_export]
 macro_rules! conformance {
     ($($case:ident),* $(,)?) => {
@@ -354,11 +356,22 @@ macro_rules! conformance {
                 }
             )*
         }
+        mod sentinel {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    let sentinel = $crate::RedisSentinel::start_small();
+                    let rg = sentinel.connect().await;
+                    super::$case(rg).await;
+                    sentinel.assert_every_key_has_ttl();
+                }
+            )*
+        }
     };
 }
 
 /// A CA and a server certificate for `localhost`/127.0.0.1, written into `dir`.
-fn make_test_certificates(dir: &std::path::Path) {
+pub(crate) fn make_test_certificates(dir: &std::path::Path) {
     let run = |args: &[&str]| {
         let output = Command::new("openssl")
             .args(args)

@@ -30,6 +30,17 @@ pub struct Config {
     /// Redis URL; unset: the in-memory store (one instance only).
     #[arg(long, env = "REDGUARD_REDIS_URL")]
     pub redis_url: Option<String>,
+    /// Redis Sentinel instead of one Redis: the sentinels' `host:port`s, comma-separated.
+    #[arg(
+        long,
+        env = "REDGUARD_REDIS_SENTINELS",
+        value_delimiter = ',',
+        conflicts_with = "redis_url"
+    )]
+    pub redis_sentinels: Vec<String>,
+    /// The master name the sentinels monitor.
+    #[arg(long, env = "REDGUARD_REDIS_MASTER", default_value = "mymaster")]
+    pub redis_master: String,
     /// This instance's name in logs and the job's records (default `<hostname>-<pid>`).
     #[arg(long = "instance-id", env = "INSTANCE_ID")]
     pub instance: Option<String>,

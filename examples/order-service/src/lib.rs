@@ -1,8 +1,8 @@
 //! The order service: an axum HTTP API over SQLite, with redguard's three guards.
 //!
 //! `cargo run -p order-service -- --dev` starts it on the in-memory store with well-known
-//! credentials; with `REDGUARD_REDIS_URL` set it uses Redis and several instances may share
-//! one database file. README's "The order service" section has the security model.
+//! credentials; with `REDGUARD_REDIS_URL` (one Redis) or `REDGUARD_REDIS_SENTINELS` (Redis
+//! Sentinel) set it uses Redis and several instances may share one database file. README's "The order service" section has the security model.
 
 mod api;
 mod auth;
@@ -27,10 +27,15 @@ pub async fn run(config: Config) -> Result<(), Box<dyn std::error::Error>> {
     let metrics = metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder()?;
     let rg = match &config.redis_url {
         Some(url) => redguard::Redguard::redis(url).connect().await?,
+        None if !config.redis_sentinels.is_empty() => {
+            redguard::Redguard::redis_sentinel(&config.redis_sentinels, &config.redis_master)
+                .connect()
+                .await?
+        }
         None => {
             tracing::warn!(
-                "REDGUARD_REDIS_URL is unset: using the in-memory store, which is safe for ONE \
-                 instance only"
+                "REDGUARD_REDIS_URL and REDGUARD_REDIS_SENTINELS are unset: using the \
+                 in-memory store, which is safe for ONE instance only"
             );
             redguard::Redguard::memory()
         }

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use redguard_tests::RedisServer;
+use redguard_tests::{RedisSentinel, RedisServer};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
@@ -57,6 +57,12 @@ async fn start(redis: &RedisServer, db: &Path, name: &str, env: &[(&str, &str)])
         .stderr(Stdio::inherit());
     for (key, value) in env {
         command.env(key, value);
+    }
+    if env
+        .iter()
+        .any(|(key, _)| *key == "REDGUARD_REDIS_SENTINELS")
+    {
+        command.env_remove("REDGUARD_REDIS_URL");
     }
     let instance = Instance {
         child: command.spawn().expect("spawn order-service"),
@@ -1200,6 +1206,14 @@ fn startup_refuses_bad_settings_with_status_2() {
         (&["--dev", "--no-such-flag"], &[], "no-such-flag"),
         (&[], &[], "AUTH_SECRET"),
         (&["--dev", "--bind", "0.0.0.0"], &[], "loopback"),
+        (
+            &["--dev"],
+            &[
+                ("REDGUARD_REDIS_URL", "redis://127.0.0.1:1/"),
+                ("REDGUARD_REDIS_SENTINELS", "127.0.0.1:2"),
+            ],
+            "redis-sentinels",
+        ),
     ] {
         let output = run(args, env);
         let stderr = String::from_utf8_lossy(&output.stderr);
@@ -1530,4 +1544,47 @@ async fn sigterm_waits_for_the_orders_of_clients_that_left() {
         .await;
     assert_eq!(retry.status(), 201);
     assert_eq!(retry.headers()["idempotent-replayed"], "true");
+}
+
+/// README "Redis Sentinel": the service on Sentinel with one setting
+/// (`REDGUARD_REDIS_SENTINELS`); after the master is SIGKILLed, orders are placed again once
+/// a replica is promoted, without a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_on_sentinel_and_orders_again_after_a_failover() {
+    let mut sentinel = RedisSentinel::start();
+    let dir = tempfile::tempdir().unwrap();
+    let sentinels = sentinel.sentinel_addrs().join(",");
+    let master = sentinel.master();
+    let svc = start(
+        sentinel.node(master),
+        &temp_db(&dir),
+        "svc",
+        &[("REDGUARD_REDIS_SENTINELS", &sentinels)],
+    )
+    .await;
+    svc.set_stock("SK-1", 10, 100).await;
+    let placed = svc
+        .order(As::Proxied(1), "k-1", json!({ "sku": "SK-1", "qty": 1 }))
+        .await;
+    assert_eq!(placed.status(), 201, "{:?}", placed.text().await);
+
+    sentinel.kill_master();
+    let killed = Instant::now();
+    let recovered = loop {
+        let retry = svc
+            .order(As::Proxied(1), "k-2", json!({ "sku": "SK-1", "qty": 1 }))
+            .await;
+        match retry.status().as_u16() {
+            201 => break killed.elapsed(),
+            503 => {}
+            other => panic!("{other}: {:?}", retry.text().await),
+        }
+        assert!(
+            killed.elapsed() < Duration::from_secs(15),
+            "no order placed 15 s after the kill"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    println!("order-service on Sentinel: orders placed again {recovered:?} after the kill");
+    assert_eq!(db_count(&dir, "SELECT COUNT(*) FROM orders"), 2);
 }

@@ -34,6 +34,8 @@ pub use self::lock::{
 pub use self::memory::MemoryStore;
 pub use self::rate::{RateCheck, RateMode, RateOps, RateOutcome};
 pub use self::redis::RedisStore;
+#[cfg(feature = "sentinel")]
+pub(crate) use self::redis::{Auth as SentinelAuth, SentinelTarget};
 pub(crate) use self::redis::{Conn, Existing, RedisTarget};
 pub use self::token::{TokenOps, TokenOutcome};
 pub use crate::error::StoreFailure;

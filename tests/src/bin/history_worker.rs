@@ -5,7 +5,8 @@
 //! ```text
 //! history_worker <target> <register-url> <history-file> <process> <seed>
 //!     target: redis://host:port/ (a single node, e.g. through the test's proxy) or
-//!     cluster:redis://a/,redis://b/,… (seed nodes of a Cluster).
+//!     cluster:redis://a/,redis://b/,… (seed nodes of a Cluster) or
+//!     sentinel:host:port,host:port,… (sentinels monitoring `mymaster`).
 //!     Connects, prints `READY`, reads `GO <end µs>` from stdin, runs until that wall-clock
 //!     time, finishes the operations under way, writes the history and prints `DONE <ops>`.
 //! ```
@@ -303,9 +304,12 @@ async fn task(worker: Arc<Worker>, task: u64, seed: u64, end: u64) -> u64 {
 }
 
 async fn connect(target: &str) -> Redguard {
-    let builder = match target.strip_prefix("cluster:") {
-        Some(nodes) => Redguard::redis_cluster(nodes.split(',')),
-        None => Redguard::redis(target),
+    let builder = if let Some(nodes) = target.strip_prefix("cluster:") {
+        Redguard::redis_cluster(nodes.split(','))
+    } else if let Some(sentinels) = target.strip_prefix("sentinel:") {
+        Redguard::redis_sentinel(sentinels.split(','), redguard_tests::sentinel::MASTER_NAME)
+    } else {
+        Redguard::redis(target)
     };
     builder.connect().await.expect("connect to Redis")
 }

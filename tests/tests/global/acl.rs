@@ -237,3 +237,85 @@ async fn every_guard_works_under_the_documented_acl() {
     assert!(outside.is_err());
     server.assert_every_key_has_ttl();
 }
+
+/// Keep in sync with README.md ("Redis Sentinel"): on the data nodes the line above plus
+/// `+role`; on the sentinels, asking for the master and hearing its announcements.
+const SENTINEL_NODE_ACL: &str = "+role";
+const SENTINEL_ACL: &str = "on >s3 -@all +sentinel|get-master-addr-by-name +subscribe \
+    resetchannels &+switch-master &+selected-slave &+promoted-slave";
+
+/// A Sentinel handle under restricted users on the data nodes and on the sentinels (each
+/// with its own credentials) works, follows a killed master, and gets release notifications
+/// from the new one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_works_under_the_documented_acls() {
+    let mut sentinel = redguard_tests::RedisSentinel::start();
+    let set_user = |conn: &mut redis::Connection, name: &str, acl: &str| {
+        let mut setuser = redis::cmd("ACL");
+        setuser.arg("SETUSER").arg(name);
+        for rule in acl.split_whitespace() {
+            setuser.arg(rule);
+        }
+        let _: () = setuser.query(conn).unwrap();
+    };
+    for node in 0..3 {
+        set_user(
+            &mut sentinel.node(node).connection(),
+            "redguard",
+            &format!("{ACL} {SENTINEL_NODE_ACL}"),
+        );
+    }
+    for addr in sentinel.sentinel_addrs() {
+        let mut conn = redis::Client::open(format!("redis://{addr}/"))
+            .unwrap()
+            .get_connection()
+            .unwrap();
+        set_user(&mut conn, "watcher", SENTINEL_ACL);
+    }
+    let rg = sentinel
+        .builder()
+        .node_auth("redguard", "secret")
+        .sentinel_auth("watcher", "s3")
+        .fail_mode(redguard::GuardKind::RateLimit, redguard::FailMode::Closed)
+        .connect()
+        .await
+        .expect("connect as the restricted users");
+    let work = |rg: Redguard| async move {
+        let lock = rg.lock("acl:sentinel").acquire().await?;
+        lock.release().await?;
+        let key = KeyBuilder::new().text("acl:").part("n", &1u64).finish()?;
+        rg.scope(Idempotency::new("acl", key).run(async { Ok::<_, Error>(1) }))
+            .await?;
+        redguard::limiter("acl:")
+            .rate("10/s")
+            .on(&rg)
+            .check()
+            .await?;
+        Ok::<_, Error>(())
+    };
+    work(rg.clone()).await.unwrap();
+
+    let old = sentinel.kill_master();
+    let sentinel = tokio::task::spawn_blocking(move || {
+        sentinel.wait_for_promotion(old);
+        sentinel
+    })
+    .await
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while let Err(err) = work(rg.clone()).await {
+        assert!(matches!(err, Error::Backend(_)), "{err:?}");
+        assert!(
+            Instant::now() < deadline,
+            "not back 10 s after the kill: {err:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let body = KeyBuilder::new().text("acl:watch").finish().unwrap();
+    let key = rg.key(redguard::GuardKind::Lock, "acl", &body).unwrap();
+    assert!(
+        rg.store().lock_watch(&key).await.is_live(),
+        "no release subscription on the new master"
+    );
+    sentinel.assert_every_key_has_ttl();
+}

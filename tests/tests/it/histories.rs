@@ -14,6 +14,11 @@
 //!   takes over), a manual failover, a master killed, and a failover that loses the last
 //!   writes (the replica cut off first), each on the master of a lock key.
 //!
+//! - `sentinel_*`: a master, two replicas and three sentinels, reached through the sentinels;
+//!   faults: `CLIENT KILL`, `CLIENT PAUSE` of the master, a planned `SENTINEL FAILOVER`, the
+//!   master killed, and the master stalled past `down-after-milliseconds` (a replica takes
+//!   over while it is frozen).
+//!
 //! Each runs `REDGUARD_HISTORY_SECS` seconds (default 30; `REDGUARD_HISTORY_SECS=600` for the
 //! long run, see TESTING.md); `REDGUARD_HISTORY_SEED` fixes the schedule's random choices
 //! (printed on every run).
@@ -26,7 +31,7 @@ use std::time::{Duration, Instant};
 use redguard::GuardKind;
 use redguard_tests::history::{self, FaultSpan, History, LOCK_KEYS, Loss, now_us};
 use redguard_tests::proxy::{Fault, Proxy};
-use redguard_tests::{RedisCluster, RedisServer};
+use redguard_tests::{RedisCluster, RedisSentinel, RedisServer};
 
 const PROCESSES: u64 = 4;
 /// No fault starts this close to the end, so the last operations meet a healed Redis.
@@ -466,4 +471,75 @@ fn cluster_through_failovers() {
         started,
     );
     cluster.assert_every_key_has_ttl();
+}
+
+#[test]
+fn sentinel_through_failovers() {
+    let seed = seed();
+    println!("REDGUARD_HISTORY_SEED={seed}");
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let mut sentinel = RedisSentinel::start();
+    let register = RedisServer::start();
+    let target = format!("sentinel:{}", sentinel.sentinel_addrs().join(","));
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut workers = Workers::spawn(&target, &register, dir.path(), seed);
+    let started = Instant::now();
+    let start = now_us();
+    let end = start + u64::try_from(run_length().as_micros()).expect("µs");
+    workers.go(end);
+    let mut round: Vec<usize> = Vec::new();
+    let faults = schedule(end, &mut rng, |rng| {
+        if round.is_empty() {
+            round = (0..5).collect();
+            rng.shuffle(&mut round);
+        }
+        let master = sentinel.master();
+        let fault = match round.pop().expect("a fault") {
+            0 => span("client-kill", Loss::Nothing, || {
+                let node = sentinel.node(master);
+                command(node, &["CLIENT", "KILL", "TYPE", "normal"]);
+                command(node, &["CLIENT", "KILL", "TYPE", "pubsub"]);
+            }),
+            1 => span("client-pause-master", Loss::Nothing, || {
+                let pause = millis(rng, 300..=800);
+                let ms = pause.as_millis().to_string();
+                command(sentinel.node(master), &["CLIENT", "PAUSE", &ms, "ALL"]);
+                std::thread::sleep(pause);
+            }),
+            // Writes stop going to the old master when the replica is selected; one in flight
+            // at that instant may still be lost, so the checker is told so.
+            2 => span("sentinel-failover", Loss::Everything, || {
+                sentinel.failover();
+                sentinel.wait_for_promotion(master);
+            }),
+            3 => span("kill-master", Loss::Everything, || {
+                sentinel.kill_master();
+                sentinel.wait_for_promotion(master);
+                sentinel.node(master).restart();
+            }),
+            // Past down-after-milliseconds: a replica takes over while the master is frozen.
+            _ => span("sigstop-master-failover", Loss::Everything, || {
+                sentinel.node(master).pause();
+                sentinel.wait_for_promotion(master);
+                sentinel.node(master).resume();
+            }),
+        };
+        // Every node back and in sync (the old master a replica of the new one) before the
+        // next fault.
+        sentinel.wait_until_ready(Duration::from_secs(30));
+        FaultSpan {
+            end: now_us(),
+            ..fault
+        }
+    });
+    check(
+        "sentinel",
+        (start, end),
+        workers,
+        dir,
+        &register,
+        faults,
+        started,
+    );
+    sentinel.assert_every_key_has_ttl();
 }

@@ -36,5 +36,6 @@ mod rate_throughput;
 mod redis_store;
 mod scopes;
 mod security;
+mod sentinel;
 mod spans;
 mod stacking;

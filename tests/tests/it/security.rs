@@ -56,3 +56,42 @@ async fn password_in_the_url_authenticates() {
     // Errors never echo the password.
     assert!(!format!("{wrong:?}").contains("nope"));
 }
+
+/// Sentinel handles take the data nodes' credentials apart from the URL-less sentinel
+/// addresses: the right ones authenticate, wrong ones fail to connect within the connect
+/// timeout, and neither the builder's `Debug` nor the error shows the password.
+#[tokio::test]
+async fn sentinel_node_credentials_authenticate_and_stay_secret() {
+    let mut sentinel = redguard_tests::RedisSentinel::start_small();
+    let master = sentinel.master();
+    let _: () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("app")
+        .arg("on")
+        .arg(">right-s3cret")
+        .arg("~*")
+        .arg("&*")
+        .arg("+@all")
+        .query(&mut sentinel.node(master).connection())
+        .unwrap();
+    let rg = sentinel
+        .builder()
+        .node_auth("app", "right-s3cret")
+        .connect()
+        .await
+        .expect("authenticated");
+    rg.tokens()
+        .issue("auth", Duration::from_secs(60))
+        .await
+        .unwrap();
+    let builder = sentinel
+        .builder()
+        .node_auth("app", "wrong-s3cret")
+        .connect_timeout(Duration::from_secs(1));
+    assert!(!format!("{builder:?}").contains("wrong-s3cret"));
+    let started = std::time::Instant::now();
+    let wrong = builder.connect().await;
+    assert!(matches!(wrong, Err(Error::Backend(_))), "{wrong:?}");
+    assert!(started.elapsed() < Duration::from_secs(2));
+    assert!(!format!("{wrong:?}").contains("wrong-s3cret"));
+}

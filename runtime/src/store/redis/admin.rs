@@ -54,6 +54,8 @@ impl AdminOps for RedisStore {
         let nodes: Vec<Option<(String, u16)>> = match &self.conn {
             Conn::Cluster(_) => self.masters().await?.into_iter().map(Some).collect(),
             Conn::Single(_) => vec![None],
+            #[cfg(feature = "sentinel")]
+            Conn::Sentinel(_) => vec![None],
         };
         #[cfg(not(feature = "cluster"))]
         let nodes = vec![None::<(String, u16)>];

@@ -333,11 +333,45 @@ fn acquire_reply(key: &Key, op: &str, reply: (i64, i64, i64)) -> Result<LockAcqu
     }
 }
 
+/// Where the release subscription connects: one node, or (Sentinel) whichever node is the
+/// master now, moving with it.
+#[derive(Clone)]
+pub(crate) enum BusSource {
+    Fixed(Box<redis::Client>),
+    #[cfg(feature = "sentinel")]
+    Sentinel(super::sentinel::SentinelConn),
+}
+
+impl BusSource {
+    /// The client to subscribe with now, and a token [`moved`](BusSource::moved) compares.
+    fn client(&self) -> Option<(redis::Client, u64)> {
+        match self {
+            BusSource::Fixed(client) => Some((redis::Client::clone(client), 0)),
+            #[cfg(feature = "sentinel")]
+            BusSource::Sentinel(conn) => {
+                let generation = conn.generation();
+                conn.master_client().map(|client| (client, generation))
+            }
+        }
+    }
+
+    /// Resolves when the node subscribed to at `generation` is no longer the one to use:
+    /// releases are published on the master, so the subscription must follow it.
+    #[cfg_attr(not(feature = "sentinel"), allow(unused_variables))]
+    async fn moved(&self, generation: u64) {
+        match self {
+            BusSource::Fixed(_) => std::future::pending().await,
+            #[cfg(feature = "sentinel")]
+            BusSource::Sentinel(conn) => conn.moved_from(generation).await,
+        }
+    }
+}
+
 /// The pub/sub side of a [`RedisStore`]: one dedicated connection, opened on the first wait,
 /// pattern-subscribed to every lock's release channel and fanning messages out to local
 /// waiters. It reconnects by itself; while it is down, waiters poll.
 pub(crate) struct ReleaseBus {
-    client: redis::Client,
+    source: BusSource,
     pattern: String,
     waiters: Arc<Waiters>,
     subscribed: watch::Sender<bool>,
@@ -356,9 +390,9 @@ impl std::fmt::Debug for ReleaseBus {
 }
 
 impl ReleaseBus {
-    pub(crate) fn new(client: redis::Client, prefix: &str) -> Self {
+    pub(crate) fn new(source: BusSource, prefix: &str) -> Self {
         ReleaseBus {
-            client,
+            source,
             pattern: release_pattern(prefix),
             waiters: Arc::default(),
             subscribed: watch::channel(false).0,
@@ -402,7 +436,7 @@ impl ReleaseBus {
             return;
         };
         let bus = Bus {
-            client: self.client.clone(),
+            source: self.source.clone(),
             pattern: self.pattern.clone(),
             waiters: Arc::clone(&self.waiters),
             subscribed: self.subscribed.clone(),
@@ -423,7 +457,7 @@ impl Drop for ReleaseBus {
 
 /// What the subscription task owns.
 struct Bus {
-    client: redis::Client,
+    source: BusSource,
     pattern: String,
     waiters: Arc<Waiters>,
     subscribed: watch::Sender<bool>,
@@ -437,8 +471,15 @@ impl Bus {
         let mut backoff = Duration::from_millis(50);
         let mut refused = false;
         loop {
+            let Some((client, generation)) = self.source.client() else {
+                // No master known (Sentinel, mid-failover): like a failed attempt.
+                self.down.store(true, Ordering::SeqCst);
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_millis(500));
+                continue;
+            };
             let connected = tokio::time::timeout(Duration::from_secs(3), async {
-                let mut pubsub = self.client.get_async_pubsub().await?;
+                let mut pubsub = client.get_async_pubsub().await?;
                 pubsub.psubscribe(&self.pattern).await?;
                 Ok::<_, redis::RedisError>(pubsub)
             })
@@ -450,7 +491,10 @@ impl Bus {
                     self.down.store(false, Ordering::SeqCst);
                     self.subscribed.send_replace(true);
                     tracing::debug!(pattern = %self.pattern, "lock release subscription up");
-                    self.deliver(pubsub).await;
+                    tokio::select! {
+                        () = self.deliver(pubsub) => {}
+                        () = self.source.moved(generation) => {}
+                    }
                     self.subscribed.send_replace(false);
                     self.down.store(true, Ordering::SeqCst);
                     self.waiters.notify_all();

@@ -7,6 +7,8 @@ mod idem;
 mod lock;
 mod lua;
 mod rate;
+#[cfg(feature = "sentinel")]
+mod sentinel;
 #[cfg(feature = "test-util")]
 pub(crate) mod test_util;
 mod token;
@@ -40,7 +42,10 @@ fn all_scripts() -> impl Iterator<Item = &'static Lua> {
 }
 
 pub(crate) use self::conn::Conn;
+pub(crate) use self::lock::BusSource;
 use self::lua::Lua;
+#[cfg(feature = "sentinel")]
+pub(crate) use self::sentinel::{Auth, SentinelTarget};
 
 /// Where a Redis store connects.
 #[derive(Debug)]
@@ -53,6 +58,9 @@ pub(crate) struct RedisTarget {
     pub(crate) tls_root_ca: Option<Vec<u8>>,
     /// A connection the application already has, used instead of opening one from `urls`.
     pub(crate) existing: Option<Box<Existing>>,
+    /// Sentinels to ask for the master, instead of `urls`.
+    #[cfg(feature = "sentinel")]
+    pub(crate) sentinel: Option<Box<SentinelTarget>>,
     #[cfg(feature = "test-util")]
     pub(crate) test: test_util::TestHooks,
 }
@@ -71,9 +79,10 @@ impl fmt::Debug for Existing {
     }
 }
 
-/// The Redis-backed [`Store`]: a single node ([`Redguard::redis`](crate::Redguard::redis)) or
-/// a Cluster ([`Redguard::redis_cluster`](crate::Redguard::redis_cluster)). Every key one
-/// operation touches shares a hash tag, so each operation is one script on one node either way.
+/// The Redis-backed [`Store`]: a single node ([`Redguard::redis`](crate::Redguard::redis)),
+/// a Cluster ([`Redguard::redis_cluster`](crate::Redguard::redis_cluster)) or the master Redis
+/// Sentinel names (`Redguard::redis_sentinel`). Every key one operation touches shares a hash
+/// tag, so each operation is one script on one node either way.
 #[derive(Clone)]
 pub struct RedisStore {
     conn: Conn,
@@ -117,7 +126,31 @@ impl RedisStore {
             let store = RedisStore {
                 conn: existing.conn,
                 timeout,
-                bus: Arc::new(lock::ReleaseBus::new(existing.client, prefix)),
+                bus: Arc::new(lock::ReleaseBus::new(
+                    BusSource::Fixed(Box::new(existing.client)),
+                    prefix,
+                )),
+                #[cfg(feature = "test-util")]
+                test: target.test,
+            };
+            return store.load_scripts(connect_timeout).await;
+        }
+        #[cfg(feature = "sentinel")]
+        if let Some(sentinel) = target.sentinel {
+            let conn = sentinel::SentinelConn::connect(
+                *sentinel,
+                #[cfg(feature = "tls")]
+                target.tls_root_ca,
+                connect_timeout,
+            )
+            .await?;
+            let store = RedisStore {
+                bus: Arc::new(lock::ReleaseBus::new(
+                    BusSource::Sentinel(conn.clone()),
+                    prefix,
+                )),
+                conn: Conn::Sentinel(conn),
+                timeout,
                 #[cfg(feature = "test-util")]
                 test: target.test,
             };
@@ -141,7 +174,10 @@ impl RedisStore {
         };
         let node = node.map_err(invalid)?;
         // Pub/sub goes through one node: on a Cluster, classic `PUBLISH` reaches every node.
-        let bus = Arc::new(lock::ReleaseBus::new(node.clone(), prefix));
+        let bus = Arc::new(lock::ReleaseBus::new(
+            BusSource::Fixed(Box::new(node.clone())),
+            prefix,
+        ));
         #[cfg(not(feature = "cluster"))]
         if target.cluster {
             return Err(Error::Config(
