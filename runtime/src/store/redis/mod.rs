@@ -80,8 +80,8 @@ impl fmt::Debug for Existing {
 }
 
 /// The Redis-backed [`Store`]: a single node ([`Redguard::redis`](crate::Redguard::redis)),
-/// a Cluster ([`Redguard::redis_cluster`](crate::Redguard::redis_cluster)) or the master Redis
-/// Sentinel names (`Redguard::redis_sentinel`). Every key one operation touches shares a hash
+/// a Cluster (`Redguard::redis_cluster`, feature `cluster`) or the master Redis Sentinel names
+/// (`Redguard::redis_sentinel`, feature `sentinel`). Every key one operation touches shares a hash
 /// tag, so each operation is one script on one node either way.
 #[derive(Clone)]
 pub struct RedisStore {
