@@ -25,6 +25,7 @@ use redis::{FromRedisValue, RedisError, ServerErrorKind, ToRedisArgs};
 use super::{Store, StoreKind};
 use crate::error::{BackendError, Error, Result, StoreFailure};
 use crate::key::Key;
+use crate::spec::Replicas;
 
 /// Every script, loaded with `SCRIPT LOAD` at connect.
 ///
@@ -283,6 +284,96 @@ impl RedisStore {
             None => err,
         })
     }
+}
+
+// Replica confirmation: `WAIT` behind a guard's write.
+impl RedisStore {
+    /// Runs `script` as [`eval`](RedisStore::eval) does and, with `replicas`, `WAIT count
+    /// timeout` right behind it in one pipeline: on the same connection, so it confirms this
+    /// write (`WAIT` counts replicas that have everything this connection wrote), and on a
+    /// Cluster to the node of the first key's slot, which took the write. A `WAIT` sent
+    /// separately could go out on a reconnected connection that wrote nothing, and confirm
+    /// nothing. When `wrote` says the reply made a write and fewer replicas confirmed it,
+    /// [`BackendError::Unconfirmed`]: the write stands on the master, and the guard undoes it.
+    pub(crate) async fn eval_confirmed<T: FromRedisValue + Send>(
+        &self,
+        op: &'static str,
+        script: &Lua,
+        keys: &[&Key],
+        args: &[&dyn ToRedisArgsDyn],
+        replicas: Option<Replicas>,
+        wrote: impl FnOnce(&T) -> bool + Send,
+    ) -> Result<T> {
+        let Some(replicas) = replicas else {
+            return self.eval(op, script, keys, args).await;
+        };
+        self.check_replicas(replicas)?;
+        let mut cmd = evalsha(script, keys.len(), args.len());
+        for key in keys {
+            cmd.arg(key.as_str());
+        }
+        for arg in args {
+            arg.write_to(&mut cmd);
+        }
+        #[cfg(feature = "test-util")]
+        let cmd = self.test.rewrite(script, cmd);
+        let mut pipe = redis::pipe();
+        pipe.add_command(cmd);
+        wait_behind(&mut pipe, replicas);
+        let mut conn = self.conn.clone();
+        let (reply, confirmed): (T, u32) = bounded(op, self.timeout, async move {
+            match pipe.query_async(&mut conn).await {
+                Err(err) if err.kind() == redis::ErrorKind::Server(ServerErrorKind::NoScript) => {
+                    script.load_async(&mut conn).await?;
+                    pipe.query_async(&mut conn).await
+                }
+                reply => reply,
+            }
+        })
+        .await
+        .map_err(|err| match keys.first() {
+            Some(key) => corrupt_or(err, key),
+            None => err,
+        })?;
+        if wrote(&reply) {
+            confirmed_by(op, replicas, confirmed)?;
+        }
+        Ok(reply)
+    }
+
+    /// `WAIT`'s timeout must leave room in the call's own for the write and the round trip:
+    /// at most half of it, or the call would time out first and report an unknown outcome
+    /// instead of an unconfirmed write.
+    pub(crate) fn check_replicas(&self, replicas: Replicas) -> Result<()> {
+        if replicas.timeout() * 2 > self.timeout {
+            return Err(Error::Config(format!(
+                "replicas timeout {:?} must be at most half the store's call timeout {:?}",
+                replicas.timeout(),
+                self.timeout
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Appends `WAIT count timeout` to `pipe`.
+pub(crate) fn wait_behind(pipe: &mut redis::Pipeline, replicas: Replicas) {
+    let timeout = u64::try_from(replicas.timeout().as_millis()).unwrap_or(u64::MAX);
+    pipe.cmd("WAIT").arg(replicas.count()).arg(timeout);
+}
+
+/// [`BackendError::Unconfirmed`] when fewer than asked confirmed.
+pub(crate) fn confirmed_by(op: &'static str, replicas: Replicas, confirmed: u32) -> Result<()> {
+    if confirmed < replicas.count() {
+        return Err(BackendError::Unconfirmed {
+            op,
+            wanted: replicas.count(),
+            confirmed,
+            after: replicas.timeout(),
+        }
+        .into());
+    }
+    Ok(())
 }
 
 /// `EVALSHA <script's sha1> <keys>`, ready for `keys` keys, then `args` arguments. Built
