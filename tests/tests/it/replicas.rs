@@ -1,0 +1,372 @@
+//! Replica-safe writes (`.replicas(n, timeout)`): `WAIT` behind a lock acquisition, an
+//! idempotency record's begin and outcome, and a token issue.
+//!
+//! Redis replicates asynchronously, so a master killed right after acknowledging a write can
+//! be replaced by a replica that never received it. On loopback the replica almost always has
+//! it already, so the loss is made deterministic by cutting the replica off first (SIGSTOP,
+//! then `CLIENT KILL TYPE replica` on the master: what the master writes from then on reaches
+//! no replica, not even a socket buffer). With the option off, the writes are acknowledged and
+//! the failover loses them; with it on, they are refused (`WAIT` times out: the `FailMode`).
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use redguard::{BackendError, Error, FailMode, GuardKind, Idempotency, KeyBuilder, Redguard};
+use redguard_tests::{RedisCluster, RedisServer, connect};
+
+const WAIT: Duration = Duration::from_millis(50);
+
+fn unconfirmed(err: &Error) -> bool {
+    matches!(
+        err,
+        Error::Backend(BackendError::Unconfirmed {
+            wanted: 1,
+            confirmed: 0,
+            ..
+        })
+    )
+}
+
+/// An idempotent call of intent `id` in scope `replicas` that counts its executions.
+async fn idempotent(
+    rg: &Redguard,
+    id: &str,
+    replicas: bool,
+    runs: &Arc<AtomicU32>,
+) -> Result<u32, Error> {
+    let key = KeyBuilder::new().text(id).finish()?;
+    let mut guard = Idempotency::new("replicas", key).expire(Duration::from_secs(600));
+    if replicas {
+        guard = guard.replicas(1, WAIT);
+    }
+    let runs = runs.clone();
+    rg.scope(guard.run(async move { Ok::<_, Error>(runs.fetch_add(1, Ordering::SeqCst) + 1) }))
+        .await
+}
+
+/// Waits until the lock `name` answers again (after a failover) and says whether someone else
+/// could take it: `true` means it was lost.
+async fn lock_was_lost(rg: &Redguard, name: &str, since: Instant) -> bool {
+    loop {
+        match rg.lock(name).try_acquire().await {
+            Ok(other) => return other.is_some(),
+            Err(Error::Backend(_)) => {}
+            Err(other) => panic!("unexpected {other:?}"),
+        }
+        assert!(
+            since.elapsed() < Duration::from_secs(30),
+            "the replica was not promoted within 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Runs the idempotent call `id` again once the store answers; the executions it counted.
+async fn rerun(rg: &Redguard, id: &str, runs: &Arc<AtomicU32>, since: Instant) -> u32 {
+    loop {
+        match idempotent(rg, id, false, runs).await {
+            Ok(_) | Err(Error::InProgress) => return runs.load(Ordering::SeqCst),
+            Err(Error::Backend(_)) => {}
+            Err(other) => panic!("unexpected {other:?}"),
+        }
+        assert!(
+            since.elapsed() < Duration::from_secs(30),
+            "the replica was not promoted within 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A name under `prefix` whose key (`key(name)`) lives on master `master`.
+fn name_on(cluster: &RedisCluster, master: usize, prefix: &str, key: fn(&str) -> String) -> String {
+    (0..)
+        .map(|i| format!("{prefix}{i}"))
+        .find(|name| cluster.master_of(&key(name)) == master)
+        .expect("some name hashes to every master")
+}
+
+fn lock_key(name: &str) -> String {
+    format!("redguard:lock:{{lock:{name}}}")
+}
+
+fn idem_key(id: &str) -> String {
+    format!("redguard:idem:{{replicas:{id}}}")
+}
+
+/// Cuts master `master` off its replica: paused, and its link killed, so nothing the master
+/// writes from now on reaches it.
+fn cut_off_replica(cluster: &mut RedisCluster, master: usize) -> usize {
+    let replica = cluster.replica_of(master);
+    let acked: i64 = redis::cmd("WAIT")
+        .arg(1)
+        .arg(5000)
+        .query(&mut cluster.node(master).connection())
+        .unwrap();
+    assert_eq!(acked, 1, "the replica did not catch up");
+    cluster.node(replica).pause();
+    let _: u64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("replica")
+        .query(&mut cluster.node(master).connection())
+        .unwrap();
+    replica
+}
+
+/// The replica is cut off, then the master dies: with `.replicas(1, ..)` the acquisition and
+/// the idempotent call are refused (`WAIT` confirms nothing: fail closed, undone, the body
+/// does not run); without it they are acknowledged, and the promoted replica has neither: a
+/// second owner takes the held lock, and the retry runs the body a second time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_replicas_a_failover_loses_acknowledged_writes_with_them_they_are_refused() {
+    let mut cluster = RedisCluster::start();
+    let rg = Redguard::redis_cluster(cluster.urls())
+        .timeout(Duration::from_millis(250))
+        .connect()
+        .await
+        .unwrap();
+    let lock = "stall:k";
+    let master = cluster.master_of(&lock_key(lock));
+    let id = name_on(&cluster, master, "stall:i", idem_key);
+    let replica = cut_off_replica(&mut cluster, master);
+
+    let refused = rg.lock(lock).replicas(1, WAIT).acquire().await.unwrap_err();
+    assert!(unconfirmed(&refused), "expected Unconfirmed, got {refused:?}");
+    let runs = Arc::new(AtomicU32::new(0));
+    let refused = idempotent(&rg, &id, true, &runs).await.unwrap_err();
+    assert!(unconfirmed(&refused), "expected Unconfirmed, got {refused:?}");
+    assert_eq!(runs.load(Ordering::SeqCst), 0, "an unconfirmed begin ran the body");
+    let tokens = rg.tokens().replicas(1, WAIT);
+    let refused = tokens
+        .issue("signup", Duration::from_secs(60))
+        .await
+        .unwrap_err();
+    assert!(unconfirmed(&refused), "expected Unconfirmed, got {refused:?}");
+
+    // The same writes without the option are acknowledged...
+    let held = rg
+        .lock(lock)
+        .lease(Duration::from_secs(60))
+        .acquire()
+        .await
+        .unwrap();
+    assert_eq!(idempotent(&rg, &id, false, &runs).await.unwrap(), 1);
+    cluster.node(master).kill();
+    cluster.node(replica).resume();
+    let killed = Instant::now();
+    // ... and lost: the lock is still held by `held` (lease 60 s), yet free on the new master.
+    assert!(
+        lock_was_lost(&rg, lock, killed).await,
+        "the acquisition survived: the replica was not cut off"
+    );
+    assert_eq!(
+        rerun(&rg, &id, &runs, killed).await,
+        2,
+        "the SUCCESS record survived: the replica was not cut off"
+    );
+    println!(
+        "lost after the failover: the lock acquired with fence {} and the SUCCESS record",
+        held.fence()
+    );
+}
+
+/// With `.replicas(1, ..)`, a master killed right after acknowledging writes never loses
+/// them: on each of the three masters in turn, many concurrent lock acquisitions and
+/// idempotent first executions, then SIGKILL as soon as the last one is acknowledged; after
+/// the promotion every acquisition is still held and every intent replays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn confirmed_writes_survive_killing_the_master_right_after() {
+    const WRITES: usize = 40;
+    let mut cluster = RedisCluster::start();
+    let rg = Redguard::redis_cluster(cluster.urls())
+        .timeout(Duration::from_millis(250))
+        .connect()
+        .await
+        .unwrap();
+    let mut masters = Vec::new();
+    for tag in 0.. {
+        let master = cluster.master_of(&format!("{{m{tag}}}"));
+        if !masters.contains(&master) {
+            masters.push(master);
+        }
+        if masters.len() == 3 {
+            break;
+        }
+    }
+    let (mut acknowledged, mut lost) = (0, 0);
+    for (round, master) in masters.into_iter().enumerate() {
+        let mut locks = Vec::new();
+        let mut ids = Vec::new();
+        let mut taken = HashSet::new();
+        for i in 0..WRITES {
+            let lock = name_on(&cluster, master, &format!("r{round}:k{i}:"), lock_key);
+            let id = name_on(&cluster, master, &format!("r{round}:i{i}:"), idem_key);
+            assert!(taken.insert(lock.clone()) && taken.insert(id.clone()));
+            locks.push(lock);
+            ids.push(id);
+        }
+        let runs = Arc::new(AtomicU32::new(0));
+        let acquisitions = locks.iter().map(|lock| {
+            rg.lock(lock.as_str())
+                .lease(Duration::from_secs(60))
+                .replicas(1, WAIT)
+                .acquire()
+        });
+        let executions = ids.iter().map(|id| idempotent(&rg, id, true, &runs));
+        let (guards, results) = tokio::join!(
+            futures_util::future::join_all(acquisitions),
+            futures_util::future::join_all(executions)
+        );
+        // Right after the last acknowledgement.
+        cluster.node(master).kill();
+        let killed = Instant::now();
+        let guards: Vec<_> = guards.into_iter().map(Result::unwrap).collect();
+        for result in results {
+            result.unwrap();
+        }
+        assert_eq!(runs.load(Ordering::SeqCst), WRITES as u32);
+        acknowledged += 2 * WRITES;
+        for lock in &locks {
+            if lock_was_lost(&rg, lock, killed).await {
+                lost += 1;
+            }
+        }
+        let before = runs.load(Ordering::SeqCst);
+        for id in &ids {
+            if rerun(&rg, id, &runs, killed).await > before {
+                lost += 1;
+            }
+        }
+        println!(
+            "round {round}: master killed, promoted within {:?}",
+            killed.elapsed()
+        );
+        drop(guards);
+        cluster.wait_until_ok(Duration::from_secs(20));
+    }
+    println!("{acknowledged} confirmed writes, {lost} lost across 3 failovers");
+    assert_eq!(lost, 0, "{lost} of {acknowledged} confirmed writes were lost");
+}
+
+/// A single node has no replica: `WAIT 1` confirms nothing, so with `.replicas(1, ..)` every
+/// guarded write fails as the guard's `FailMode` says — closed (the default): `Unconfirmed`,
+/// undone (the lock free again, the intent runnable, no token handed out); open: the lock
+/// guard is degraded. A `WAIT` timeout that does not fit in the call timeout is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_single_node_confirms_nothing() {
+    let server = RedisServer::start();
+    let rg = connect(&server).await;
+    let started = Instant::now();
+    let err = rg
+        .lock("solo")
+        .replicas(1, WAIT)
+        .acquire()
+        .await
+        .unwrap_err();
+    assert!(unconfirmed(&err), "expected Unconfirmed, got {err:?}");
+    assert!(started.elapsed() >= WAIT, "WAIT did not wait");
+    // The acquisition was undone (by a release spawned after it).
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while rg.lock("solo").try_acquire().await.unwrap().is_none() {
+        assert!(Instant::now() < deadline, "the unconfirmed lock was not released");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    let runs = Arc::new(AtomicU32::new(0));
+    let err = idempotent(&rg, "solo:1", true, &runs).await.unwrap_err();
+    assert!(unconfirmed(&err), "expected Unconfirmed, got {err:?}");
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+    // The begin was undone: the retry without the option runs, once.
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        match idempotent(&rg, "solo:1", false, &runs).await {
+            Ok(run) => break assert_eq!(run, 1),
+            Err(Error::InProgress) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            Err(other) => panic!("the unconfirmed begin was not undone: {other:?}"),
+        }
+    }
+
+    let err = rg
+        .tokens()
+        .replicas(1, WAIT)
+        .issue("signup", Duration::from_secs(60))
+        .await
+        .unwrap_err();
+    assert!(unconfirmed(&err), "expected Unconfirmed, got {err:?}");
+
+    // WAIT must end within the call's own bound (250 ms by default): at most half of it.
+    let err = rg
+        .lock("solo")
+        .replicas(1, Duration::from_millis(200))
+        .acquire()
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Config(_)), "got {err:?}");
+    let err = rg
+        .lock("solo")
+        .replicas(0, WAIT)
+        .acquire()
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Config(_)), "got {err:?}");
+
+    let open = Redguard::redis(server.url())
+        .fail_mode(GuardKind::Lock, FailMode::Open)
+        .connect()
+        .await
+        .unwrap();
+    let guard = open.lock("solo:open").replicas(1, WAIT).acquire().await.unwrap();
+    assert!(guard.is_degraded());
+}
+
+/// One master and one replica: every write is confirmed, and the replica has it when the
+/// guard returns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_confirms_every_write() {
+    let (master, replica) = master_and_replica();
+    let rg = connect(&master).await;
+    let guard = rg.lock("pair").replicas(1, WAIT).acquire().await.unwrap();
+    let on_replica: bool = redis::cmd("EXISTS")
+        .arg(lock_key("pair"))
+        .query(&mut replica.connection())
+        .unwrap();
+    assert!(on_replica, "the confirmed acquisition is not on the replica");
+    guard.release().await.unwrap();
+    let runs = Arc::new(AtomicU32::new(0));
+    assert_eq!(idempotent(&rg, "pair:1", true, &runs).await.unwrap(), 1);
+    let status: Option<String> = redis::cmd("HGET")
+        .arg(idem_key("pair:1"))
+        .arg("status")
+        .query(&mut replica.connection())
+        .unwrap();
+    assert!(status.is_some(), "the confirmed record is not on the replica");
+    let token = rg
+        .tokens()
+        .replicas(1, WAIT)
+        .issue("signup", Duration::from_secs(60))
+        .await
+        .unwrap();
+    rg.tokens().consume("signup", &token).await.unwrap();
+}
+
+/// A master and a replica of it, synced.
+pub(crate) fn master_and_replica() -> (RedisServer, RedisServer) {
+    let master = RedisServer::start();
+    let replica = RedisServer::start();
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("127.0.0.1")
+        .arg(master.port())
+        .query(&mut replica.connection())
+        .unwrap();
+    let acked: i64 = redis::cmd("WAIT")
+        .arg(1)
+        .arg(20_000)
+        .query(&mut master.connection())
+        .unwrap();
+    assert_eq!(acked, 1, "the replica did not sync");
+    (master, replica)
+}
