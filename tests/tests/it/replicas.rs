@@ -370,3 +370,34 @@ pub(crate) fn master_and_replica() -> (RedisServer, RedisServer) {
     assert_eq!(acked, 1, "the replica did not sync");
     (master, replica)
 }
+
+#[redguard::dist_lock(key = "attr:{sku}", replicas = 1, replicas_timeout = "20ms")]
+async fn locked(sku: &str) -> Result<(), Error> {
+    let _ = sku;
+    Ok(())
+}
+
+#[redguard::idempotent(key = "attr:{id}", expire = 60, replicas = 1, replicas_timeout = "20ms")]
+async fn refund(id: u64, runs: Arc<AtomicU32>) -> Result<u64, Error> {
+    runs.fetch_add(1, Ordering::SeqCst);
+    Ok(id)
+}
+
+/// The attribute arguments reach the guards: on a single node both fail closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_attributes_confirm_too() {
+    let server = RedisServer::start();
+    let rg = connect(&server).await;
+    let err = rg.scope(locked("SK-1")).await.unwrap_err();
+    assert!(unconfirmed(&err), "expected Unconfirmed, got {err:?}");
+    let runs = Arc::new(AtomicU32::new(0));
+    let err = rg.scope(refund(7, runs.clone())).await.unwrap_err();
+    assert!(unconfirmed(&err), "expected Unconfirmed, got {err:?}");
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+    let (master, _replica) = master_and_replica();
+    let rg = connect(&master).await;
+    rg.scope(locked("SK-1")).await.unwrap();
+    assert_eq!(rg.scope(refund(7, runs.clone())).await.unwrap(), 7);
+    assert_eq!(rg.scope(refund(7, runs.clone())).await.unwrap(), 7);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
