@@ -401,3 +401,74 @@ async fn the_attributes_confirm_too() {
     assert_eq!(rg.scope(refund(7, runs.clone())).await.unwrap(), 7);
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
+
+/// What `.replicas(1, 50ms)` costs, on one master and one replica on this machine: lock
+/// acquire + release and idempotent first executions, without and with it, in the same run,
+/// 1 and 16 calls in flight. Run with
+/// `cargo test --release -p redguard-tests --test it replicas::cost -- --ignored --nocapture`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement: prints a table, run in release mode"]
+async fn cost() {
+    const FOR: Duration = Duration::from_secs(3);
+    let (master, _replica) = master_and_replica();
+    let rg = connect(&master).await;
+    // Warm up: connection, scripts, the allocator, the CPU's clock.
+    let warm = Instant::now();
+    while warm.elapsed() < Duration::from_secs(2) {
+        let guard = rg.lock("cost:warm").replicas(1, WAIT).acquire().await.unwrap();
+        guard.release().await.unwrap();
+    }
+    println!("| operation | in flight | replicas | ops/s | p50 | p99 |");
+    println!("|---|---|---|---|---|---|");
+    for in_flight in [1, 16] {
+        for op in ["lock acquire+release", "idempotent first execution"] {
+            // Alternated twice, so a drift of the machine's load hits both alike.
+            for replicas in [false, true, false, true] {
+                let next = Arc::new(AtomicU32::new(0));
+                let started = Instant::now();
+                let tasks = (0..in_flight).map(|_| {
+                    let (rg, next) = (rg.clone(), next.clone());
+                    tokio::spawn(async move {
+                        let mut latencies = Vec::new();
+                        while started.elapsed() < FOR {
+                            let n = next.fetch_add(1, Ordering::Relaxed);
+                            let call = Instant::now();
+                            if op.starts_with("lock") {
+                                let mut lock = rg.lock(format!("cost:{}", n % 1024));
+                                if replicas {
+                                    lock = lock.replicas(1, WAIT);
+                                }
+                                // Another task may hold the same key: retried, not counted.
+                                match lock.try_acquire().await.unwrap() {
+                                    Some(guard) => guard.release().await.unwrap(),
+                                    None => continue,
+                                }
+                            } else {
+                                let runs = Arc::new(AtomicU32::new(0));
+                                let id = format!("cost:{replicas}:{in_flight}:{n}");
+                                idempotent(&rg, &id, replicas, &runs).await.unwrap();
+                            }
+                            latencies.push(call.elapsed());
+                        }
+                        latencies
+                    })
+                });
+                let mut latencies: Vec<Duration> = futures_util::future::join_all(tasks)
+                    .await
+                    .into_iter()
+                    .flat_map(Result::unwrap)
+                    .collect();
+                let elapsed = started.elapsed().as_secs_f64();
+                latencies.sort();
+                let at = |q: f64| latencies[((latencies.len() - 1) as f64 * q) as usize];
+                println!(
+                    "| {op} | {in_flight} | {} | {:.0} | {:?} | {:?} |",
+                    if replicas { "1" } else { "-" },
+                    latencies.len() as f64 / elapsed,
+                    at(0.5),
+                    at(0.99),
+                );
+            }
+        }
+    }
+}
