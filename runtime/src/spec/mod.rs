@@ -13,8 +13,8 @@ pub use self::decision::Decision;
 #[cfg(feature = "http")]
 pub(crate) use self::decision::{render_headers, secs_ceil};
 pub use self::lock::LockKind;
-pub use self::replicas::Replicas;
 pub(crate) use self::rate::micros;
 pub use self::rate::{
     Algorithm, IntoRate, Limit, MAX_RATE_COUNT, MAX_RATE_PERIOD, MAX_SLIDING_WINDOW_COUNT, Rate,
 };
+pub use self::replicas::Replicas;

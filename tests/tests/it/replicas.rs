@@ -133,17 +133,30 @@ async fn without_replicas_a_failover_loses_acknowledged_writes_with_them_they_ar
     let replica = cut_off_replica(&mut cluster, master);
 
     let refused = rg.lock(lock).replicas(1, WAIT).acquire().await.unwrap_err();
-    assert!(unconfirmed(&refused), "expected Unconfirmed, got {refused:?}");
+    assert!(
+        unconfirmed(&refused),
+        "expected Unconfirmed, got {refused:?}"
+    );
     let runs = Arc::new(AtomicU32::new(0));
     let refused = idempotent(&rg, &id, true, &runs).await.unwrap_err();
-    assert!(unconfirmed(&refused), "expected Unconfirmed, got {refused:?}");
-    assert_eq!(runs.load(Ordering::SeqCst), 0, "an unconfirmed begin ran the body");
+    assert!(
+        unconfirmed(&refused),
+        "expected Unconfirmed, got {refused:?}"
+    );
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        0,
+        "an unconfirmed begin ran the body"
+    );
     let tokens = rg.tokens().replicas(1, WAIT);
     let refused = tokens
         .issue("signup", Duration::from_secs(60))
         .await
         .unwrap_err();
-    assert!(unconfirmed(&refused), "expected Unconfirmed, got {refused:?}");
+    assert!(
+        unconfirmed(&refused),
+        "expected Unconfirmed, got {refused:?}"
+    );
 
     // The same writes without the option are acknowledged...
     let held = rg
@@ -247,7 +260,10 @@ async fn confirmed_writes_survive_killing_the_master_right_after() {
         cluster.wait_until_ok(Duration::from_secs(20));
     }
     println!("{acknowledged} confirmed writes, {lost} lost across 3 failovers");
-    assert_eq!(lost, 0, "{lost} of {acknowledged} confirmed writes were lost");
+    assert_eq!(
+        lost, 0,
+        "{lost} of {acknowledged} confirmed writes were lost"
+    );
 }
 
 /// A single node has no replica: `WAIT 1` confirms nothing, so with `.replicas(1, ..)` every
@@ -270,7 +286,10 @@ async fn a_single_node_confirms_nothing() {
     // The acquisition was undone (by a release spawned after it).
     let deadline = Instant::now() + Duration::from_secs(2);
     while rg.lock("solo").try_acquire().await.unwrap().is_none() {
-        assert!(Instant::now() < deadline, "the unconfirmed lock was not released");
+        assert!(
+            Instant::now() < deadline,
+            "the unconfirmed lock was not released"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 
@@ -319,7 +338,12 @@ async fn a_single_node_confirms_nothing() {
         .connect()
         .await
         .unwrap();
-    let guard = open.lock("solo:open").replicas(1, WAIT).acquire().await.unwrap();
+    let guard = open
+        .lock("solo:open")
+        .replicas(1, WAIT)
+        .acquire()
+        .await
+        .unwrap();
     assert!(guard.is_degraded());
 }
 
@@ -334,7 +358,10 @@ async fn a_replica_confirms_every_write() {
         .arg(lock_key("pair"))
         .query(&mut replica.connection())
         .unwrap();
-    assert!(on_replica, "the confirmed acquisition is not on the replica");
+    assert!(
+        on_replica,
+        "the confirmed acquisition is not on the replica"
+    );
     guard.release().await.unwrap();
     let runs = Arc::new(AtomicU32::new(0));
     assert_eq!(idempotent(&rg, "pair:1", true, &runs).await.unwrap(), 1);
@@ -343,7 +370,10 @@ async fn a_replica_confirms_every_write() {
         .arg("status")
         .query(&mut replica.connection())
         .unwrap();
-    assert!(status.is_some(), "the confirmed record is not on the replica");
+    assert!(
+        status.is_some(),
+        "the confirmed record is not on the replica"
+    );
     let token = rg
         .tokens()
         .replicas(1, WAIT)
@@ -377,7 +407,12 @@ async fn locked(sku: &str) -> Result<(), Error> {
     Ok(())
 }
 
-#[redguard::idempotent(key = "attr:{id}", expire = 60, replicas = 1, replicas_timeout = "20ms")]
+#[redguard::idempotent(
+    key = "attr:{id}",
+    expire = 60,
+    replicas = 1,
+    replicas_timeout = "20ms"
+)]
 async fn refund(id: u64, runs: Arc<AtomicU32>) -> Result<u64, Error> {
     runs.fetch_add(1, Ordering::SeqCst);
     Ok(id)
@@ -415,7 +450,12 @@ async fn cost() {
     // Warm up: connection, scripts, the allocator, the CPU's clock.
     let warm = Instant::now();
     while warm.elapsed() < Duration::from_secs(2) {
-        let guard = rg.lock("cost:warm").replicas(1, WAIT).acquire().await.unwrap();
+        let guard = rg
+            .lock("cost:warm")
+            .replicas(1, WAIT)
+            .acquire()
+            .await
+            .unwrap();
         guard.release().await.unwrap();
     }
     println!("| operation | in flight | replicas | ops/s | p50 | p99 |");

@@ -350,9 +350,9 @@ impl StateMachineTest for Machine {
             } => {
                 sut.issues[token] += 1;
                 let (name, key) = sut.token(token);
-                let got = sut
-                    .world
-                    .block_on(store.token_issue(&key, SCENES[scene], ms(ttl_ms), None));
+                let got =
+                    sut.world
+                        .block_on(store.token_issue(&key, SCENES[scene], ms(ttl_ms), None));
                 if got.is_ok() {
                     // A plain SET, not a script: its TTL is on Redis's clock.
                     sut.world.pin_expiry(key.as_str(), ms(ttl_ms));
