@@ -148,14 +148,20 @@ async fn without_replicas_a_failover_loses_acknowledged_writes_with_them_they_ar
         0,
         "an unconfirmed begin ran the body"
     );
+    // A token's key is random, so its slot is any master's: those issued on the cut-off
+    // master are refused, the others confirmed (30 issues all missing it: (2/3)^30).
     let tokens = rg.tokens().replicas(1, WAIT);
-    let refused = tokens
-        .issue("signup", Duration::from_secs(60))
-        .await
-        .unwrap_err();
+    let (mut issued, mut refused) = (0, 0);
+    for _ in 0..30 {
+        match tokens.issue("signup", Duration::from_secs(60)).await {
+            Ok(_) => issued += 1,
+            Err(err) if unconfirmed(&err) => refused += 1,
+            Err(other) => panic!("expected Unconfirmed, got {other:?}"),
+        }
+    }
     assert!(
-        unconfirmed(&refused),
-        "expected Unconfirmed, got {refused:?}"
+        issued > 0 && refused > 0,
+        "{issued} issued, {refused} refused"
     );
 
     // The same writes without the option are acknowledged...
