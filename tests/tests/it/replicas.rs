@@ -518,3 +518,78 @@ async fn cost() {
         }
     }
 }
+
+/// `WAIT` blocks the connection that sent it until the replicas answer or it times out, and
+/// a handle has one multiplexed connection per node. While a replica stalls, confirmed writes
+/// on a handle hold up its other calls (a plain acquire+release waits behind them); on a
+/// handle of their own, they hold up nothing else.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_replica_holds_up_only_the_handle_that_waits_for_it() {
+    let (master, replica) = master_and_replica();
+    let plain = connect(&master).await;
+    let confirming = connect(&master).await;
+    replica.pause();
+    let _: u64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("replica")
+        .query(&mut master.connection())
+        .unwrap();
+    let apart = slowest_plain_call(&plain, &confirming).await;
+    let shared = slowest_plain_call(&plain, &plain).await;
+    println!(
+        "slowest plain acquire+release: {apart:?} beside another handle's confirmed writes, {shared:?} beside its own"
+    );
+    assert!(
+        apart < WAIT,
+        "a plain acquire+release took {apart:?} while another handle waited for a stalled replica"
+    );
+    assert!(
+        shared >= WAIT,
+        "a plain acquire+release took only {shared:?} behind its own handle's WAITs"
+    );
+}
+
+/// For one second, 8 tasks take locks with `.replicas(1, ..)` on `confirming` (all refused:
+/// the replica is cut off) while plain acquire+release run on `plain`: the slowest of those (a
+/// timeout counts as the call timeout).
+async fn slowest_plain_call(plain: &Redguard, confirming: &Redguard) -> Duration {
+    let until = Instant::now() + Duration::from_secs(1);
+    let waiting = (0..8).map(|i| {
+        let rg = confirming.clone();
+        tokio::spawn(async move {
+            for n in 0.. {
+                if Instant::now() >= until {
+                    break;
+                }
+                let err = rg
+                    .lock(format!("stalled:{i}:{n}"))
+                    .replicas(1, WAIT)
+                    .acquire()
+                    .await
+                    .unwrap_err();
+                assert!(matches!(err, Error::Backend(_)), "got {err:?}");
+            }
+        })
+    });
+    let waiting = futures_util::future::join_all(waiting);
+    let calls = async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let mut slowest = Duration::ZERO;
+        while Instant::now() < until {
+            let call = Instant::now();
+            match plain.lock("plain").acquire().await {
+                Ok(guard) => drop(guard.release().await),
+                Err(Error::Backend(_)) => {}
+                Err(other) => panic!("unexpected {other:?}"),
+            }
+            slowest = slowest.max(call.elapsed());
+        }
+        slowest
+    };
+    let (waited, slowest) = tokio::join!(waiting, calls);
+    for task in waited {
+        task.unwrap();
+    }
+    slowest
+}
