@@ -325,7 +325,8 @@ impl<K: Kind> LockBuilder<K> {
     /// [`BackendError::Unconfirmed`](crate::BackendError::Unconfirmed), open is a degraded
     /// guard. `count` is 1 to 16; `timeout` 1 ms to 10 s and at most half the handle's
     /// [`timeout`](crate::Builder::timeout), so `WAIT` ends before the call's own bound. Nested
-    /// entries wait too; renewals and releases do not (a lost renewal shortens the lease, a
+    /// entries wait too; a fair lock handed over by the previous holder's release, renewals
+    /// and releases do not (a lost renewal shortens the lease, a
     /// lost release frees the lock at the end of the lease). The memory store has no replicas
     /// and counts every acquisition as confirmed.
     ///
