@@ -74,7 +74,7 @@ impl Tokens {
 
     /// Hands out an issued token only once `count` replicas have it, waiting up to `timeout`
     /// (Redis `WAIT`, on the connection and node that stored it; see
-    /// [`Replicas`](crate::Replicas)). Without it a master that fails right after the issue
+    /// [`Replicas`]). Without it a master that fails right after the issue
     /// can be replaced by a replica without the token, and its submit is refused as unknown.
     /// When too few confirm, [`issue`](Tokens::issue) returns [`Error::Backend`] with
     /// [`BackendError::Unconfirmed`](crate::BackendError::Unconfirmed) (the stored token was

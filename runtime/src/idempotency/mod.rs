@@ -122,14 +122,14 @@ impl Idempotency {
 
     /// Counts the PROCESSING record (the begin) and the SUCCESS or FAIL outcome only once
     /// `count` replicas have them, waiting up to `timeout` (Redis `WAIT`, on the connection
-    /// and node that wrote the record; see [`Replicas`](crate::Replicas)). Without it a master
+    /// and node that wrote the record; see [`Replicas`]). Without it a master
     /// that fails right after the begin or the outcome can be replaced by a replica without
     /// them: a retry then runs the body a second time.
     ///
     /// A begin that too few confirm is undone, and the idempotency
     /// [`FailMode`](crate::FailMode) applies as for a store that cannot answer: closed (the
     /// default) returns [`Error::Backend`] with
-    /// [`BackendError::Unconfirmed`](crate::BackendError::Unconfirmed) and the body does not
+    /// [`BackendError::Unconfirmed`] and the body does not
     /// run; open runs it without a record. An outcome that too few confirm stays recorded on
     /// the master and the body's result is still returned (the body ran; an error would only
     /// invite a retry), logged at warn and counted in `redguard_backend_errors_total` with
