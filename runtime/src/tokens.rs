@@ -106,7 +106,10 @@ impl Tokens {
             .replicas
             .map(|(count, timeout)| Replicas::new(count, timeout))
             .transpose()?;
-        let handle = self.handle()?;
+        let mut handle = self.handle()?;
+        if replicas.is_some() {
+            handle = handle.for_replicas().await;
+        }
         let token = uuid::Uuid::new_v4().simple().to_string();
         let key = token_key(&handle, &token)?;
         handle

@@ -233,6 +233,13 @@ impl Idempotency {
             .replicas
             .map(|(count, timeout)| Replicas::new(count, timeout))
             .transpose()?;
+        let twin;
+        let handle = if replicas.is_some() {
+            twin = handle.for_replicas().await;
+            &twin
+        } else {
+            handle
+        };
         let fingerprint = self.fingerprint?;
         let key = match self.key {
             Some(body) => Some(handle.key(GuardKind::Idempotency, &self.scope, &body?)?),

@@ -371,10 +371,13 @@ impl<K: Kind> LockBuilder<K> {
     /// whose store call failed (it may still run when a stalled store resumes).
     pub async fn acquire(self) -> Result<LockGuard> {
         self.check()?;
-        let handle = match self.handle {
+        let mut handle = match self.handle {
             Some(handle) => handle,
             None => Redguard::current()?,
         };
+        if self.settings.replicas.is_some() {
+            handle = handle.for_replicas().await;
+        }
         let body = self.body?;
         let kind = self.kind.kind();
         let mut key = handle.key(GuardKind::Lock, &self.settings.scope, &body)?;

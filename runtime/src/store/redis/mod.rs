@@ -78,6 +78,9 @@ impl fmt::Debug for Existing {
 #[derive(Clone)]
 pub struct RedisStore {
     conn: Conn,
+    /// Opens another connection like `conn`, for [`Store::twin`]; `None` for a twin itself
+    /// and on a Cluster.
+    opener: Option<Arc<Opener>>,
     timeout: Duration,
     /// Lock release notifications; its connection opens on the first wait.
     bus: Arc<lock::ReleaseBus>,
@@ -115,8 +118,17 @@ impl RedisStore {
                 })
         };
         if let Some(existing) = target.existing {
+            let opener = match existing.conn {
+                Conn::Single(_) => Some(Arc::new(Opener {
+                    client: existing.client.clone(),
+                    connect_timeout,
+                })),
+                #[cfg(feature = "cluster")]
+                Conn::Cluster(_) => None,
+            };
             let store = RedisStore {
                 conn: existing.conn,
+                opener,
                 timeout,
                 bus: Arc::new(lock::ReleaseBus::new(existing.client, prefix)),
                 #[cfg(feature = "test-util")]
@@ -175,26 +187,20 @@ impl RedisStore {
         };
         #[cfg(not(feature = "cluster"))]
         let cluster = None;
-        let conn = if let Some(cluster) = cluster {
-            cluster
+        // A Cluster has no twin: a second cluster connection, idle through a failover, kept
+        // timing out afterwards in `it::replicas` (its writes then share the handle's).
+        let (conn, opener) = if let Some(cluster) = cluster {
+            (cluster, None)
         } else {
-            // No response timeout of the client's own: every call is bounded by `bounded`
-            // already, and a second timer per call cost as much as building the command.
-            let config = ConnectionManagerConfig::new()
-                .set_response_timeout(None)
-                .set_connection_timeout(Some(connect_timeout))
-                .set_number_of_retries(3)
-                .set_max_delay(Duration::from_millis(500));
-            let client = node.clone();
-            Conn::Single(
-                bounded("connect", connect_timeout, async {
-                    ConnectionManager::new_with_config(client, config).await
-                })
-                .await?,
-            )
+            let opener = Opener {
+                client: node.clone(),
+                connect_timeout,
+            };
+            (opener.open().await?, Some(Arc::new(opener)))
         };
         let store = RedisStore {
             conn,
+            opener,
             timeout,
             bus,
             #[cfg(feature = "test-util")]
@@ -283,6 +289,32 @@ impl RedisStore {
             Some(key) => corrupt_or(err, key),
             None => err,
         })
+    }
+}
+
+/// How to open another connection to a single node like a store's, for its
+/// [`Store::twin`].
+struct Opener {
+    client: redis::Client,
+    connect_timeout: Duration,
+}
+
+impl Opener {
+    async fn open(&self) -> Result<Conn> {
+        // No response timeout of the client's own: every call is bounded by `bounded`
+        // already, and a second timer per call cost as much as building the command.
+        let config = ConnectionManagerConfig::new()
+            .set_response_timeout(None)
+            .set_connection_timeout(Some(self.connect_timeout))
+            .set_number_of_retries(3)
+            .set_max_delay(Duration::from_millis(500));
+        let client = self.client.clone();
+        Ok(Conn::Single(
+            bounded("connect", self.connect_timeout, async {
+                ConnectionManager::new_with_config(client, config).await
+            })
+            .await?,
+        ))
     }
 }
 
@@ -459,5 +491,19 @@ impl Store for RedisStore {
         })
         .await?;
         Ok(Duration::from_secs(secs) + Duration::from_micros(micros))
+    }
+
+    /// The same Redis on a connection of its own (scripts are the server's, already loaded;
+    /// the release notifications' subscription is shared).
+    async fn twin(&self) -> Result<Option<Arc<dyn Store>>> {
+        let Some(opener) = &self.opener else {
+            return Ok(None);
+        };
+        let conn = opener.open().await?;
+        Ok(Some(Arc::new(RedisStore {
+            conn,
+            opener: None,
+            ..self.clone()
+        })))
     }
 }
