@@ -125,6 +125,7 @@ async fn inspect_and_forget_a_record() {
         owner: "crashed-execution",
         fingerprint: "",
         ttl: Duration::from_secs(600),
+        replicas: None,
     };
     rg.store().idem_begin(begin).await.unwrap();
     let seen = inspect_json(&server, "idem", "7:req-1", &[]).await;

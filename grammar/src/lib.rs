@@ -10,4 +10,5 @@ pub mod duration;
 pub mod idempotency;
 pub mod lock;
 pub mod rate;
+pub mod replicas;
 pub mod tokens;

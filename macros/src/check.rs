@@ -1,8 +1,10 @@
 //! Cross-checks between an attribute's arguments and the fn it is on.
 
+use std::time::Duration;
+
 use syn::{FnArg, LitStr, Pat, Signature};
 
-use crate::args::TemplateArg;
+use crate::args::{Spanned, TemplateArg};
 use crate::errors::Errors;
 use crate::template::Segment;
 
@@ -102,5 +104,50 @@ pub(crate) fn name(what: &str, lit: &LitStr, errors: &mut Errors) {
                 "`{what}` must be 1 to 200 characters from letters, digits and `.` `_` `@` `-` `:`"
             ),
         );
+    }
+}
+
+/// `replicas = n` and `replicas_timeout = ".."`, checked with the runtime's own bounds; the
+/// pair to expand into `.replicas(n, timeout)` when `replicas` is given and valid.
+///
+/// Why `replicas_timeout` alone is an error: it would silently do nothing.
+pub(crate) fn replicas(
+    attr: &str,
+    count: Option<&Spanned<u64>>,
+    timeout: Option<&Spanned<Duration>>,
+    errors: &mut Errors,
+) -> Option<(u32, Duration)> {
+    if let Some(timeout) = timeout
+        && let Err(why) = redguard_grammar::replicas::timeout(timeout.value)
+    {
+        errors.push(
+            timeout.span,
+            format!("invalid `replicas_timeout` of `#[{attr}]`: {why}"),
+        );
+    }
+    let Some(count) = count else {
+        if let Some(timeout) = timeout {
+            errors.push(
+                timeout.span,
+                format!(
+                    "`replicas_timeout` of `#[{attr}]` needs `replicas = n`: how many replicas \
+                     must confirm each write"
+                ),
+            );
+        }
+        return None;
+    };
+    match redguard_grammar::replicas::count(count.value) {
+        Ok(count) => Some((
+            count,
+            timeout.map_or(redguard_grammar::replicas::DEFAULT_TIMEOUT, |t| t.value),
+        )),
+        Err(why) => {
+            errors.push(
+                count.span,
+                format!("invalid `replicas` of `#[{attr}]`: {why}"),
+            );
+            None
+        }
     }
 }

@@ -3,7 +3,7 @@
 //! ```text
 //! #[dist_lock(key = "stock:{sku}", wait = "300ms", lease = "30s", scope = "...",
 //!             skip_if_held, hold_at_least = "10s", on_lost = "cancel" | "continue",
-//!             permits = 3 | read | write | fair)]
+//!             permits = 3 | read | write | fair, replicas = 1, replicas_timeout = "50ms")]
 //! ```
 //!
 //! Bounds are checked here, by the runtime's own checks (`redguard_grammar::lock`), so a wrong
@@ -18,6 +18,7 @@ use syn::{Ident, LitStr};
 use redguard_grammar::lock as grammar;
 
 use crate::args::{Spanned, TemplateArg, arguments};
+use crate::check;
 use crate::errors::Errors;
 use crate::expand;
 use crate::guard::{Built, Context, Expansion, Guard};
@@ -26,7 +27,8 @@ pub(crate) struct DistLock;
 
 arguments! {
     /// `#[dist_lock(key = "..", wait = "..", lease = "..", scope = "..", skip_if_held,
-    /// hold_at_least = "..", on_lost = "..", permits = n | read | write | fair)]`
+    /// hold_at_least = "..", on_lost = "..", permits = n | read | write | fair, replicas = n,
+    /// replicas_timeout = "..")]`
     LockArgs for "dist_lock" {
         key: Template,
         wait: Duration,
@@ -39,6 +41,8 @@ arguments! {
         read: Flag,
         write: Flag,
         fair: Flag,
+        replicas: Int,
+        replicas_timeout: Duration,
     }
 }
 
@@ -146,6 +150,12 @@ impl Guard for DistLock {
                 "`fair` applies to exclusive locks, not to a read/write lock or a semaphore",
             );
         }
+        let replicas = check::replicas(
+            "dist_lock",
+            args.replicas.as_ref(),
+            args.replicas_timeout.as_ref(),
+            errors,
+        );
         let key = args.key.clone()?;
         let kind = match (permits, read, write, fair) {
             (Some(permits), ..) => Some(LockKind::Semaphore(
@@ -165,6 +175,7 @@ impl Guard for DistLock {
             skip_if_held: skip_if_held.is_some(),
             hold_at_least: hold.map(|h| h.value),
             continue_on_lost: continue_on_lost?,
+            replicas,
         })))
     }
 }
@@ -186,6 +197,7 @@ struct LockExpansion {
     skip_if_held: bool,
     hold_at_least: Option<Duration>,
     continue_on_lost: bool,
+    replicas: Option<(u32, Duration)>,
 }
 
 fn duration(d: Duration) -> TokenStream {
@@ -228,6 +240,7 @@ impl Expansion for LockExpansion {
         if self.continue_on_lost {
             calls.push(quote!(.on_lost(#krate::__private::OnLost::Continue)));
         }
+        calls.extend(expand::replicas(self.replicas));
         quote!(#krate::__private::dist_lock_builder(#scope, #key) #(#calls)*)
     }
 

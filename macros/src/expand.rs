@@ -68,3 +68,13 @@ fn respan(tokens: &TokenStream, span: proc_macro2::Span) -> TokenStream {
         })
         .collect()
 }
+
+/// Input: `replicas = 1, replicas_timeout = "50ms"` (checked).
+/// Output: `.replicas(1, Duration::from_millis(50))`, a builder call of every guard that
+/// confirms its writes.
+pub(crate) fn replicas(replicas: Option<(u32, std::time::Duration)>) -> Option<TokenStream> {
+    replicas.map(|(count, timeout)| {
+        let ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
+        quote!(.replicas(#count, ::core::time::Duration::from_millis(#ms)))
+    })
+}

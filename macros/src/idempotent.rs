@@ -19,7 +19,7 @@ pub(crate) struct Idempotent;
 
 arguments! {
     /// `#[idempotent(key = "..", expire = .., scope = "..", payload = expr, timeout = "..",
-    /// token = "..", scene = "..", detach)]`
+    /// token = "..", scene = "..", detach, replicas = n, replicas_timeout = "..")]`
     IdempotentArgs for "idempotent" {
         key: Template,
         expire: Duration,
@@ -29,6 +29,8 @@ arguments! {
         token: Template,
         scene: Str,
         detach: Flag,
+        replicas: Int,
+        replicas_timeout: Duration,
     }
 }
 
@@ -84,6 +86,21 @@ impl Guard for Idempotent {
         if let Some(scope) = &args.scope {
             check::name("scope", scope, errors);
         }
+        let replicas = check::replicas(
+            "idempotent",
+            args.replicas.as_ref(),
+            args.replicas_timeout.as_ref(),
+            errors,
+        );
+        if let (Some(count), true) = (&args.replicas, token_only) {
+            // Why: the option confirms the record; token mode alone writes none, so it would
+            // silently confirm nothing.
+            errors.push(
+                count.span,
+                "`replicas` of `#[idempotent]` confirms the idempotency record, and token mode \
+                 without `key` keeps none: add `key = \"..\"` or remove `replicas`",
+            );
+        }
         let expire = expire.map_or(Duration::from_secs(24 * 3600), |e| e.value);
         Some(Built::Wrapper(Box::new(IdempotentExpansion {
             key: args.key,
@@ -93,6 +110,7 @@ impl Guard for Idempotent {
             token,
             scope: args.scope,
             detach: args.detach.is_some(),
+            replicas,
         })))
     }
 }
@@ -105,6 +123,7 @@ struct IdempotentExpansion {
     token: Option<(TemplateArg, LitStr)>,
     scope: Option<LitStr>,
     detach: bool,
+    replicas: Option<(u32, Duration)>,
 }
 
 fn millis(duration: Duration) -> TokenStream {
@@ -114,7 +133,7 @@ fn millis(duration: Duration) -> TokenStream {
 
 impl Expansion for IdempotentExpansion {
     /// Output: `{ <return-type checks>; idempotency(scope, Some(key)).expire(..)
-    /// [.payload(&expr)] [.timeout(..)] [token] }`, evaluated while the parameters are
+    /// [.payload(&expr)] [.timeout(..)] [.replicas(n, ..)] [token] }`, evaluated while the parameters are
     /// still borrowable.
     fn prelude(&self, cx: &Context) -> TokenStream {
         let (ret, krate) = (&cx.ret, &cx.krate);
@@ -139,11 +158,13 @@ impl Expansion for IdempotentExpansion {
             let timeout = millis(timeout);
             quote!(.timeout(#timeout))
         });
+        let replicas = expand::replicas(self.replicas);
         let mut guard = quote! {
             #krate::__private::idempotency(#scope, #key)
                 .expire(#expire)
                 #(#payload)*
                 #timeout
+                #replicas
         };
         if let Some((token, scene)) = &self.token {
             let token = expand::key(krate, token);

@@ -71,6 +71,12 @@ use proc_macro::TokenStream;
 ///   `Send + 'static`: owned parameters only.
 /// - `scope = "..."`: the key's namespace (default: the fn's path, impl type and trait
 ///   included, so two fns never share records).
+/// - `replicas = 1` (1 to 16), optionally with `replicas_timeout = "50ms"` (the default; at
+///   most half the handle's call timeout): the PROCESSING record and the outcome count only
+///   once that many replicas confirm them (Redis `WAIT`), so a failover right after cannot
+///   lose them. A begin too few confirm is undone and fails as the store being down does
+///   (`Error::Backend`, the body does not run); an outcome too few confirm is still returned,
+///   logged and counted. Needs `key`.
 ///
 /// When Redis cannot answer, the call fails closed (`redguard::Error::Backend`) unless the
 /// handle sets `FailMode::Open` for idempotency.
@@ -130,6 +136,10 @@ pub fn idempotent(attr: TokenStream, item: TokenStream) -> TokenStream {
 /// - `permits = 3`: a semaphore: up to that many holders at once.
 /// - `read` / `write`: the key's read/write lock in that mode (many readers or one writer).
 /// - `fair`: hand the lock over in arrival order (FIFO across all processes).
+/// - `replicas = 1` (1 to 16), optionally with `replicas_timeout = "50ms"` (the default; at
+///   most half the handle's call timeout): the acquisition counts only once that many replicas
+///   confirm it (Redis `WAIT`), so a failover right after cannot hand the lock to a second
+///   holder. Too few in time: released again, and `redguard::Error::Backend` (fail closed).
 ///
 /// The body reads its fencing token with `redguard::fence()`.
 ///

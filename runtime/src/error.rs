@@ -203,6 +203,23 @@ pub enum BackendError {
         #[source]
         source: StoreFailure,
     },
+    /// The write was made, but fewer replicas than asked confirmed it in time (see
+    /// [`Replicas`](crate::Replicas)): a failover now could lose it. A lock acquisition or an
+    /// idempotency begin is undone; a token is not handed out.
+    #[error(
+        "store call `{op}` was confirmed by {confirmed} of {wanted} replica(s) within {after:?}; \
+         are the replicas up and keeping up?"
+    )]
+    Unconfirmed {
+        /// The guard operation whose write was not confirmed.
+        op: &'static str,
+        /// How many replicas were asked for.
+        wanted: u32,
+        /// How many confirmed (`WAIT`'s reply).
+        confirmed: u32,
+        /// How long `WAIT` waited.
+        after: Duration,
+    },
 }
 
 /// What a store's client reported when a call failed.

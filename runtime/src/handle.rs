@@ -90,6 +90,9 @@ struct Inner {
     store: Arc<dyn Store>,
     settings: Settings,
     state: State,
+    /// This handle on the store's [`Store::twin`], opened on first use; `Some(None)` when
+    /// the store has no twin, or this is a twin.
+    twin: tokio::sync::OnceCell<Option<Redguard>>,
 }
 
 impl fmt::Debug for Redguard {
@@ -360,6 +363,7 @@ impl Redguard {
                 store,
                 settings,
                 state: State::default(),
+                twin: tokio::sync::OnceCell::new(),
             }),
         }
     }
@@ -467,6 +471,36 @@ impl Redguard {
     /// In-process state of this handle's guards (local queues, the local rate tier).
     pub(crate) fn state(&self) -> &State {
         &self.inner.state
+    }
+
+    /// The handle a guard with [`Replicas`](crate::Replicas) runs on, every call of it (so
+    /// an undo still follows its write on the same connection): this one on the store's
+    /// [`twin`](Store::twin), whose `WAIT`s then hold up no other guard's calls. When the
+    /// twin's connection cannot be opened, this handle (the `WAIT` confirms as well on it, it
+    /// only holds up the others while replicas lag), and the next call tries again: the
+    /// guard's own call then meets the store's trouble, and its `FailMode`.
+    pub(crate) async fn for_replicas(&self) -> Redguard {
+        let twin = self
+            .inner
+            .twin
+            .get_or_try_init(|| async {
+                Ok::<_, Error>(self.inner.store.twin().await?.map(|store| Redguard {
+                    inner: Arc::new(Inner {
+                        store,
+                        settings: self.inner.settings.clone(),
+                        state: State::default(),
+                        twin: tokio::sync::OnceCell::new_with(Some(None)),
+                    }),
+                }))
+            })
+            .await;
+        match twin {
+            Ok(twin) => twin.clone().unwrap_or_else(|| self.clone()),
+            Err(err) => {
+                tracing::warn!(error = %err, "could not open the connection for writes that wait for replicas; they share the handle's");
+                self.clone()
+            }
+        }
     }
 
     /// The prefix of every key this handle writes.

@@ -66,7 +66,7 @@ pub use crate::lock::{
     lock_all,
 };
 pub use crate::rate::{Limiter, RateLimits, limiter};
-pub use crate::spec::{Algorithm, Decision, IntoRate, Limit, LockKind, Rate};
+pub use crate::spec::{Algorithm, Decision, IntoRate, Limit, LockKind, Rate, Replicas};
 pub use crate::telemetry::{METRICS, Metric, MetricKind, describe_metrics};
 pub use crate::tokens::{Tokens, tokens};
 

@@ -11,6 +11,7 @@ use crate::degrade::Degrade;
 use crate::error::{Error, Result};
 use crate::handle::Redguard;
 use crate::key::{GuardKind, Key, KeyBody, KeyBuilder, check_name};
+use crate::spec::Replicas;
 use crate::store::TokenOutcome;
 
 pub use redguard_grammar::tokens::MAX_TOKEN_TTL;
@@ -31,7 +32,10 @@ const TOKEN_SCOPE: &str = "tokens";
 /// # Ok(()) }).await }
 /// ```
 pub fn tokens() -> Tokens {
-    Tokens { handle: None }
+    Tokens {
+        handle: None,
+        replicas: None,
+    }
 }
 
 impl Redguard {
@@ -47,6 +51,7 @@ impl Redguard {
     pub fn tokens(&self) -> Tokens {
         Tokens {
             handle: Some(self.clone()),
+            replicas: None,
         }
     }
 }
@@ -55,6 +60,8 @@ impl Redguard {
 #[derive(Debug, Clone)]
 pub struct Tokens {
     handle: Option<Redguard>,
+    /// `(count, timeout)` as given, checked at the issue.
+    replicas: Option<(u32, Duration)>,
 }
 
 impl Tokens {
@@ -65,15 +72,50 @@ impl Tokens {
         }
     }
 
+    /// Hands out an issued token only once `count` replicas have it, waiting up to `timeout`
+    /// (Redis `WAIT`, on the connection and node that stored it; see
+    /// [`Replicas`]). Without it a master that fails right after the issue
+    /// can be replaced by a replica without the token, and its submit is refused as unknown.
+    /// When too few confirm, [`issue`](Tokens::issue) returns [`Error::Backend`] with
+    /// [`BackendError::Unconfirmed`](crate::BackendError::Unconfirmed) (the stored token was
+    /// given to nobody and expires unused). Consuming is not confirmed. `count` is 1 to 16;
+    /// `timeout` 1 ms to 10 s and at most half the handle's
+    /// [`timeout`](crate::Builder::timeout). The memory store counts every issue as
+    /// confirmed.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> redguard::Result<()> {
+    /// use std::time::Duration;
+    /// let rg = redguard::Redguard::memory();
+    /// let tokens = rg.tokens().replicas(1, Duration::from_millis(50));
+    /// let token = tokens.issue("signup", Duration::from_secs(60)).await?;
+    /// tokens.consume("signup", &token).await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn replicas(mut self, count: u32, timeout: Duration) -> Self {
+        self.replicas = Some((count, timeout));
+        self
+    }
+
     /// Issues a token for `scene` (`[A-Za-z0-9._@:-]`), valid for `ttl` (1 s to 7 days).
     /// The token is 122 random bits as 32 hex characters.
     pub async fn issue(&self, scene: &str, ttl: Duration) -> Result<String> {
         check_name("scene", scene, 64)?;
         redguard_grammar::tokens::ttl(ttl).map_err(Error::Config)?;
-        let handle = self.handle()?;
+        let replicas = self
+            .replicas
+            .map(|(count, timeout)| Replicas::new(count, timeout))
+            .transpose()?;
+        let mut handle = self.handle()?;
+        if replicas.is_some() {
+            handle = handle.for_replicas().await;
+        }
         let token = uuid::Uuid::new_v4().simple().to_string();
         let key = token_key(&handle, &token)?;
-        handle.store().token_issue(&key, scene, ttl).await?;
+        handle
+            .store()
+            .token_issue(&key, scene, ttl, replicas)
+            .await?;
         Ok(token)
     }
 

@@ -21,9 +21,10 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::degrade::Degrade;
-use crate::error::{Error, Result};
+use crate::error::{BackendError, Error, Result};
 use crate::handle::Redguard;
 use crate::key::{GuardKind, Key, KeyBody, KeyBuilder};
+use crate::spec::Replicas;
 use crate::store::{Begin, Finish, IdemBegin, IdemFinish, IdemFinished};
 use crate::tokens;
 
@@ -69,6 +70,8 @@ pub struct Idempotency {
     fingerprint: Result<String>,
     timeout: Option<Duration>,
     token: Option<(String, Result<KeyBody>)>,
+    /// `(count, timeout)` as given, checked when the guard runs.
+    replicas: Option<(u32, Duration)>,
 }
 
 impl Idempotency {
@@ -89,6 +92,7 @@ impl Idempotency {
             fingerprint: Ok(String::new()),
             timeout: None,
             token: None,
+            replicas: None,
         }
     }
 
@@ -113,6 +117,39 @@ impl Idempotency {
     /// the record stays PROCESSING until it expires.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = Some(timeout);
+        self
+    }
+
+    /// Counts the PROCESSING record (the begin) and the SUCCESS or FAIL outcome only once
+    /// `count` replicas have them, waiting up to `timeout` (Redis `WAIT`, on the connection
+    /// and node that wrote the record; see [`Replicas`]). Without it a master
+    /// that fails right after the begin or the outcome can be replaced by a replica without
+    /// them: a retry then runs the body a second time.
+    ///
+    /// A begin that too few confirm is undone, and the idempotency
+    /// [`FailMode`](crate::FailMode) applies as for a store that cannot answer: closed (the
+    /// default) returns [`Error::Backend`] with
+    /// [`BackendError::Unconfirmed`] and the body does not
+    /// run; open runs it without a record. An outcome that too few confirm stays recorded on
+    /// the master and the body's result is still returned (the body ran; an error would only
+    /// invite a retry), logged at warn and counted in `redguard_backend_errors_total` with
+    /// outcome `unconfirmed`. `count` is 1 to 16; `timeout` 1 ms to 10 s and at most half the
+    /// handle's [`timeout`](crate::Builder::timeout). The memory store has no replicas and
+    /// counts every write as confirmed.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> redguard::Result<()> {
+    /// use std::time::Duration;
+    /// use redguard::{Idempotency, KeyBuilder, Redguard};
+    ///
+    /// let key = KeyBuilder::new().text("refund:").part("id", &9u64).finish()?;
+    /// let guard = Idempotency::new("refunds", key).replicas(1, Duration::from_millis(50));
+    /// let n = Redguard::memory().scope(guard.run(async { Ok::<_, redguard::Error>(9) })).await?;
+    /// assert_eq!(n, 9);
+    /// # Ok(()) }
+    /// ```
+    pub fn replicas(mut self, count: u32, timeout: Duration) -> Self {
+        self.replicas = Some((count, timeout));
         self
     }
 
@@ -192,6 +229,17 @@ impl Idempotency {
         if let Some(timeout) = self.timeout {
             redguard_grammar::idempotency::timeout(timeout).map_err(Error::Config)?;
         }
+        let replicas = self
+            .replicas
+            .map(|(count, timeout)| Replicas::new(count, timeout))
+            .transpose()?;
+        let twin;
+        let handle = if replicas.is_some() {
+            twin = handle.for_replicas().await;
+            &twin
+        } else {
+            handle
+        };
         let fingerprint = self.fingerprint?;
         let key = match self.key {
             Some(body) => Some(handle.key(GuardKind::Idempotency, &self.scope, &body?)?),
@@ -224,6 +272,7 @@ impl Idempotency {
                     owner: &owner,
                     fingerprint: &fingerprint,
                     ttl: self.expire,
+                    replicas,
                 })
                 .await
                 .or_degrade(handle, GuardKind::Idempotency, "idem_begin", &key);
@@ -298,6 +347,7 @@ impl Idempotency {
             token,
             expire: self.expire,
             timeout: self.timeout,
+            replicas,
         }))
     }
 }
@@ -412,6 +462,7 @@ struct Execution {
     token: Option<tokens::Token>,
     expire: Duration,
     timeout: Option<Duration>,
+    replicas: Option<Replicas>,
 }
 
 impl Execution {
@@ -517,6 +568,7 @@ impl Execution {
             owner: &self.owner,
             outcome: finish,
             ttl: self.expire,
+            replicas: self.replicas,
         };
         let result = self.handle.store().idem_finish(finish).await;
         crate::trace::record(
@@ -525,6 +577,7 @@ impl Execution {
                 (Ok(IdemFinished::Recorded), Outcome::Success(_)) => "success",
                 (Ok(IdemFinished::Recorded), Outcome::Fail) => "fail",
                 (Ok(IdemFinished::NotOwner), _) => "not_owner",
+                (Err(Error::Backend(BackendError::Unconfirmed { .. })), _) => "unconfirmed",
                 (Err(_), _) => "unrecorded",
             },
         );
@@ -534,6 +587,11 @@ impl Execution {
                 metrics::counter!("redguard_idempotency_lost_total", "scope" => self.scope.clone())
                     .increment(1);
                 tracing::warn!(guard = "idem", %key, "record expired or was taken over during the body; outcome not recorded");
+            }
+            Err(err @ Error::Backend(BackendError::Unconfirmed { .. })) => {
+                metrics::counter!("redguard_backend_errors_total", "guard" => "idem", "op" => "idem_finish", "outcome" => "unconfirmed")
+                    .increment(1);
+                tracing::warn!(guard = "idem", %key, error = %err, "the outcome is recorded but too few replicas confirmed it; a failover now could lose it");
             }
             Err(err) => {
                 metrics::counter!("redguard_backend_errors_total", "guard" => "idem", "op" => "idem_finish", "outcome" => "unrecorded")

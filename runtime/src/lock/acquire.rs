@@ -12,7 +12,7 @@ use crate::degrade::Degrade;
 use crate::error::{Error, Result};
 use crate::handle::Redguard;
 use crate::key::{GuardKind, Key};
-use crate::spec::LockKind;
+use crate::spec::{LockKind, Replicas};
 use crate::store::{Acquire, LockAcquire, LockWatch};
 
 /// Validated settings of one acquisition.
@@ -25,6 +25,7 @@ pub(crate) struct Spec {
     pub(crate) hold_at_least: Duration,
     pub(crate) max_depth: u32,
     pub(crate) kind: LockKind,
+    pub(crate) replicas: Option<Replicas>,
 }
 
 /// Undoes an acquisition whose outcome is unknown, unless disarmed by a definite reply: when
@@ -162,6 +163,7 @@ async fn acquire_traced(handle: Redguard, key: Key, spec: Spec) -> Result<LockGu
             lease: spec.lease,
             level,
             waiting: watch.is_some(),
+            replicas: spec.replicas,
         };
         let outcome = match spec.kind {
             LockKind::Exclusive => store.lock_acquire(acquire).await,

@@ -14,7 +14,7 @@ use super::{DEFAULT_LEASE, DEFAULT_LOCK_SCOPE, DEFAULT_MAX_DEPTH, OnLost, acquir
 use crate::error::{Error, Result};
 use crate::handle::Redguard;
 use crate::key::{GuardKind, KeyBody, KeyBuilder};
-use crate::spec::LockKind;
+use crate::spec::{LockKind, Replicas};
 
 /// A lock key body: a template already rendered ([`KeyBody`], [`KeyBuilder`]) or plain text
 /// (`&str`, `String`: `[A-Za-z0-9._@:-]`, validated as template text — render request values
@@ -152,6 +152,8 @@ struct Settings {
     hold_at_least: Duration,
     on_lost: OnLost,
     max_depth: u32,
+    /// `(count, timeout)` as given, checked with the other values when the lock is taken.
+    replicas: Option<(u32, Duration)>,
 }
 
 impl LockBuilder<Exclusive> {
@@ -167,6 +169,7 @@ impl LockBuilder<Exclusive> {
                 hold_at_least: Duration::ZERO,
                 on_lost: OnLost::Cancel,
                 max_depth: DEFAULT_MAX_DEPTH,
+                replicas: None,
             },
             kind: Exclusive,
         }
@@ -311,9 +314,41 @@ impl<K: Kind> LockBuilder<K> {
         self
     }
 
+    /// Counts an acquisition only once `count` replicas have it, waiting up to `timeout` for
+    /// them (Redis `WAIT`, on the connection and node that took the lock; see
+    /// [`Replicas`](crate::Replicas)). Without it a master that fails right after granting
+    /// the lock can be replaced by a replica that never saw it, and a second holder gets it.
+    ///
+    /// When fewer confirm in time, the acquisition is released again and the lock's
+    /// [`FailMode`](crate::FailMode) applies as for a store that cannot answer: closed (the
+    /// default) is [`Error::Backend`] with
+    /// [`BackendError::Unconfirmed`](crate::BackendError::Unconfirmed), open is a degraded
+    /// guard. `count` is 1 to 16; `timeout` 1 ms to 10 s and at most half the handle's
+    /// [`timeout`](crate::Builder::timeout), so `WAIT` ends before the call's own bound. Nested
+    /// entries wait too; a fair lock handed over by the previous holder's release, renewals
+    /// and releases do not (a lost renewal shortens the lease, a
+    /// lost release frees the lock at the end of the lease). The memory store has no replicas
+    /// and counts every acquisition as confirmed.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> redguard::Result<()> {
+    /// use std::time::Duration;
+    /// let rg = redguard::Redguard::memory();
+    /// let guard = rg.lock("payout").replicas(1, Duration::from_millis(50)).acquire().await?;
+    /// guard.release().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn replicas(mut self, count: u32, timeout: Duration) -> Self {
+        self.settings.replicas = Some((count, timeout));
+        self
+    }
+
     /// The values no type can rule out.
     fn check(&self) -> Result<()> {
         let s = &self.settings;
+        if let Some((count, timeout)) = s.replicas {
+            Replicas::new(count, timeout)?;
+        }
         grammar::wait(s.wait)
             .and_then(|()| grammar::lease(s.lease))
             .and_then(|()| grammar::hold_at_least(s.hold_at_least))
@@ -336,10 +371,13 @@ impl<K: Kind> LockBuilder<K> {
     /// whose store call failed (it may still run when a stalled store resumes).
     pub async fn acquire(self) -> Result<LockGuard> {
         self.check()?;
-        let handle = match self.handle {
+        let mut handle = match self.handle {
             Some(handle) => handle,
             None => Redguard::current()?,
         };
+        if self.settings.replicas.is_some() {
+            handle = handle.for_replicas().await;
+        }
         let body = self.body?;
         let kind = self.kind.kind();
         let mut key = handle.key(GuardKind::Lock, &self.settings.scope, &body)?;
@@ -355,6 +393,10 @@ impl<K: Kind> LockBuilder<K> {
             hold_at_least: s.hold_at_least,
             max_depth: s.max_depth,
             kind,
+            replicas: s
+                .replicas
+                .map(|(count, timeout)| Replicas::new(count, timeout))
+                .transpose()?,
         };
         acquire::acquire(handle, key, spec).await
     }

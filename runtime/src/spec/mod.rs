@@ -7,6 +7,7 @@
 mod decision;
 mod lock;
 mod rate;
+mod replicas;
 
 pub use self::decision::Decision;
 #[cfg(feature = "http")]
@@ -16,3 +17,4 @@ pub(crate) use self::rate::micros;
 pub use self::rate::{
     Algorithm, IntoRate, Limit, MAX_RATE_COUNT, MAX_RATE_PERIOD, MAX_SLIDING_WINDOW_COUNT, Rate,
 };
+pub use self::replicas::Replicas;

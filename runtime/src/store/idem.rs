@@ -6,6 +6,7 @@ use async_trait::async_trait;
 
 use crate::error::Result;
 use crate::key::Key;
+use crate::spec::Replicas;
 
 /// Idempotency operations of a [`Store`](super::Store).
 ///
@@ -15,7 +16,10 @@ use crate::key::Key;
 #[async_trait]
 pub trait IdemOps {
     /// Starts an execution: no record (or a FAIL one) → PROCESSING owned by `owner`, living
-    /// `ttl`. `fingerprint` (empty = none) must match the record's when both have one.
+    /// `ttl`. `fingerprint` (empty = none) must match the record's when both have one. With
+    /// [`replicas`](Begin::replicas), a record begun but not confirmed in time is
+    /// [`BackendError::Unconfirmed`](crate::BackendError::Unconfirmed) (and stays: the caller
+    /// undoes it with [`idem_abandon`](IdemOps::idem_abandon)).
     async fn idem_begin(&self, begin: Begin<'_>) -> Result<IdemBegin>;
 
     /// Extends the PROCESSING record `owner` began to live `ttl` from now, while its
@@ -29,7 +33,9 @@ pub trait IdemOps {
     async fn idem_abandon(&self, key: &Key, owner: &str) -> Result<()>;
 
     /// Ends the execution `owner` began: SUCCESS with `result`, or FAIL (a retry may run).
-    /// The record then lives `ttl` more.
+    /// The record then lives `ttl` more. With [`replicas`](Finish::replicas), an outcome
+    /// recorded but not confirmed in time is
+    /// [`BackendError::Unconfirmed`](crate::BackendError::Unconfirmed) (it stays recorded).
     async fn idem_finish(&self, finish: Finish<'_>) -> Result<IdemFinished>;
 }
 
@@ -44,6 +50,9 @@ pub struct Begin<'a> {
     pub fingerprint: &'a str,
     /// How long the record lives.
     pub ttl: Duration,
+    /// Replicas that must have the PROCESSING record before it counts (see
+    /// [`Replicas`]); a store without replicas treats it as confirmed.
+    pub replicas: Option<Replicas>,
 }
 
 /// How an execution ended: what [`IdemOps::idem_finish`] takes.
@@ -57,6 +66,9 @@ pub struct Finish<'a> {
     pub outcome: IdemFinish<'a>,
     /// How long the record lives from now.
     pub ttl: Duration,
+    /// Replicas that must have the outcome before it counts (see [`Replicas`]); a store
+    /// without replicas treats it as confirmed.
+    pub replicas: Option<Replicas>,
 }
 
 /// What [`IdemOps::idem_begin`] found.

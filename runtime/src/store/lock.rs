@@ -13,6 +13,7 @@ use tokio::sync::watch;
 
 use crate::error::Result;
 use crate::key::Key;
+use crate::spec::Replicas;
 
 /// How long the fencing counter of a key outlives its last acquisition.
 ///
@@ -139,6 +140,11 @@ pub struct Acquire<'a> {
     /// The caller will wait and retry if it does not get the lock: a fair waiter takes a
     /// place in the queue, a writer blocked by readers announces itself.
     pub waiting: bool,
+    /// Replicas that must have the acquisition before it counts (see [`Replicas`]): one
+    /// acquired but not confirmed in time is
+    /// [`BackendError::Unconfirmed`](crate::BackendError::Unconfirmed), and the caller
+    /// releases it. A store without replicas treats it as confirmed.
+    pub replicas: Option<Replicas>,
 }
 
 /// Which level of whose lock to leave: what the release operations of [`LockOps`] take.

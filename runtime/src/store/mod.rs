@@ -66,6 +66,14 @@ pub trait Store:
     /// The store's clock, as a duration since the Unix epoch. Guards that need time read it
     /// inside their own operation; this is for diagnostics and tests.
     async fn time(&self) -> Result<Duration>;
+
+    /// The same store on connections of its own, for the guards whose writes wait for
+    /// replicas ([`Replicas`](crate::Replicas)): Redis's `WAIT` blocks the connection that
+    /// sent it, so on a shared one every other call would queue behind it. `None` (the
+    /// default) when there is no connection to keep apart: use this store as it is.
+    async fn twin(&self) -> Result<Option<std::sync::Arc<dyn Store>>> {
+        Ok(None)
+    }
 }
 
 /// Which [`Store`] implementation is behind a handle.

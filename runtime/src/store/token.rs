@@ -6,12 +6,21 @@ use async_trait::async_trait;
 
 use crate::error::Result;
 use crate::key::Key;
+use crate::spec::Replicas;
 
 /// Token operations of a [`Store`](super::Store).
 #[async_trait]
 pub trait TokenOps {
-    /// Stores a fresh token for `scene`, living `ttl`.
-    async fn token_issue(&self, key: &Key, scene: &str, ttl: Duration) -> Result<()>;
+    /// Stores a fresh token for `scene`, living `ttl`. With `replicas`, a token stored but not
+    /// confirmed in time is [`BackendError::Unconfirmed`](crate::BackendError::Unconfirmed)
+    /// (nobody knows it: it expires unused); a store without replicas treats it as confirmed.
+    async fn token_issue(
+        &self,
+        key: &Key,
+        scene: &str,
+        ttl: Duration,
+        replicas: Option<Replicas>,
+    ) -> Result<()>;
 
     /// Consumes a token atomically for the execution `owner`. A consumed token leaves a
     /// tombstone naming `owner` until its TTL ends, so a second use is told apart from a

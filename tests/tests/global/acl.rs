@@ -11,7 +11,7 @@ const ACL: &str = "on >secret ~redguard:* resetchannels &redguard:* -@all \
     +evalsha +eval +script|load +time +ping +hello +psubscribe +punsubscribe \
     +set +get +del +exists +type +hget +hset +hmget +hdel +hgetall +pexpire \
     +pexpiretime +pttl +publish +unlink +zadd +zcard +zcount +zrange +zrem +zremrangebyrank \
-    +zremrangebyscore +zscore";
+    +zremrangebyscore +zscore +wait";
 
 /// A handle on `server` as the restricted user the README documents.
 async fn restricted(server: &RedisServer) -> Redguard {
@@ -318,4 +318,25 @@ async fn sentinel_works_under_the_documented_acls() {
         "no release subscription on the new master"
     );
     sentinel.assert_every_key_has_ttl();
+}
+
+/// Guards with `.replicas` send `WAIT`, granted by the documented line: on this server without
+/// replicas the write is refused as unconfirmed, not as a command the user may not run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn confirmed_writes_work_under_the_documented_acl() {
+    let server = RedisServer::start();
+    let rg = restricted(&server).await;
+    let err = rg
+        .lock("acl:replicas")
+        .replicas(1, Duration::from_millis(20))
+        .acquire()
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            redguard::Error::Backend(redguard::BackendError::Unconfirmed { .. })
+        ),
+        "got {err:?}"
+    );
 }

@@ -34,6 +34,7 @@ async fn idempotency_record(rg: Redguard) {
         owner: "exec-1",
         fingerprint: "fp-abc",
         ttl,
+        replicas: None,
     };
     rg.store().idem_begin(begin).await.unwrap();
     let seen = admin.inspect(&key).await.unwrap();
@@ -51,6 +52,7 @@ async fn idempotency_record(rg: Redguard) {
         owner: "exec-1",
         outcome: IdemFinish::Success(b"{\"order_id\":1}"),
         ttl,
+        replicas: None,
     };
     rg.store().idem_finish(finish).await.unwrap();
     let record = admin.inspect(&key).await.unwrap().record.unwrap();

@@ -389,6 +389,7 @@ async fn a_lost_record_is_not_overwritten_by_its_old_owner(rg: Redguard) {
             owner: "old",
             outcome: IdemFinish::Success(b"1"),
             ttl: LONG,
+            replicas: None,
         })
         .await
         .unwrap();
@@ -399,6 +400,7 @@ async fn a_lost_record_is_not_overwritten_by_its_old_owner(rg: Redguard) {
             owner: "new",
             outcome: IdemFinish::Success(b"2"),
             ttl: LONG,
+            replicas: None,
         })
         .await
         .unwrap();
@@ -417,6 +419,7 @@ fn begin<'a>(key: &'a redguard::Key, owner: &'a str, ttl: Duration) -> Begin<'a>
         owner,
         fingerprint: "",
         ttl,
+        replicas: None,
     }
 }
 

@@ -37,6 +37,7 @@ fn acq<'a>(key: &'a redguard::Key, owner: &'a str, lease: Duration, level: u32) 
         lease,
         level,
         waiting: false,
+        replicas: None,
     }
 }
 

@@ -34,6 +34,7 @@ mod rate_precision;
 mod rate_sliding_log;
 mod rate_throughput;
 mod redis_store;
+mod replicas;
 mod scopes;
 mod security;
 mod sentinel;

@@ -214,6 +214,7 @@ mod regressions {
                 lease,
                 level: 1,
                 waiting: false,
+                replicas: None,
             };
             let acquire =
                 |owner, lease| world.block_on(store.semaphore_acquire(op(&key, owner, lease), 2));
@@ -267,6 +268,7 @@ mod regressions {
                     lease,
                     level: 1,
                     waiting: true,
+                    replicas: None,
                 };
                 world.block_on(store.fair_acquire(waiting))
             };

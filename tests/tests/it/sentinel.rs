@@ -512,6 +512,7 @@ async fn release_notifications_follow_the_new_master() {
                     lease: Duration::from_secs(30),
                     level: 1,
                     waiting: false,
+                    replicas: None,
                 })
                 .await
                 .unwrap(),

@@ -5,7 +5,7 @@ pub struct Order {
     pub sku: String,
 }
 
-#[redguard::dist_lock(key = "export:{sku}", wait = "1s", permits = 3)]
+#[redguard::dist_lock(key = "export:{sku}", wait = "1s", permits = 3, replicas = 2)]
 pub async fn reserve_stock_limited(sku: &str) -> Result<(), redguard::Error> {
     let _ = sku;
     Ok(())
@@ -33,7 +33,7 @@ pub async fn write_catalog(id: u64) -> Result<(), redguard::Error> {
     Ok(())
 }
 
-#[redguard::dist_lock(key = "payout:{id}", fair, wait = "5s")]
+#[redguard::dist_lock(key = "payout:{id}", fair, wait = "5s", replicas = 1, replicas_timeout = "20ms")]
 pub async fn payout(id: u64) -> Result<(), redguard::Error> {
     let _ = id;
     Ok(())

@@ -27,7 +27,7 @@ impl Service {
 struct Repo<T>(T);
 
 impl<T: Send + Sync> Repo<T> {
-    #[redguard::idempotent(key = "{id}", expire = 60)]
+    #[redguard::idempotent(key = "{id}", expire = 60, replicas = 1)]
     async fn r#match(&self, id: u64) -> redguard::Result<u64> {
         Ok(id)
     }
@@ -38,7 +38,7 @@ trait Confirm {
 }
 
 impl Confirm for Repo<u8> {
-    #[redguard::idempotent(key = "{order}", expire = 60, scope = "repo.confirm")]
+    #[redguard::idempotent(key = "{order}", expire = 60, scope = "repo.confirm", replicas = 1, replicas_timeout = "100ms")]
     async fn confirm(&self, order: u64) -> redguard::Result<u64> {
         Ok(order + u64::from(self.0))
     }

@@ -52,6 +52,8 @@ impl IdemOps for MemoryStore {
             owner,
             fingerprint,
             ttl,
+            // No replicas: a record here is as durable as it gets, so it counts as confirmed.
+            replicas: _,
         } = begin;
         let (mut records, now) = self.lock(&self.tables.idem);
         let Some(record) = records.get_mut(key) else {
@@ -111,6 +113,7 @@ impl IdemOps for MemoryStore {
             owner,
             outcome,
             ttl,
+            replicas: _,
         } = finish;
         let (mut records, now) = self.lock(&self.tables.idem);
         let Some(record) = records.get_mut(key) else {

@@ -403,6 +403,7 @@ impl LockOps for MemoryStore {
             lease,
             level,
             waiting: join,
+            ..
         } = acquire;
         // Same order as everywhere: locks, then queues, then fences.
         let (mut locks, now) = self.lock(&self.tables.locks);

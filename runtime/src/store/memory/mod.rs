@@ -3,6 +3,10 @@
 //!
 //! Each guard keeps its entries in its own [`Table`] behind its own mutex (key spaces of the
 //! guards never overlap), and implements its operations in its own file here.
+//!
+//! There are no replicas: a write asked to be confirmed by [`Replicas`](crate::Replicas)
+//! counts as confirmed, as it is as durable as it will ever be (and code configured for a
+//! replicated Redis runs unchanged in its tests).
 
 mod admin;
 mod idem;

@@ -7,6 +7,7 @@ use async_trait::async_trait;
 use super::MemoryStore;
 use crate::error::Result;
 use crate::key::Key;
+use crate::spec::Replicas;
 use crate::store::{TokenOps, TokenOutcome};
 
 #[derive(Debug)]
@@ -17,7 +18,15 @@ pub(super) enum TokenState {
 
 #[async_trait]
 impl TokenOps for MemoryStore {
-    async fn token_issue(&self, key: &Key, scene: &str, ttl: Duration) -> Result<()> {
+    async fn token_issue(
+        &self,
+        key: &Key,
+        scene: &str,
+        ttl: Duration,
+        // One process, no replicas: the write is as durable as it gets, so it counts as
+        // confirmed (the memory store is for tests and single-process use).
+        _replicas: Option<Replicas>,
+    ) -> Result<()> {
         let (mut tokens, now) = self.lock(&self.tables.tokens);
         let state = TokenState::Live {
             scene: scene.to_owned(),

@@ -47,13 +47,17 @@ impl IdemOps for RedisStore {
             owner,
             fingerprint,
             ttl,
+            replicas,
         } = begin;
+        // Only a begin that took the record (0: started, 1: retrying) wrote it.
         let reply: Vec<Value> = self
-            .eval(
+            .eval_confirmed(
                 "idem_begin",
                 &BEGIN,
                 &[key],
                 &[&owner, &fingerprint, &millis(ttl)],
+                replicas,
+                |reply: &Vec<Value>| matches!(reply.first(), Some(Value::Int(0 | 1))),
             )
             .await?;
         let code = match reply.first() {
@@ -101,17 +105,20 @@ impl IdemOps for RedisStore {
             owner,
             outcome,
             ttl,
+            replicas,
         } = finish;
         let (status, result): (&str, &[u8]) = match outcome {
             IdemFinish::Success(result) => ("S", result),
             IdemFinish::Fail => ("F", b""),
         };
         let code: i64 = self
-            .eval(
+            .eval_confirmed(
                 "idem_finish",
                 &FINISH,
                 &[key],
                 &[&owner, &status, &result, &millis(ttl)],
+                replicas,
+                |code: &i64| *code == 1,
             )
             .await?;
         Ok(match code {

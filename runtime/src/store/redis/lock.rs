@@ -75,11 +75,13 @@ impl LockOps for RedisStore {
         let fence_key = key.companion("fence");
         let fence_ttl = fence_ttl(lease);
         let reply: (i64, i64, i64) = self
-            .eval(
+            .eval_confirmed(
                 "lock_acquire",
                 &ACQUIRE,
                 &[key, &fence_key],
                 &[&owner, &millis(lease), &level, &fence_ttl],
+                acquire.replicas,
+                acquired,
             )
             .await?;
         match reply {
@@ -120,11 +122,13 @@ impl LockOps for RedisStore {
         let fence_key = key.companion("fence");
         let fence_ttl = fence_ttl(lease);
         let reply: (i64, i64, i64) = self
-            .eval(
+            .eval_confirmed(
                 "semaphore_acquire",
                 &SEM_ACQUIRE,
                 &[key, &fence_key],
                 &[&owner, &permits, &millis(lease), &fence_ttl],
+                acquire.replicas,
+                acquired,
             )
             .await?;
         acquire_reply(key, "semaphore_acquire", reply)
@@ -170,7 +174,7 @@ impl LockOps for RedisStore {
             (false, _) => "r",
         };
         let reply: (i64, i64, i64) = self
-            .eval(
+            .eval_confirmed(
                 "rw_acquire",
                 &RW_ACQUIRE,
                 &[key, &readers, &intent, &fence_key],
@@ -181,6 +185,8 @@ impl LockOps for RedisStore {
                     &fence_ttl(lease),
                     &millis(WRITER_INTENT),
                 ],
+                acquire.replicas,
+                acquired,
             )
             .await?;
         acquire_reply(key, "rw_acquire", reply)
@@ -210,10 +216,11 @@ impl LockOps for RedisStore {
             lease,
             level,
             waiting: join,
+            ..
         } = acquire;
         let [queue, registered, fence] = fair_keys(key);
         let reply: (i64, i64, i64) = self
-            .eval(
+            .eval_confirmed(
                 "fair_acquire",
                 &FAIR_ACQUIRE,
                 &[key, &queue, &registered, &fence],
@@ -225,6 +232,8 @@ impl LockOps for RedisStore {
                     &millis(FAIR_REGISTRATION),
                     &if join { "1" } else { "0" },
                 ],
+                acquire.replicas,
+                acquired,
             )
             .await?;
         acquire_reply(key, "fair_acquire", reply)
@@ -311,6 +320,12 @@ fn fair_keys(key: &Key) -> [Key; 3] {
 }
 
 /// Decodes the `{code, fence or wait, depth}` reply of the acquire scripts.
+/// The reply of an acquire script that took the lock (or a nested level): the write a
+/// [`Replicas`](crate::Replicas) confirmation is about.
+fn acquired(reply: &(i64, i64, i64)) -> bool {
+    reply.0 == 1
+}
+
 fn acquire_reply(key: &Key, op: &str, reply: (i64, i64, i64)) -> Result<LockAcquire> {
     let corrupt = || Error::Corrupt {
         key: key.to_string(),

@@ -27,6 +27,7 @@ use redis::{FromRedisValue, RedisError, ServerErrorKind, ToRedisArgs};
 use super::{Store, StoreKind};
 use crate::error::{BackendError, Error, Result, StoreFailure};
 use crate::key::Key;
+use crate::spec::Replicas;
 
 /// Every script, loaded with `SCRIPT LOAD` at connect.
 ///
@@ -86,6 +87,9 @@ impl fmt::Debug for Existing {
 #[derive(Clone)]
 pub struct RedisStore {
     conn: Conn,
+    /// Opens another connection like `conn`, for [`Store::twin`]; `None` for a twin itself
+    /// and on a Cluster.
+    opener: Option<Arc<Opener>>,
     timeout: Duration,
     /// Lock release notifications; its connection opens on the first wait.
     bus: Arc<lock::ReleaseBus>,
@@ -123,8 +127,19 @@ impl RedisStore {
                 })
         };
         if let Some(existing) = target.existing {
+            let opener = match existing.conn {
+                Conn::Single(_) => Some(Arc::new(Opener {
+                    client: existing.client.clone(),
+                    connect_timeout,
+                })),
+                #[cfg(feature = "cluster")]
+                Conn::Cluster(_) => None,
+                #[cfg(feature = "sentinel")]
+                Conn::Sentinel(_) => None,
+            };
             let store = RedisStore {
                 conn: existing.conn,
+                opener,
                 timeout,
                 bus: Arc::new(lock::ReleaseBus::new(
                     BusSource::Fixed(Box::new(existing.client)),
@@ -150,6 +165,9 @@ impl RedisStore {
                     prefix,
                 )),
                 conn: Conn::Sentinel(conn),
+                // A second Sentinel connection would follow failovers on its own watcher;
+                // confirmed writes share this one (README "Replica-safe writes").
+                opener: None,
                 timeout,
                 #[cfg(feature = "test-util")]
                 test: target.test,
@@ -210,26 +228,20 @@ impl RedisStore {
         };
         #[cfg(not(feature = "cluster"))]
         let cluster = None;
-        let conn = if let Some(cluster) = cluster {
-            cluster
+        // A Cluster has no twin: a second cluster connection, idle through a failover, kept
+        // timing out afterwards in `it::replicas` (its writes then share the handle's).
+        let (conn, opener) = if let Some(cluster) = cluster {
+            (cluster, None)
         } else {
-            // No response timeout of the client's own: every call is bounded by `bounded`
-            // already, and a second timer per call cost as much as building the command.
-            let config = ConnectionManagerConfig::new()
-                .set_response_timeout(None)
-                .set_connection_timeout(Some(connect_timeout))
-                .set_number_of_retries(3)
-                .set_max_delay(Duration::from_millis(500));
-            let client = node.clone();
-            Conn::Single(
-                bounded("connect", connect_timeout, async {
-                    ConnectionManager::new_with_config(client, config).await
-                })
-                .await?,
-            )
+            let opener = Opener {
+                client: node.clone(),
+                connect_timeout,
+            };
+            (opener.open().await?, Some(Arc::new(opener)))
         };
         let store = RedisStore {
             conn,
+            opener,
             timeout,
             bus,
             #[cfg(feature = "test-util")]
@@ -321,6 +333,122 @@ impl RedisStore {
     }
 }
 
+/// How to open another connection to a single node like a store's, for its
+/// [`Store::twin`].
+struct Opener {
+    client: redis::Client,
+    connect_timeout: Duration,
+}
+
+impl Opener {
+    async fn open(&self) -> Result<Conn> {
+        // No response timeout of the client's own: every call is bounded by `bounded`
+        // already, and a second timer per call cost as much as building the command.
+        let config = ConnectionManagerConfig::new()
+            .set_response_timeout(None)
+            .set_connection_timeout(Some(self.connect_timeout))
+            .set_number_of_retries(3)
+            .set_max_delay(Duration::from_millis(500));
+        let client = self.client.clone();
+        Ok(Conn::Single(
+            bounded("connect", self.connect_timeout, async {
+                ConnectionManager::new_with_config(client, config).await
+            })
+            .await?,
+        ))
+    }
+}
+
+// Replica confirmation: `WAIT` behind a guard's write.
+impl RedisStore {
+    /// Runs `script` as [`eval`](RedisStore::eval) does and, with `replicas`, `WAIT count
+    /// timeout` right behind it in one pipeline: on the same connection, so it confirms this
+    /// write (`WAIT` counts replicas that have everything this connection wrote), and on a
+    /// Cluster to the node of the first key's slot, which took the write. A `WAIT` sent
+    /// separately could go out on a reconnected connection that wrote nothing, and confirm
+    /// nothing. When `wrote` says the reply made a write and fewer replicas confirmed it,
+    /// [`BackendError::Unconfirmed`]: the write stands on the master, and the guard undoes it.
+    pub(crate) async fn eval_confirmed<T: FromRedisValue + Send>(
+        &self,
+        op: &'static str,
+        script: &Lua,
+        keys: &[&Key],
+        args: &[&dyn ToRedisArgsDyn],
+        replicas: Option<Replicas>,
+        wrote: impl FnOnce(&T) -> bool + Send,
+    ) -> Result<T> {
+        let Some(replicas) = replicas else {
+            return self.eval(op, script, keys, args).await;
+        };
+        self.check_replicas(replicas)?;
+        let mut cmd = evalsha(script, keys.len(), args.len());
+        for key in keys {
+            cmd.arg(key.as_str());
+        }
+        for arg in args {
+            arg.write_to(&mut cmd);
+        }
+        #[cfg(feature = "test-util")]
+        let cmd = self.test.rewrite(script, cmd);
+        let mut pipe = redis::pipe();
+        pipe.add_command(cmd);
+        wait_behind(&mut pipe, replicas);
+        let mut conn = self.conn.clone();
+        let (reply, confirmed): (T, u32) = bounded(op, self.timeout, async move {
+            match pipe.query_async(&mut conn).await {
+                Err(err) if err.kind() == redis::ErrorKind::Server(ServerErrorKind::NoScript) => {
+                    script.load_async(&mut conn).await?;
+                    pipe.query_async(&mut conn).await
+                }
+                reply => reply,
+            }
+        })
+        .await
+        .map_err(|err| match keys.first() {
+            Some(key) => corrupt_or(err, key),
+            None => err,
+        })?;
+        if wrote(&reply) {
+            confirmed_by(op, replicas, confirmed)?;
+        }
+        Ok(reply)
+    }
+
+    /// `WAIT`'s timeout must leave room in the call's own for the write and the round trip:
+    /// at most half of it, or the call would time out first and report an unknown outcome
+    /// instead of an unconfirmed write.
+    pub(crate) fn check_replicas(&self, replicas: Replicas) -> Result<()> {
+        if replicas.timeout() * 2 > self.timeout {
+            return Err(Error::Config(format!(
+                "replicas timeout {:?} must be at most half the store's call timeout {:?}",
+                replicas.timeout(),
+                self.timeout
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Appends `WAIT count timeout` to `pipe`.
+pub(crate) fn wait_behind(pipe: &mut redis::Pipeline, replicas: Replicas) {
+    let timeout = u64::try_from(replicas.timeout().as_millis()).unwrap_or(u64::MAX);
+    pipe.cmd("WAIT").arg(replicas.count()).arg(timeout);
+}
+
+/// [`BackendError::Unconfirmed`] when fewer than asked confirmed.
+pub(crate) fn confirmed_by(op: &'static str, replicas: Replicas, confirmed: u32) -> Result<()> {
+    if confirmed < replicas.count() {
+        return Err(BackendError::Unconfirmed {
+            op,
+            wanted: replicas.count(),
+            confirmed,
+            after: replicas.timeout(),
+        }
+        .into());
+    }
+    Ok(())
+}
+
 /// `EVALSHA <script's sha1> <keys>`, ready for `keys` keys, then `args` arguments. Built
 /// directly (not through `Script::prepare_invoke`, which copies every argument into its own
 /// buffer and then again into the command), in buffers sized up front: growing them argument
@@ -404,5 +532,19 @@ impl Store for RedisStore {
         })
         .await?;
         Ok(Duration::from_secs(secs) + Duration::from_micros(micros))
+    }
+
+    /// The same Redis on a connection of its own (scripts are the server's, already loaded;
+    /// the release notifications' subscription is shared).
+    async fn twin(&self) -> Result<Option<Arc<dyn Store>>> {
+        let Some(opener) = &self.opener else {
+            return Ok(None);
+        };
+        let conn = opener.open().await?;
+        Ok(Some(Arc::new(RedisStore {
+            conn,
+            opener: None,
+            ..self.clone()
+        })))
     }
 }

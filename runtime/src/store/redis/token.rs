@@ -5,9 +5,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::lua::{Lua, lua};
-use super::{RedisStore, bounded, corrupt_or};
+use super::{RedisStore, bounded, confirmed_by, corrupt_or, wait_behind};
 use crate::error::{Error, Result};
 use crate::key::Key;
+use crate::spec::Replicas;
 use crate::store::{TokenOps, TokenOutcome};
 
 lua!(CONSUME = "token_consume.lua");
@@ -19,21 +20,47 @@ pub(super) fn scripts() -> Vec<&'static Lua> {
 
 #[async_trait]
 impl TokenOps for RedisStore {
-    async fn token_issue(&self, key: &Key, scene: &str, ttl: Duration) -> Result<()> {
+    async fn token_issue(
+        &self,
+        key: &Key,
+        scene: &str,
+        ttl: Duration,
+        replicas: Option<Replicas>,
+    ) -> Result<()> {
         let mut conn = self.conn();
         let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1);
-        let key_str = key.as_str();
-        let created: Option<String> = bounded("token_issue", self.timeout(), async move {
-            redis::cmd("SET")
-                .arg(key_str)
-                .arg(scene)
-                .arg("PX")
-                .arg(ttl_ms)
-                .arg("NX")
-                .query_async(&mut conn)
+        let mut set = redis::cmd("SET");
+        set.arg(key.as_str())
+            .arg(scene)
+            .arg("PX")
+            .arg(ttl_ms)
+            .arg("NX");
+        let created: Option<String> = match replicas {
+            None => {
+                bounded("token_issue", self.timeout(), async move {
+                    set.query_async(&mut conn).await
+                })
                 .await
-        })
-        .await
+            }
+            Some(replicas) => {
+                self.check_replicas(replicas)?;
+                // `WAIT` in the same pipeline: same connection, same node (see
+                // `RedisStore::eval_confirmed`).
+                let mut pipe = redis::pipe();
+                pipe.add_command(set);
+                wait_behind(&mut pipe, replicas);
+                let (created, confirmed): (Option<String>, u32) =
+                    bounded("token_issue", self.timeout(), async move {
+                        pipe.query_async(&mut conn).await
+                    })
+                    .await
+                    .map_err(|err| corrupt_or(err, key))?;
+                if created.is_some() {
+                    confirmed_by("token_issue", replicas, confirmed)?;
+                }
+                Ok(created)
+            }
+        }
         .map_err(|err| corrupt_or(err, key))?;
         created.map(drop).ok_or_else(|| Error::Corrupt {
             key: key.to_string(),

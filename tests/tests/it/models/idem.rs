@@ -283,6 +283,7 @@ impl StateMachineTest for Machine {
                         owner: OWNERS[owner],
                         fingerprint: FINGERPRINTS[fp],
                         ttl: ms(ttl_ms),
+                        replicas: None,
                     }))
                     .map(begun);
                 let expected = sut.records.begin(
@@ -333,6 +334,7 @@ impl StateMachineTest for Machine {
                         owner: OWNERS[owner],
                         outcome,
                         ttl: ms(ttl_ms),
+                        replicas: None,
                     }))
                     .map(|f| f == IdemFinished::Recorded);
                 let finish = bytes.map_or(Finish::Fail, Finish::Success);
@@ -348,9 +350,9 @@ impl StateMachineTest for Machine {
             } => {
                 sut.issues[token] += 1;
                 let (name, key) = sut.token(token);
-                let got = sut
-                    .world
-                    .block_on(store.token_issue(&key, SCENES[scene], ms(ttl_ms)));
+                let got =
+                    sut.world
+                        .block_on(store.token_issue(&key, SCENES[scene], ms(ttl_ms), None));
                 if got.is_ok() {
                     // A plain SET, not a script: its TTL is on Redis's clock.
                     sut.world.pin_expiry(key.as_str(), ms(ttl_ms));

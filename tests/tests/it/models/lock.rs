@@ -202,6 +202,7 @@ fn acquire<'a>(
         lease: std::time::Duration::from_millis(lease_ms),
         level,
         waiting,
+        replicas: None,
     }
 }
 

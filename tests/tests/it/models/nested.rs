@@ -407,6 +407,7 @@ fn check_holder(sut: &mut Sut, now: u64) {
         lease: LEASE,
         level: 1,
         waiting: false,
+        replicas: None,
     }));
     let expected = sut
         .model
