@@ -3,6 +3,7 @@
 
 mod admin;
 mod conn;
+mod gcra;
 mod idem;
 mod lock;
 mod lua;
@@ -36,6 +37,7 @@ fn all_scripts() -> impl Iterator<Item = &'static Lua> {
         .chain(idem::scripts())
         .chain(lock::scripts())
         .chain(rate::scripts())
+        .chain(gcra::scripts())
         .chain(admin::scripts())
 }
 
@@ -80,6 +82,8 @@ pub struct RedisStore {
     timeout: Duration,
     /// Lock release notifications; its connection opens on the first wait.
     bus: Arc<lock::ReleaseBus>,
+    /// Concurrent GCRA checks waiting to share a script call.
+    gcra: Arc<gcra::Coalescer>,
     #[cfg(feature = "test-util")]
     test: test_util::TestHooks,
 }
@@ -118,6 +122,7 @@ impl RedisStore {
                 conn: existing.conn,
                 timeout,
                 bus: Arc::new(lock::ReleaseBus::new(existing.client, prefix)),
+                gcra: Arc::default(),
                 #[cfg(feature = "test-util")]
                 test: target.test,
             };
@@ -196,6 +201,7 @@ impl RedisStore {
             conn,
             timeout,
             bus,
+            gcra: Arc::default(),
             #[cfg(feature = "test-util")]
             test: target.test,
         };
