@@ -176,21 +176,26 @@ impl RedisStore {
         for item in items {
             cmd.arg(item.interval_ns).arg(item.burst).arg(item.cost);
         }
-        let reply: Vec<i64> = self
+        let reply: String = self
             .run_script("rate_check", &GCRA, cmd, Some(first.key))
             .await?;
         let corrupt = || Error::Corrupt {
             key: first.key.to_string(),
             detail: format!("rate script returned {reply:?}"),
         };
-        let (&now, rest) = reply.split_first().ok_or_else(corrupt)?;
-        if rest.len() != items.len() * 4 {
+        let mut numbers = reply.split(' ').map(str::parse::<i64>);
+        let now = numbers.next().and_then(Result::ok).ok_or_else(corrupt)?;
+        let mut figures = Vec::with_capacity(items.len());
+        for _ in items {
+            let mut d = [0; 4];
+            for v in &mut d {
+                *v = numbers.next().and_then(Result::ok).ok_or_else(corrupt)?;
+            }
+            figures.push((d[0] >= 0).then_some(d));
+        }
+        if numbers.next().is_some() {
             return Err(corrupt());
         }
-        let figures = rest
-            .chunks_exact(4)
-            .map(|d| (d[0] >= 0).then(|| [d[0], d[1], d[2], d[3]]))
-            .collect();
         Ok((now, figures))
     }
 

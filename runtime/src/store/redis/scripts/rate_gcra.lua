@@ -4,10 +4,12 @@
 -- and a SET and no closures or tables beyond the reply.
 -- KEYS: one state key per check. ARGV[1] '0' to charge each check that admits, '1' to peek
 -- (write nothing); then per check 3 values: interval_ns, burst, cost.
--- Returns { now_us, then per check: allowed (0/1), remaining, reset_us, retry_us }, with
--- allowed = -1 (and nothing written) for a key this script does not read: another type, a
--- state of another interval or an earlier format. The store decides those with
--- rate_check.lua, which converts or refuses them.
+-- Returns one string of integers separated by spaces: now_us, then per check allowed (0/1),
+-- remaining, reset_us, retry_us, with allowed = -1 (and nothing written) for a key this
+-- script does not read: another type, a state of another interval or an earlier format. The
+-- store decides those with rate_check.lua, which converts or refuses them. One string rather
+-- than an array: the client parses an array's integers one by one, at several times the
+-- cost of splitting a string, and a call carries up to 4 × 128 of them.
 --
 -- The state and every number are rate_check.lua's (see its GCRA branch and its notes on
 -- exactness): "<T><rrr>" for intervals of whole µs, "-<T><rrrrrr>" (ns) for others, the TAT
@@ -16,7 +18,7 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local charge = ARGV[1] == '0'
 local ms_now = math.floor(now / 1000)
-local out = { now }
+local out = { string.format('%.0f', now) }
 
 for i = 1, #KEYS do
   local key = KEYS[i]
@@ -78,15 +80,10 @@ for i = 1, #KEYS do
     if fine then
       reset, retry = math.ceil(reset / 1000), math.ceil(retry / 1000)
     end
-    out[4 * i - 2] = allowed
-    out[4 * i - 1] = math.max(remaining, 0)
-    out[4 * i] = math.max(reset, 0)
-    out[4 * i + 1] = math.max(retry, 0)
+    out[i + 1] = string.format('%d %.0f %.0f %.0f', allowed, math.max(remaining, 0),
+      math.max(reset, 0), math.max(retry, 0))
   else
-    out[4 * i - 2] = -1
-    out[4 * i - 1] = 0
-    out[4 * i] = 0
-    out[4 * i + 1] = 0
+    out[i + 1] = '-1 0 0 0'
   end
 end
-return out
+return table.concat(out, ' ')
