@@ -33,6 +33,8 @@ def inclusive(name):
 # the set-up, the warm-up's task spawning or the percentile sorting around them.
 ops = inclusive("redguard_bench::measure::closed_loop::{{closure}}::{{closure}}::{{closure}}")
 io = inclusive("<futures_util::stream::stream::forward::Forward<St,Si,Item> as core::future::future::Future>::poll")
+# The task that sends coalesced rate checks queued behind a call in flight.
+io += inclusive("redguard::store::redis::gcra::<impl redguard::store::redis::RedisStore>::drive::{{closure}}")
 # Every operation the closed loops ran, warm-ups included, as the bench printed it.
 print(round((ops + io) / int(sys.argv[2])))
 PY
