@@ -234,6 +234,12 @@ impl RedisStore {
                     }
                 }
             }
+            // The callers just answered run on this thread once this task yields, and most
+            // send their next check at once: let them queue for this slot rather than find
+            // it free and go out alone, which would halve the next call's batch.
+            if self.gcra.lock().waiting.is_empty() {
+                tokio::task::yield_now().await;
+            }
             let mut queue = self.gcra.lock();
             if queue.waiting.is_empty() {
                 queue.in_flight -= 1;
