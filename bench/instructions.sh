@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Instructions per Redis command, counted by callgrind: the same operation through the
+# Instructions per operation, counted by callgrind: the same operation through the
 # attribute, the runtime API and a raw redis-crate EVALSHA. Instruction counts do not move
 # with the machine's load, so they compare the three ways where throughput on a shared,
 # noisy machine cannot (the client's whole process is counted: our code, redis-rs, Tokio).
@@ -16,12 +16,13 @@ cargo build --release -q -p redguard-bench
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 
-# Instructions of one `--quick --only` run's operations, divided by the commands they sent.
-per_command() {
+# Instructions of one `--quick --only` run's operations, divided by the operations (the
+# bench prints how many it ran: coalesced rate checks share commands).
+per_operation() {
   local file="$out/cg.$RANDOM"
   valgrind --tool=callgrind --callgrind-out-file="$file" \
-    target/release/redguard-bench --quick --only "$1 @redis" >/dev/null 2>&1
-  python3 - "$file" <<'PY'
+    target/release/redguard-bench --quick --only "$1 @redis" >"$file.out" 2>/dev/null
+  python3 - "$file" "$(sed -n 's/^operations: //p' "$file.out")" <<'PY'
 import re, subprocess, sys
 def inclusive(name):
     text = subprocess.run(["callgrind_annotate", "--inclusive=yes", sys.argv[1]],
@@ -32,20 +33,18 @@ def inclusive(name):
 # the set-up, the warm-up's task spawning or the percentile sorting around them.
 ops = inclusive("redguard_bench::measure::closed_loop::{{closure}}::{{closure}}::{{closure}}")
 io = inclusive("<futures_util::stream::stream::forward::Forward<St,Si,Item> as core::future::future::Future>::poll")
-tree = subprocess.run(["callgrind_annotate", "--tree=calling", sys.argv[1]],
-                      capture_output=True, text=True).stdout
-# Every command goes through the connection's req_packed_command once.
-sent = max(int(n.replace(",", "")) for n in
-           re.findall(r">.*ConnectionLike>::req_packed_command \(([\d,]+)x\)", tree))
-print(round((ops + io) / sent))
+# The task that sends coalesced rate checks queued behind a call in flight.
+io += inclusive("redguard::store::redis::gcra::<impl redguard::store::redis::RedisStore>::drive::{{closure}}")
+# Every operation the closed loops ran, warm-ups included, as the bench printed it.
+print(round((ops + io) / int(sys.argv[2])))
 PY
 }
 
 echo "| operation | attribute | runtime API | raw EVALSHA | API ÷ attribute | raw ÷ API |"
 echo "|---|---|---|---|---|---|"
 for case in "idempotency replay" "rate gcra random keys" "lock acquire+release random keys"; do
-  attribute=$(per_command "$case (attribute)")
-  api=$(per_command "$case (runtime API)")
-  raw=$(per_command "$case (raw EVALSHA)")
+  attribute=$(per_operation "$case (attribute)")
+  api=$(per_operation "$case (runtime API)")
+  raw=$(per_operation "$case (raw EVALSHA)")
   python3 -c "print(f'| $case | $attribute | $api | $raw | {$api/$attribute:.3f} | {$raw/$api:.2f} |')"
 done

@@ -30,7 +30,11 @@ async fn section(rg: Redguard, i: u64) {
 fn raw_section(shas: &(String, String), key: &str, owner: &str) -> Vec<redis::Cmd> {
     let fence = format!("{key}:fence");
     vec![
-        raw::command(&shas.0, &[key, &fence], &[owner, "30000", "5", "604800000"]),
+        raw::command(
+            &shas.0,
+            &[key, &fence],
+            &[owner, "30000", "5", "604800000", "0"],
+        ),
         raw::command(&shas.1, &[key], &[owner, "0"]),
     ]
 }

@@ -383,6 +383,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     rate::cases(&mut bench, &rg, &memory).await;
     lock::cases(&mut bench, &rg, &memory).await;
     write_reports(&bench.rows)?;
+    println!(
+        "operations: {}",
+        measure::OPERATIONS.load(std::sync::atomic::Ordering::Relaxed)
+    );
     Ok(())
 }
 

@@ -19,6 +19,11 @@ pub(crate) struct Sample {
     pub(crate) max_us: f64,
 }
 
+/// Operations every closed loop of this process ran, warm-ups included: what
+/// `bench/instructions.sh` divides the client's instructions by (coalesced checks share one
+/// command, so commands no longer count operations).
+pub(crate) static OPERATIONS: AtomicU64 = AtomicU64::new(0);
+
 /// Runs `op(i)` (i = a counter unique across tasks) from `in_flight` tasks.
 pub(crate) async fn closed_loop<F, Fut>(
     in_flight: usize,
@@ -62,6 +67,8 @@ where
     for task in tasks {
         all.push(task.await.unwrap_or_default());
     }
+    // Every task has ended: each operation it started has completed.
+    OPERATIONS.fetch_add(counter.load(Ordering::Relaxed), Ordering::Relaxed);
     let all = all.into_iter().flatten().collect();
     sample(all, elapsed)
 }

@@ -65,6 +65,13 @@ fn script_args(sha: &str, algorithm: Algorithm, key: &str) -> Vec<String> {
     )
 }
 
+/// `rate_gcra.lua` (what the runtime sends for one GCRA limit without a penalty) for one
+/// key, unbatched: the raw EVALSHA the GCRA rows compare with.
+fn gcra_args(sha: &str, key: &str) -> Vec<String> {
+    // Mode, then interval (ns), burst, cost.
+    raw::evalsha(sha, &[key], &["0", "1000", "1000", "1"])
+}
+
 fn key(i: impl std::fmt::Display) -> String {
     format!("redguard:rate:{{bench:r:i={i}}}")
 }
@@ -77,14 +84,22 @@ pub(crate) async fn cases(bench: &mut Bench, rg: &Redguard, memory: &Redguard) {
     let sha = raw::sha(include_str!(
         "../../runtime/src/store/redis/scripts/rate_check.lua"
     ));
+    let gcra_sha = raw::sha(include_str!(
+        "../../runtime/src/store/redis/scripts/rate_gcra.lua"
+    ));
     for algorithm in Algorithm::ALL {
         let name = algorithm.as_str();
         let case = format!("rate {name} random keys");
-        let (base, ceiling) = bench.baselines(&script_args(&sha, algorithm, &key("__rand_int__")));
+        let args = if algorithm == Algorithm::Gcra {
+            gcra_args(&gcra_sha, &key("__rand_int__"))
+        } else {
+            script_args(&sha, algorithm, &key("__rand_int__"))
+        };
+        let (base, ceiling) = bench.baselines(&args);
         let rg2 = rg.clone();
         let api = move |i| check(limiter(algorithm, i).on(&rg2));
         if algorithm == Algorithm::Gcra {
-            let (conn, sha) = (bench.conn.clone(), sha.clone());
+            let (conn, sha) = (bench.conn.clone(), gcra_sha.clone());
             // rate-limiter-flexible's consume: one script per call too, on random keys.
             let peer = bench.run_peer(
                 "peer rate-limiter-flexible consume random keys",
@@ -105,12 +120,7 @@ pub(crate) async fn cases(bench: &mut Bench, rg: &Redguard, memory: &Redguard) {
                 api,
                 move |i| {
                     let key = key(i);
-                    let block = format!("{key}:block");
-                    let cmd = raw::command(
-                        &sha,
-                        &[&key, &block],
-                        &["0", "gcra", "1000", "1000000", "1000", "1", "0"],
-                    );
+                    let cmd = raw::command(&sha, &[&key], &["0", "1000", "1000", "1"]);
                     raw::send(conn.clone(), vec![cmd])
                 },
             )

@@ -260,6 +260,15 @@ impl StoreFailure {
         }
     }
 
+    /// The same failure for another caller of one shared call (the cause as its message).
+    pub(crate) fn duplicate(&self) -> Self {
+        StoreFailure {
+            code: self.code.clone(),
+            detail: self.detail.clone(),
+            source: self.source.to_string().into(),
+        }
+    }
+
     /// The server's error code (`OOM`, `NOPERM`, `WRONGTYPE`, …), when it sent an error reply.
     pub fn code(&self) -> Option<&str> {
         self.code.as_deref()

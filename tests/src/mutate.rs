@@ -34,6 +34,7 @@ pub const SCRIPTS: &[(&str, &str)] = &[
     ("lock_release", script!("lock_release")),
     ("lock_renew", script!("lock_renew")),
     ("rate_check", script!("rate_check")),
+    ("rate_gcra", script!("rate_gcra")),
     ("rw_acquire", script!("rw_acquire" after "fence")),
     ("rw_release_read", script!("rw_release_read")),
     ("sem_acquire", script!("sem_acquire" after "fence")),

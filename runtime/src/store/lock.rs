@@ -113,7 +113,9 @@ pub trait LockOps {
     async fn fair_leave(&self, key: &Key, owner: &str) -> Result<()>;
 
     /// A subscription to release notifications of `key`. Take it *before* trying to acquire,
-    /// so a release between a failed attempt and the wait is not missed. Never fails: when
+    /// so a release between a failed attempt and the wait is not missed. A release is
+    /// announced when an attempt with [`waiting`](Acquire::waiting) found the lock held (a
+    /// store may skip announcing releases nobody waits for). Never fails: when
     /// notifications are unavailable the watch says so and waiters poll.
     async fn lock_watch(&self, key: &Key) -> LockWatch;
 
@@ -138,7 +140,8 @@ pub struct Acquire<'a> {
     /// (exclusive and fair locks; the other kinds take 1).
     pub level: u32,
     /// The caller will wait and retry if it does not get the lock: a fair waiter takes a
-    /// place in the queue, a writer blocked by readers announces itself.
+    /// place in the queue, a writer blocked by readers announces itself, an exclusive
+    /// waiter asks for the release to be published (a release nobody waits for is not).
     pub waiting: bool,
     /// Replicas that must have the acquisition before it counts (see [`Replicas`]): one
     /// acquired but not confirmed in time is

@@ -15,6 +15,7 @@ redguard_tests::conformance!(
     release_keeps_key_for_hold_at_least,
     lease_expiry_frees_the_key,
     watch_wakes_on_release,
+    a_release_nobody_waits_for_is_not_announced,
     fair_release_hands_over_to_the_head,
     api_timeout_held_and_release,
     api_run_exposes_fence_and_reenters,
@@ -332,6 +333,15 @@ async fn watch_wakes_on_release(rg: Redguard) {
         .unwrap();
     let mut watch = store.lock_watch(&k).await;
     assert!(watch.is_live());
+    // A waiter's attempt finds it held, which asks for the release to be announced.
+    let waiting = Acquire {
+        waiting: true,
+        ..acq(&k, "bob", LEASE, 1)
+    };
+    assert!(matches!(
+        store.lock_acquire(waiting).await.unwrap(),
+        LockAcquire::Held { .. }
+    ));
     store
         .lock_release(rel(&k, "alice", 1, Duration::ZERO))
         .await
@@ -340,6 +350,28 @@ async fn watch_wakes_on_release(rg: Redguard) {
     tokio::time::timeout(Duration::from_secs(2), watch.changed())
         .await
         .expect("release notification");
+}
+
+/// A release nobody waited for announces nothing on Redis (no `PUBLISH` on the uncontended
+/// path); the in-memory store may announce it anyway.
+async fn a_release_nobody_waits_for_is_not_announced(rg: Redguard) {
+    let k = key(&rg, "quiet");
+    let store = rg.store();
+    store
+        .lock_acquire(acq(&k, "alice", LEASE, 1))
+        .await
+        .unwrap();
+    let mut watch = store.lock_watch(&k).await;
+    store
+        .lock_release(rel(&k, "alice", 1, Duration::ZERO))
+        .await
+        .unwrap();
+    let announced = tokio::time::timeout(Duration::from_millis(300), watch.changed())
+        .await
+        .is_ok();
+    if rg.store().kind() != redguard::store::StoreKind::Memory {
+        assert!(!announced, "an uncontended release was published");
+    }
 }
 
 /// A fair lock's release hands it to the queue's head and tells the head alone, with its

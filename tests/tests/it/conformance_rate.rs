@@ -23,7 +23,52 @@ redguard_tests::conformance!(
     bad_runtime_values_are_errors_not_panics,
     decision_headers_for_a_rejection,
     check_with_question_mark_limits,
+    concurrent_gcra_checks_decide_as_in_sequence,
 );
+
+/// Many concurrent checks on a few keys (on Redis, coalesced into shared script calls):
+/// each key admits exactly its burst, and the admitted calls see every `remaining` from
+/// burst - 1 down to 0 once, as calls made one after another would.
+async fn concurrent_gcra_checks_decide_as_in_sequence(rg: Redguard) {
+    const KEYS: u64 = 4;
+    const BURST: u64 = 40;
+    let tasks: Vec<_> = (0..64u64)
+        .map(|task| {
+            let rg = rg.clone();
+            tokio::spawn(async move {
+                let mut seen = Vec::new();
+                for call in 0..8u64 {
+                    let k = (task + call) % KEYS;
+                    let d = redguard::limiter("coalesced")
+                        .part("k", &k)
+                        .on(&rg)
+                        .rate("1/h")
+                        .burst(BURST)
+                        .decide()
+                        .await
+                        .unwrap();
+                    seen.push((k, d));
+                }
+                seen
+            })
+        })
+        .collect();
+    let mut remaining: Vec<Vec<u64>> = vec![Vec::new(); KEYS as usize];
+    for task in tasks {
+        for (k, d) in task.await.unwrap() {
+            if d.allowed {
+                remaining[k as usize].push(d.remaining);
+            } else {
+                assert_eq!(d.remaining, 0, "{d:?}");
+                assert!(d.retry_after > Duration::from_secs(3000), "{d:?}");
+            }
+        }
+    }
+    for (k, mut seen) in remaining.into_iter().enumerate() {
+        seen.sort_unstable();
+        assert_eq!(seen, (0..BURST).collect::<Vec<_>>(), "key {k}");
+    }
+}
 
 /// Issue 15: `check()` used to return `Ok` with `allowed == false` on a rejection, so the
 /// obvious `limiter.check().await?;` limited nothing.

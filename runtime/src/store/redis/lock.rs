@@ -70,17 +70,19 @@ impl LockOps for RedisStore {
             owner,
             lease,
             level,
-            ..
+            waiting,
+            replicas,
         } = acquire;
         let fence_key = key.companion("fence");
         let fence_ttl = fence_ttl(lease);
+        let waiting = if waiting { "1" } else { "0" };
         let reply: (i64, i64, i64) = self
             .eval_confirmed(
                 "lock_acquire",
                 &ACQUIRE,
                 &[key, &fence_key],
-                &[&owner, &millis(lease), &level, &fence_ttl],
-                acquire.replicas,
+                &[&owner, &millis(lease), &level, &fence_ttl, &waiting],
+                replicas,
                 acquired,
             )
             .await?;

@@ -3,6 +3,7 @@
 
 mod admin;
 mod conn;
+mod gcra;
 mod idem;
 mod lock;
 mod lua;
@@ -39,6 +40,7 @@ fn all_scripts() -> impl Iterator<Item = &'static Lua> {
         .chain(idem::scripts())
         .chain(lock::scripts())
         .chain(rate::scripts())
+        .chain(gcra::scripts())
         .chain(admin::scripts())
 }
 
@@ -93,6 +95,8 @@ pub struct RedisStore {
     timeout: Duration,
     /// Lock release notifications; its connection opens on the first wait.
     bus: Arc<lock::ReleaseBus>,
+    /// Concurrent GCRA checks waiting to share a script call.
+    gcra: Arc<gcra::Coalescer>,
     #[cfg(feature = "test-util")]
     test: test_util::TestHooks,
 }
@@ -145,6 +149,7 @@ impl RedisStore {
                     BusSource::Fixed(Box::new(existing.client)),
                     prefix,
                 )),
+                gcra: Arc::default(),
                 #[cfg(feature = "test-util")]
                 test: target.test,
             };
@@ -169,6 +174,7 @@ impl RedisStore {
                 // confirmed writes share this one (README "Replica-safe writes").
                 opener: None,
                 timeout,
+                gcra: Arc::default(),
                 #[cfg(feature = "test-util")]
                 test: target.test,
             };
@@ -244,6 +250,7 @@ impl RedisStore {
             opener,
             timeout,
             bus,
+            gcra: Arc::default(),
             #[cfg(feature = "test-util")]
             test: target.test,
         };
@@ -544,6 +551,7 @@ impl Store for RedisStore {
         Ok(Some(Arc::new(RedisStore {
             conn,
             opener: None,
+            gcra: Arc::default(),
             ..self.clone()
         })))
     }

@@ -39,6 +39,13 @@ impl RateOps for RedisStore {
     /// phase two, after the slots before it were charged: the only case in which a rejected
     /// call uses up another limit, and only on a Cluster with limits in several slots.
     async fn rate_check(&self, checks: &[RateCheck<'_>], mode: RateMode) -> Result<RateOutcome> {
+        // One GCRA limit without a penalty (the common check): the lean script, coalesced
+        // with concurrent checks; rate_check.lua for the states it leaves.
+        if super::gcra::eligible(checks)
+            && let Some(outcome) = self.gcra_check(&checks[0], mode).await?
+        {
+            return Ok(outcome);
+        }
         // On a single node, skip the slot grouping altogether (the common, hot case).
         if !self.is_cluster() {
             return self.rate_check_slot(checks, Phase::from(mode)).await;
@@ -163,7 +170,7 @@ impl RedisStore {
     }
 }
 
-fn parse(reply: &[i64], checks: &[RateCheck<'_>], key: &Key) -> Result<RateOutcome> {
+pub(super) fn parse(reply: &[i64], checks: &[RateCheck<'_>], key: &Key) -> Result<RateOutcome> {
     let corrupt = || Error::Corrupt {
         key: key.to_string(),
         detail: format!("rate script returned {reply:?}"),

@@ -30,7 +30,7 @@ fn machines_pass(script: &str, cases: u32) -> Result<(), String> {
     let run =
         |name: &str, result: Result<(), String>| result.map_err(|why| format!("{name}: {why}"));
     match script {
-        "rate_check" => run(
+        "rate_check" | "rate_gcra" => run(
             "rate_limits",
             passes::<super::rate::Machine>(Backend::Redis, cases, STEPS),
         ),

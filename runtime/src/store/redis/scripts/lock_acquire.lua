@@ -1,20 +1,18 @@
 -- Acquire a lock, or enter one more level of it.
--- KEYS[1] lock hash {owner, depth, fence}; KEYS[2] fencing counter (same hash tag).
+-- KEYS[1] lock hash {owner, depth, fence, w}; KEYS[2] fencing counter (same hash tag).
 -- ARGV[1] owner token; ARGV[2] lease ms; ARGV[3] level: 1 for an acquisition, n > 1 for the
--- n-th nested level of the owner that holds the lock; ARGV[4] counter TTL ms.
+-- n-th nested level of the owner that holds the lock; ARGV[4] counter TTL ms; ARGV[5] '1'
+-- when the caller waits for a release if the lock is held: the hash then gets `w`, and only
+-- the release of a hash with `w` publishes (a release nobody waits for skips PUBLISH).
 -- Returns {1, fence, depth} acquired, {0, pttl, 0} held by another, {2, 0, 0} a nested level
 -- whose owner no longer holds the lock, {3, 0, 0} the lock hash is not one this script wrote,
 -- {4, 0, 0} neither is the counter.
 
 -- `next_fence` is in fence.lua, loaded ahead of this script.
-local h = redis.call('HMGET', KEYS[1], 'owner', 'depth', 'fence')
-local owner = h[1]
+-- One read whether the key is free (the hot path: nothing there) or held.
+local all = redis.call('HGETALL', KEYS[1])
 local level = tonumber(ARGV[3])
-if not owner then
-  -- Something else sits at our key (a hash without an owner): never take it over silently.
-  if redis.call('EXISTS', KEYS[1]) == 1 then
-    return {3, 0, 0}
-  end
+if #all == 0 then
   if level > 1 then
     return {2, 0, 0}
   end
@@ -26,8 +24,14 @@ if not owner then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return {1, tonumber(fence), 1}
 end
-local depth = tonumber(h[2])
-if not depth or not tonumber(h[3]) then
+local h = {}
+for i = 1, #all, 2 do
+  h[all[i]] = all[i + 1]
+end
+local owner = h.owner
+local depth = tonumber(h.depth)
+-- Something else sits at our key (a hash without an owner): never take it over silently.
+if not owner or not depth or not tonumber(h.fence) then
   return {3, 0, 0}
 end
 if owner ~= '' and owner == ARGV[1] then
@@ -40,9 +44,12 @@ if owner ~= '' and owner == ARGV[1] then
   if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[2]) then
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
   end
-  return {1, tonumber(h[3]), depth}
+  return {1, tonumber(h.fence), depth}
 end
 if level > 1 then
   return {2, 0, 0}
+end
+if ARGV[5] == '1' and not h.w then
+  redis.call('HSET', KEYS[1], 'w', 1)
 end
 return {0, redis.call('PTTL', KEYS[1]), 0}

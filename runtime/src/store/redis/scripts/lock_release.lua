@@ -4,7 +4,7 @@
 -- Returns -1 not the owner (nothing changed), 0 released, n > 0 still held n levels deep.
 -- Leaving a level leaves every level above it too, and leaving it again changes nothing: a
 -- release sent twice (its caller gave up waiting for the reply) never leaves an outer level.
-local h = redis.call('HMGET', KEYS[1], 'owner', 'depth')
+local h = redis.call('HMGET', KEYS[1], 'owner', 'depth', 'w')
 local owner = h[1]
 if not owner or owner == '' or owner ~= ARGV[1] then
   return -1
@@ -26,6 +26,9 @@ if keep > 0 then
   return 0
 end
 redis.call('DEL', KEYS[1])
--- Waiters subscribe to the key's own name as a channel.
-redis.call('PUBLISH', KEYS[1], '1')
+-- Waiters subscribe to the key's own name as a channel; one that found the lock held marked
+-- the hash (`w`, see lock_acquire.lua), so a release nobody waits for publishes nothing.
+if h[3] then
+  redis.call('PUBLISH', KEYS[1], '1')
+end
 return 0
