@@ -523,6 +523,21 @@ async fn release_notifications_follow_the_new_master() {
             watch.is_live(),
             "round {round}: the subscription is not back"
         );
+        // A waiter's attempt finds it held, which asks for the release to be announced.
+        assert!(matches!(
+            store
+                .lock_acquire(Acquire {
+                    key: &key,
+                    owner: "bob",
+                    lease: Duration::from_secs(30),
+                    level: 1,
+                    waiting: true,
+                    replicas: None,
+                })
+                .await
+                .unwrap(),
+            LockAcquire::Held { .. }
+        ));
         let release = Release {
             key: &key,
             owner: "alice",
