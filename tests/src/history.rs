@@ -34,8 +34,8 @@
 //!   admitted during such a fault is left out, as it may or may not be remembered after);
 //! - **unexpected outcomes**: an error a guard should never return here (`Corrupt`, …);
 //! - **lock progress**: while no fault is active, each lock key changes hands at least once
-//!   a second (a lock that is never released or a waiter never woken breaks no safety
-//!   property, only this).
+//!   a second of the time nobody is inside it (a lock that is never released or a waiter
+//!   never woken breaks no safety property, only this).
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::{self, Write as _};
@@ -791,6 +791,27 @@ const RECOVERY: Duration = Duration::from_millis(500);
 /// only when its lease ends) at most 1/[`LEASE`].
 const MIN_PROGRESS_PER_SEC: f64 = 1.0;
 
+/// Seconds of the `free` stretches covered by at least one of `sections`.
+fn held_secs(sections: &[Section<'_>], free: &[(u64, u64)]) -> f64 {
+    let mut spans: Vec<(u64, u64)> = sections.iter().map(|s| (s.entered, s.left)).collect();
+    spans.sort_unstable();
+    let mut merged: Vec<(u64, u64)> = Vec::new();
+    for (start, end) in spans {
+        match merged.last_mut() {
+            Some(last) if start <= last.1 => last.1 = last.1.max(end),
+            _ => merged.push((start, end)),
+        }
+    }
+    let covered: u64 = merged
+        .iter()
+        .flat_map(|&(start, end)| {
+            free.iter()
+                .map(move |&(a, b)| end.min(b).saturating_sub(start.max(a)))
+        })
+        .sum();
+    covered as f64 / 1e6
+}
+
 /// Each lock key keeps changing hands while nothing is broken: a lock that safety alone
 /// cannot fault (never released, a waiter never woken) shows here.
 fn progress(history: &History, sections: &BTreeMap<&str, Vec<Section<'_>>>, report: &mut Report) {
@@ -816,24 +837,28 @@ fn progress(history: &History, sections: &BTreeMap<&str, Vec<Section<'_>>>, repo
     let free_secs = free.iter().map(|(a, b)| b - a).sum::<u64>() as f64 / 1e6;
     let mut figures = Vec::new();
     for (key, _) in LOCK_KEYS {
-        let done = sections.get(key).map_or(0, |sections| {
-            sections
-                .iter()
-                .filter(|s| free.iter().any(|(a, b)| (*a..*b).contains(&s.entered)))
-                .count()
-        });
-        let rate = done as f64 / free_secs;
-        figures.push(format!("{key} {rate:.1}/s"));
+        let sections = sections.get(key).map_or(&[][..], Vec::as_slice);
+        let done = sections
+            .iter()
+            .filter(|s| free.iter().any(|(a, b)| (*a..*b).contains(&s.entered)))
+            .count();
+        // Time someone was inside is not time the key stood still: a holder may think past
+        // a lease its watchdog renews (the workload's rare long sections). What must keep
+        // moving is the rest, when the key is free or held by nobody the history knows.
+        let open_secs = (free_secs - held_secs(sections, &free)).max(0.0);
+        let rate = done as f64 / open_secs.max(f64::EPSILON);
+        figures.push(format!("{key} {done} in {open_secs:.1} s"));
         // Too short a stretch says nothing either way.
-        if free_secs >= 2.0 && rate < MIN_PROGRESS_PER_SEC {
+        if open_secs >= 2.0 && rate < MIN_PROGRESS_PER_SEC {
             report.violations.push(format!(
-                "lock progress: {key}: {done} sections in {free_secs:.1} s without faults \
-                 ({rate:.2}/s, expected at least {MIN_PROGRESS_PER_SEC}/s)"
+                "lock progress: {key}: {done} sections in {open_secs:.1} s without faults and \
+                 with nobody inside ({rate:.2}/s, expected at least {MIN_PROGRESS_PER_SEC}/s)"
             ));
         }
     }
     report.figures.push(format!(
-        "lock progress without faults ({free_secs:.1} s): {}",
+        "lock progress without faults ({free_secs:.1} s; sections entered in the time nobody \
+         was inside): {}",
         figures.join(", ")
     ));
 }
