@@ -28,6 +28,7 @@ mod models;
 mod pinned_clock;
 mod rate_accuracy;
 mod rate_boundary;
+mod rate_coalescing;
 mod rate_gcra_model;
 mod rate_limit_attr;
 mod rate_precision;

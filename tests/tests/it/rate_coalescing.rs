@@ -1,0 +1,92 @@
+//! Group commit of GCRA checks on one connection (README, *Coalesced checks*): while two
+//! coalesced calls are in flight, further checks queue and go out together when a call
+//! returns. What that must not change for a caller: a check whose caller gave up before it was
+//! sent is not charged, and a queue whose driving callers were all dropped is still sent.
+
+use std::time::Duration;
+
+use redguard::{Limiter, Rate, Redguard};
+use redguard_tests::RedisServer;
+use redguard_tests::proxy::{Fault, Proxy};
+
+const BURST: u64 = 5;
+
+fn limiter(rg: &Redguard, key: &str) -> Limiter {
+    redguard::limiter("coalesce:")
+        .on(rg)
+        .part("k", &key)
+        .rate(Rate::per_second(1))
+        .burst(BURST)
+}
+
+/// Calls charged to `key`, asked on a connection of its own (not through the queue). A peek
+/// reports what a check would leave: `BURST - 1` on an untouched key.
+async fn charged(server: &RedisServer, key: &str) -> u64 {
+    let direct = redguard_tests::connect(server).await;
+    BURST - 1 - limiter(&direct, key).peek().await.unwrap().remaining
+}
+
+/// Two callers' checks hang on Redis's replies; a third caller queues behind them and gives
+/// up, a fourth queues and waits. Then the first two callers are dropped too, with their calls
+/// still unanswered. The fourth check must still go out (the dropped slots hand the queue to a
+/// task) and be answered; the third must never reach Redis.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_check_whose_caller_gave_up_is_not_sent_and_a_dropped_driver_hands_on_the_queue() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port());
+    let rg = Redguard::redis(proxy.url())
+        .timeout(Duration::from_secs(10))
+        .connect()
+        .await
+        .unwrap();
+    // Scripts loaded and the connection up before the replies are held.
+    limiter(&rg, "warm").check().await.unwrap();
+
+    proxy.set(Fault::HalfOpen);
+    let in_flight: Vec<_> = ["a", "b"]
+        .map(|key| {
+            let limiter = limiter(&rg, key);
+            tokio::spawn(async move { limiter.check().await })
+        })
+        .into();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    let gave_up =
+        tokio::time::timeout(Duration::from_millis(200), limiter(&rg, "gave-up").check()).await;
+    assert!(
+        gave_up.is_err(),
+        "a third check was answered while two calls hung: it did not queue ({gave_up:?})"
+    );
+    let waiting = {
+        let limiter = limiter(&rg, "waits");
+        tokio::spawn(async move { limiter.check().await })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    for task in &in_flight {
+        task.abort();
+    }
+    for task in in_flight {
+        assert!(task.await.unwrap_err().is_cancelled());
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    proxy.set(Fault::Pass);
+
+    let decision = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("the queued check was never answered after its driving callers were dropped")
+        .unwrap()
+        .unwrap();
+    assert!(
+        decision.allowed && decision.remaining == BURST - 1,
+        "the queued check was not decided by Redis: {decision:?}"
+    );
+    assert_eq!(
+        charged(&server, "gave-up").await,
+        0,
+        "a check whose caller gave up before it was sent was charged"
+    );
+    // The dropped callers' calls had reached Redis: charged, once each.
+    for key in ["a", "b", "waits"] {
+        assert_eq!(charged(&server, key).await, 1, "key {key}");
+    }
+}
