@@ -16,7 +16,7 @@ async fn annotated_section(i: u64) -> redguard::Result<u64> {
 
 /// The same section through the runtime API: `run` is what the attribute expands into
 /// (acquire, the body with its fencing token in context, release).
-async fn section(rg: Redguard, i: u64) {
+pub(crate) async fn section(rg: Redguard, i: u64) {
     let lock = rg
         .lock(KeyBuilder::new().text("l:").part("i", &i))
         .scope("bench");

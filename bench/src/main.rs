@@ -16,6 +16,7 @@ mod measure;
 mod peers;
 mod rate;
 mod raw;
+mod scale;
 
 use std::fmt::Write as _;
 use std::future::Future;
@@ -382,6 +383,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     idem::cases(&mut bench, &rg, &memory).await;
     rate::cases(&mut bench, &rg, &memory).await;
     lock::cases(&mut bench, &rg, &memory).await;
+    scale::cases(&mut bench, &rg, &server.url()).await;
     write_reports(&bench.rows)?;
     println!(
         "operations: {}",

@@ -15,7 +15,7 @@ async fn annotated_check(i: u64) -> redguard::Result<u64> {
 /// The limit of the random-key cases: a million per second (the sliding log's count is at
 /// most 10,000: 10,000 per second, far more than one random key sees), so every call is
 /// admitted.
-fn limiter(algorithm: Algorithm, i: u64) -> Limiter {
+pub(crate) fn limiter(algorithm: Algorithm, i: u64) -> Limiter {
     let limiter = redguard::limiter("r:")
         .part("i", &i)
         .scope("bench")
@@ -76,7 +76,7 @@ fn key(i: impl std::fmt::Display) -> String {
     format!("redguard:rate:{{bench:r:i={i}}}")
 }
 
-async fn check(limiter: Limiter) {
+pub(crate) async fn check(limiter: Limiter) {
     limiter.decide().await.expect("rate check");
 }
 
