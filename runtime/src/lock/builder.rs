@@ -370,6 +370,12 @@ impl<K: Kind> LockBuilder<K> {
     /// Cancelling this future is safe: an acquisition that was in flight is undone, as is one
     /// whose store call failed (it may still run when a stalled store resumes).
     pub async fn acquire(self) -> Result<LockGuard> {
+        self.take().await.map(LockGuard::renewing)
+    }
+
+    /// [`acquire`](LockBuilder::acquire), its renewal not started yet (for [`run`](LockBuilder::run),
+    /// which starts it when it falls due).
+    async fn take(self) -> Result<LockGuard> {
         self.check()?;
         let mut handle = match self.handle {
             Some(handle) => handle,
@@ -442,7 +448,7 @@ impl<K: Kind> LockBuilder<K> {
         F: Future<Output = Result<T, E>>,
     {
         let on_lost = self.settings.on_lost;
-        let guard = self.acquire().await.map_err(E::from)?;
+        let guard = self.take().await.map_err(E::from)?;
         guard.run(on_lost, work).await
     }
 }

@@ -7,7 +7,7 @@ use tokio::sync::watch;
 
 use super::acquire::Spec;
 use super::context::with_context;
-use super::watchdog::{Tenure, Watchdog};
+use super::watchdog::{Renewal, Tenure};
 use super::{OnLost, ops};
 use crate::error::{Error, Result};
 use crate::handle::Redguard;
@@ -53,7 +53,7 @@ struct Held {
     spec: Spec,
     lost: watch::Receiver<bool>,
     /// Only the outermost level of a lock renews it.
-    watchdog: Option<Watchdog>,
+    renewal: Option<Renewal>,
 }
 
 impl LockGuard {
@@ -105,15 +105,9 @@ impl LockGuard {
         spec: Spec,
     ) -> Self {
         let acquired_at = tenure.acquired_at;
-        let (watchdog, lost) = if level == 1 {
-            let (watchdog, lost) = Watchdog::spawn(
-                handle.clone(),
-                key.clone(),
-                owner.clone(),
-                spec.clone(),
-                tenure,
-            );
-            (Some(watchdog), lost)
+        let (renewal, lost) = if level == 1 {
+            let (renewal, lost) = Renewal::new(tenure);
+            (Some(renewal), lost)
         } else {
             // A nested level learns of a loss through the outer level, which cancels the
             // whole body; its own receiver never fires.
@@ -130,9 +124,20 @@ impl LockGuard {
                 acquired_at,
                 spec,
                 lost,
-                watchdog,
+                renewal,
             }),
         }
+    }
+
+    /// This guard with its renewal task running: a guard handed to a caller is held while
+    /// code we do not drive runs, so its renewal cannot wait to be polled by us.
+    pub(super) fn renewing(mut self) -> Self {
+        if let Some(held) = self.held.as_mut()
+            && let Some(renewal) = held.renewal.take()
+        {
+            held.renewal = Some(renewal.start(&held.handle, &self.key, &held.owner, &held.spec));
+        }
+        self
     }
 
     /// A guard for a lock that failed open (store down, locks configured to fail open): it
@@ -190,7 +195,7 @@ impl LockGuard {
             return Ok(());
         };
         // The watchdog must not renew what we are giving back.
-        held.watchdog.take();
+        held.renewal.take();
         held.released = true;
         held.record_hold();
         let keep = held.keep();
@@ -223,27 +228,45 @@ impl LockGuard {
         }
     }
 
-    /// Runs `work` under this guard (see [`LockBuilder::run`](super::LockBuilder::run)).
-    pub(crate) async fn run<T, E, F>(self, on_lost: OnLost, work: F) -> Result<T, E>
+    /// Runs `work` under this guard (see [`LockBuilder::run`](super::LockBuilder::run)),
+    /// starting the renewal task when the first renewal is due, if `work` lasts that long.
+    pub(crate) async fn run<T, E, F>(mut self, on_lost: OnLost, work: F) -> Result<T, E>
     where
         E: From<Error>,
         F: Future<Output = Result<T, E>>,
     {
-        let Some(held) = &self.held else {
+        let Some(held) = self.held.as_mut() else {
             // Failed open: run unprotected, as configured.
             return work.await;
         };
-        let work = with_context(&self.key, &held.owner, held.level, self.fence, work);
-        let output = match on_lost {
-            OnLost::Cancel => {
+        // Out of the guard while the work runs (which borrows the guard); dropped, so
+        // stopped, before the release.
+        let mut renewal = held.renewal.take();
+        let held = &*held;
+        let mut lost = held.lost.clone();
+        let output = {
+            let work = with_context(&self.key, &held.owner, held.level, self.fence, work);
+            tokio::pin!(work);
+            let mut watching = on_lost == OnLost::Cancel;
+            loop {
+                let due = renewal.as_ref().and_then(Renewal::due);
                 tokio::select! {
                     biased;
-                    () = self.lost() => None,
-                    output = work => Some(output),
+                    seen = lost.wait_for(|lost| *lost), if watching => match seen {
+                        Ok(_) => break None,
+                        // The renewal ended without finding a loss: it never will.
+                        Err(_) => watching = false,
+                    },
+                    () = tokio::time::sleep_until(due.unwrap_or_else(Instant::now).into()), if due.is_some() => {
+                        renewal = renewal
+                            .take()
+                            .map(|r| r.start(&held.handle, &self.key, &held.owner, &held.spec));
+                    }
+                    output = &mut work => break Some(output),
                 }
             }
-            OnLost::Continue => Some(work.await),
         };
+        drop(renewal);
         let lost_while_running = self.is_lost();
         let key = self.key.to_string();
         let released = self.release().await;
@@ -296,7 +319,7 @@ impl Drop for LockGuard {
         let Some(mut held) = self.held.take() else {
             return;
         };
-        held.watchdog.take();
+        held.renewal.take();
         if !held.released {
             held.record_hold();
         }

@@ -3,8 +3,9 @@
 //! [`lock`] (or [`Redguard::lock`]) starts a [`LockBuilder`]; [`LockBuilder::acquire`] returns
 //! a [`LockGuard`], and [`LockBuilder::run`] runs a future under the lock (what
 //! `#[dist_lock]` expands into). While a guard lives, a watchdog task renews its lease every
-//! lease/3; the task is aborted with the guard on every path (release, drop, panic,
-//! cancellation), and [`Redguard::live_watchdogs`] counts the ones still alive.
+//! lease/3 (under `run`, started only once the first renewal falls due); the task is aborted
+//! with the guard on every path (release, drop, panic, cancellation), and
+//! [`Redguard::live_watchdogs`] counts the ones still alive.
 //!
 //! Waiting is woken by release notifications (Redis pub/sub on the key's own name, or an
 //! in-process channel on the memory store) and falls back to polling, bounded by `wait`.

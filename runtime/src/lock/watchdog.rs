@@ -12,9 +12,11 @@ use crate::handle::Redguard;
 use crate::key::Key;
 
 impl Redguard {
-    /// Lock renewal tasks of this handle alive right now. Each held lock has one; it ends
-    /// with its guard, so this returns to its previous value shortly after every guard is gone
-    /// (the task is dropped on the runtime's next turn). For tests and diagnostics: per handle,
+    /// Lock renewal tasks of this handle alive right now. A held lock has one from its first
+    /// renewal on (at once for a guard from `acquire`; a section run by `LockBuilder::run`
+    /// starts it only if it outlives a third of its lease); it ends with its guard, so this
+    /// returns to its previous value shortly after every guard is gone (the task is dropped
+    /// on the runtime's next turn). For tests and diagnostics: per handle,
     /// so tests running side by side in one process do not see each other's locks.
     ///
     /// ```
@@ -61,6 +63,62 @@ pub(super) struct Tenure {
     pub(super) renew_at: Instant,
 }
 
+/// The renewal of a held lock's lease: pending until its first renewal is due, then a task of
+/// its own. A section run by [`LockBuilder::run`](super::LockBuilder::run) that ends sooner
+/// (most do: the first renewal is due after a third of the lease) never starts a task; a guard
+/// from `acquire` starts it at once, since nothing of ours runs while its holder works.
+#[derive(Debug)]
+pub(super) enum Renewal {
+    Pending {
+        lost: watch::Sender<bool>,
+        tenure: Tenure,
+    },
+    /// Aborted when dropped.
+    Running { _task: Watchdog },
+}
+
+impl Renewal {
+    /// The renewal of a lock held from `tenure`, and the receiver that turns true when the
+    /// lock is lost: renewal found another owner or none, or no renewal succeeded while the
+    /// lock was surely ours (the store unreachable: we cannot know we still hold it).
+    pub(super) fn new(tenure: Tenure) -> (Renewal, watch::Receiver<bool>) {
+        // An acquisition answered after its lease ran out (a call timeout longer than the
+        // lease, a slow network) may hand over a key that is someone else's by now: lost
+        // from the start, so `run` never starts the body.
+        let (lost, lost_rx) = watch::channel(Instant::now() >= tenure.valid_until);
+        (Renewal::Pending { lost, tenure }, lost_rx)
+    }
+
+    /// When the task must start: the first renewal; `None` once it runs.
+    pub(super) fn due(&self) -> Option<Instant> {
+        match self {
+            Renewal::Pending { tenure, .. } => Some(tenure.renew_at),
+            Renewal::Running { .. } => None,
+        }
+    }
+
+    /// Starts renewing `key` for `owner` every lease/3 from the first renewal (at once if that
+    /// is past).
+    pub(super) fn start(self, handle: &Redguard, key: &Key, owner: &str, spec: &Spec) -> Self {
+        let Renewal::Pending { lost, tenure } = self else {
+            return self;
+        };
+        let handle = handle.clone();
+        let (key, owner, spec) = (key.clone(), owner.to_owned(), spec.clone());
+        let live = Live::new(handle.clone());
+        let task = tokio::spawn(async move {
+            let _live = live;
+            renew_until_lost(&handle, &key, &owner, &spec, tenure).await;
+            lost.send_replace(true);
+            metrics::counter!("redguard_lock_lost_total", "scope" => spec.scope.clone())
+                .increment(1);
+        });
+        Renewal::Running {
+            _task: Watchdog { task },
+        }
+    }
+}
+
 /// Owns the renewal task; dropping it aborts the task.
 #[derive(Debug)]
 pub(super) struct Watchdog {
@@ -70,34 +128,6 @@ pub(super) struct Watchdog {
 impl Drop for Watchdog {
     fn drop(&mut self) {
         self.task.abort();
-    }
-}
-
-impl Watchdog {
-    /// Starts renewing `key` for `owner` every lease/3 from `tenure.renew_at`. The receiver
-    /// turns true when the lock is lost: renewal found another owner or none, or no renewal
-    /// succeeded while the lock was surely ours (the store unreachable: we cannot know we
-    /// still hold it).
-    pub(super) fn spawn(
-        handle: Redguard,
-        key: Key,
-        owner: String,
-        spec: Spec,
-        tenure: Tenure,
-    ) -> (Watchdog, watch::Receiver<bool>) {
-        // An acquisition answered after its lease ran out (a call timeout longer than the
-        // lease, a slow network) may hand over a key that is someone else's by now: lost
-        // from the start, so `run` never starts the body.
-        let (lost_tx, lost_rx) = watch::channel(Instant::now() >= tenure.valid_until);
-        let live = Live::new(handle.clone());
-        let task = tokio::spawn(async move {
-            let _live = live;
-            renew_until_lost(&handle, &key, &owner, &spec, tenure).await;
-            lost_tx.send_replace(true);
-            metrics::counter!("redguard_lock_lost_total", "scope" => spec.scope.clone())
-                .increment(1);
-        });
-        (Watchdog { task }, lost_rx)
     }
 }
 

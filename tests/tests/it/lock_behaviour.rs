@@ -57,6 +57,89 @@ async fn watchdog_keeps_lock_redis() {
     server.assert_every_key_has_ttl();
 }
 
+/// A section under `run` starts its renewal task only when its first renewal falls due (a
+/// third of the lease): a short section never has one, a long one has it from then on and
+/// keeps the lock; a guard from `acquire` has it at once. Dropping a long section mid-way
+/// leaves no task behind and frees the key.
+async fn renewal_starts_when_due(rg: Redguard) {
+    let probe = rg.clone();
+    rg.lock("short")
+        .lease(LEASE)
+        .run(async {
+            tokio::time::sleep(LEASE / 10).await;
+            assert_eq!(probe.live_watchdogs(), 0, "a short section started a task");
+            Ok::<_, Error>(())
+        })
+        .await
+        .unwrap();
+
+    let probe = rg.clone();
+    rg.lock("long")
+        .lease(LEASE)
+        .run(async {
+            tokio::time::sleep(LEASE / 5).await;
+            assert_eq!(probe.live_watchdogs(), 0, "started before it was due");
+            tokio::time::sleep(LEASE / 5).await;
+            assert_eq!(probe.live_watchdogs(), 1, "not started once due");
+            tokio::time::sleep(LEASE).await;
+            let other = probe.clone();
+            let taken = tokio::spawn(async move { other.lock("long").try_acquire().await });
+            assert!(
+                taken.await.unwrap().unwrap().is_none(),
+                "the lock lapsed although its section ran"
+            );
+            Ok::<_, Error>(())
+        })
+        .await
+        .unwrap();
+    // An aborted task is dropped on the runtime's next turns.
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while rg.live_watchdogs() != 0 {
+        assert!(Instant::now() < deadline, "the long section's task outlived it");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+
+    let guard = rg.lock("guard").lease(LEASE).acquire().await.unwrap();
+    assert_eq!(rg.live_watchdogs(), 1, "a guard from acquire has no task");
+    guard.release().await.unwrap();
+
+    let section = rg
+        .lock("dropped")
+        .lease(LEASE)
+        .run(tokio::time::sleep(LEASE * 10).then_ok());
+    assert!(
+        tokio::time::timeout(LEASE / 2, section).await.is_err(),
+        "the section ended early"
+    );
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while rg.live_watchdogs() != 0 || rg.lock("dropped").try_acquire().await.unwrap().is_none() {
+        assert!(Instant::now() < deadline, "a dropped section left its task or its key");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// `Ok(())` after a future, for `run`.
+trait ThenOk: std::future::Future<Output = ()> + Sized {
+    async fn then_ok(self) -> Result<(), Error> {
+        self.await;
+        Ok(())
+    }
+}
+
+impl<F: std::future::Future<Output = ()>> ThenOk for F {}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewal_starts_when_due_memory() {
+    renewal_starts_when_due(Redguard::memory()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewal_starts_when_due_redis() {
+    let (server, rg) = redis().await;
+    renewal_starts_when_due(rg).await;
+    server.assert_every_key_has_ttl();
+}
+
 /// The key disappears under a holder (`expire` deletes it): the body is cancelled with
 /// `LockLost`, a new owner takes the key, and the old holder's release leaves it alone.
 async fn lost_lock_cancels_body(rg: Redguard, expire: impl Fn()) {
