@@ -16,6 +16,7 @@ mod measure;
 mod peers;
 mod rate;
 mod raw;
+mod replicas;
 mod scale;
 
 use std::fmt::Write as _;
@@ -383,6 +384,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     idem::cases(&mut bench, &rg, &memory).await;
     rate::cases(&mut bench, &rg, &memory).await;
     lock::cases(&mut bench, &rg, &memory).await;
+    replicas::cases(&mut bench).await;
     scale::cases(&mut bench, &rg, &server.url()).await;
     write_reports(&bench.rows)?;
     println!(

@@ -19,12 +19,15 @@ pub(crate) struct Sample {
     pub(crate) max_us: f64,
 }
 
-/// Operations every closed loop of this process ran, warm-ups included: what
-/// `bench/instructions.sh` divides the client's instructions by (coalesced checks share one
-/// command, so commands no longer count operations).
+/// Operations every closed loop of this process started, warm-ups included (the next one's
+/// `i`): what `bench/instructions.sh` divides the client's instructions by (coalesced checks
+/// share one command, so commands no longer count operations). Read between loops, when
+/// every operation started has completed.
 pub(crate) static OPERATIONS: AtomicU64 = AtomicU64::new(0);
 
-/// Runs `op(i)` (i = a counter unique across tasks) from `in_flight` tasks.
+/// Runs `op(i)` from `in_flight` tasks, `i` unique across every loop of the run: cases on
+/// "random keys" must not meet the keys of an earlier loop (an idempotent "first execution"
+/// on a key a previous loop finished is a replay).
 pub(crate) async fn closed_loop<F, Fut>(
     in_flight: usize,
     warmup: Duration,
@@ -36,17 +39,15 @@ where
     Fut: Future<Output = ()> + Send,
 {
     let op = Arc::new(op);
-    let counter = Arc::new(AtomicU64::new(0));
     let measuring = Arc::new(AtomicBool::new(false));
     let stop = Arc::new(AtomicBool::new(false));
     let tasks: Vec<_> = (0..in_flight)
         .map(|_| {
-            let (op, counter, measuring, stop) =
-                (op.clone(), counter.clone(), measuring.clone(), stop.clone());
+            let (op, measuring, stop) = (op.clone(), measuring.clone(), stop.clone());
             tokio::spawn(async move {
                 let mut latencies = Vec::with_capacity(1 << 16);
                 while !stop.load(Ordering::Relaxed) {
-                    let i = counter.fetch_add(1, Ordering::Relaxed);
+                    let i = OPERATIONS.fetch_add(1, Ordering::Relaxed);
                     let started = Instant::now();
                     op(i).await;
                     if measuring.load(Ordering::Relaxed) {
@@ -54,7 +55,7 @@ where
                     }
                     // In-memory operations never yield on their own; without this a loop
                     // would starve the timer that ends the window.
-                    if i % 32 == 0 {
+                    if i.is_multiple_of(32) {
                         tokio::task::yield_now().await;
                     }
                 }
@@ -67,8 +68,6 @@ where
     for task in tasks {
         all.push(task.await.unwrap_or_default());
     }
-    // Every task has ended: each operation it started has completed.
-    OPERATIONS.fetch_add(counter.load(Ordering::Relaxed), Ordering::Relaxed);
     let all = all.into_iter().flatten().collect();
     sample(all, elapsed)
 }

@@ -95,7 +95,10 @@ async fn renewal_starts_when_due(rg: Redguard) {
     // An aborted task is dropped on the runtime's next turns.
     let deadline = Instant::now() + Duration::from_secs(2);
     while rg.live_watchdogs() != 0 {
-        assert!(Instant::now() < deadline, "the long section's task outlived it");
+        assert!(
+            Instant::now() < deadline,
+            "the long section's task outlived it"
+        );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
 
@@ -113,7 +116,10 @@ async fn renewal_starts_when_due(rg: Redguard) {
     );
     let deadline = Instant::now() + Duration::from_secs(2);
     while rg.live_watchdogs() != 0 || rg.lock("dropped").try_acquire().await.unwrap().is_none() {
-        assert!(Instant::now() < deadline, "a dropped section left its task or its key");
+        assert!(
+            Instant::now() < deadline,
+            "a dropped section left its task or its key"
+        );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
