@@ -62,6 +62,22 @@ struct Row {
     peer: Option<f64>,
 }
 
+impl Row {
+    /// A row with no baselines or peer to divide by.
+    fn plain(case: &str, store: &'static str, in_flight: usize, sample: Sample) -> Row {
+        Row {
+            case: case.to_owned(),
+            store,
+            in_flight,
+            sample,
+            handoff: None,
+            baseline: None,
+            ceiling: None,
+            peer: None,
+        }
+    }
+}
+
 pub(crate) struct Bench {
     rows: Vec<Row>,
     warmup: Duration,
@@ -198,16 +214,7 @@ impl Bench {
             let sample = peers::run(self.port, script_case, in_flight, self.warmup, self.window);
             figures.push(sample.as_ref().map(|s| s.ops_per_sec));
             if let Some(sample) = sample {
-                self.push(Row {
-                    case: case.to_owned(),
-                    store: "peer",
-                    in_flight,
-                    sample,
-                    handoff: None,
-                    baseline: None,
-                    ceiling: None,
-                    peer: None,
-                });
+                self.push(Row::plain(case, "peer", in_flight, sample));
             }
         }
         figures

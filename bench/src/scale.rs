@@ -160,16 +160,7 @@ pub(crate) async fn cases(bench: &mut Bench, single: &Redguard, single_url: &str
                 print_spread(&spread);
                 spreads.push(spread);
                 if store == "cluster" {
-                    bench.push(crate::Row {
-                        case: case.to_owned(),
-                        store,
-                        in_flight,
-                        sample,
-                        handoff: None,
-                        baseline: None,
-                        ceiling: None,
-                        peer: None,
-                    });
+                    bench.push(crate::Row::plain(case, store, in_flight, sample));
                 }
             }
         }

@@ -106,10 +106,10 @@ async fn renewal_starts_when_due(rg: Redguard) {
     assert_eq!(rg.live_watchdogs(), 1, "a guard from acquire has no task");
     guard.release().await.unwrap();
 
-    let section = rg
-        .lock("dropped")
-        .lease(LEASE)
-        .run(tokio::time::sleep(LEASE * 10).then_ok());
+    let section = rg.lock("dropped").lease(LEASE).run(async {
+        tokio::time::sleep(LEASE * 10).await;
+        Ok::<_, Error>(())
+    });
     assert!(
         tokio::time::timeout(LEASE / 2, section).await.is_err(),
         "the section ended early"
@@ -123,16 +123,6 @@ async fn renewal_starts_when_due(rg: Redguard) {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
-
-/// `Ok(())` after a future, for `run`.
-trait ThenOk: std::future::Future<Output = ()> + Sized {
-    async fn then_ok(self) -> Result<(), Error> {
-        self.await;
-        Ok(())
-    }
-}
-
-impl<F: std::future::Future<Output = ()>> ThenOk for F {}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn renewal_starts_when_due_memory() {

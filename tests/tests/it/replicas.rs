@@ -13,7 +13,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use redguard::{BackendError, Error, FailMode, GuardKind, Idempotency, KeyBuilder, Redguard};
+use redguard::{
+    BackendError, Error, FailMode, GuardKind, Idempotency, KeyBuilder, LockGuard, Redguard,
+};
 use redguard_tests::{RedisCluster, RedisSentinel, RedisServer, connect};
 
 const WAIT: Duration = Duration::from_millis(50);
@@ -76,6 +78,91 @@ async fn rerun(rg: &Redguard, id: &str, runs: &Arc<AtomicU32>, since: Instant) -
             "the replica was not promoted within 30 s"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// One round of confirmed writes: the acquisitions and first executions acknowledged (the
+/// locks still held), and how many were refused (not confirmed in time on a loaded machine:
+/// only acknowledged writes must survive).
+struct Acknowledged {
+    locks: Vec<String>,
+    ids: Vec<String>,
+    guards: Vec<LockGuard>,
+    refused: usize,
+    runs: Arc<AtomicU32>,
+}
+
+impl Acknowledged {
+    /// Takes every lock of `locks` (60 s leases) and runs a first execution of every intent of
+    /// `ids`, all at once, each write confirmed by one replica.
+    async fn write(rg: &Redguard, locks: Vec<String>, ids: Vec<String>) -> Acknowledged {
+        let runs = Arc::new(AtomicU32::new(0));
+        let acquisitions = locks.iter().map(|lock| {
+            rg.lock(lock.as_str())
+                .lease(Duration::from_secs(60))
+                .replicas(1, WAIT)
+                .acquire()
+        });
+        let executions = ids.iter().map(|id| idempotent(rg, id, true, &runs));
+        let (guards, results) = tokio::join!(
+            futures_util::future::join_all(acquisitions),
+            futures_util::future::join_all(executions)
+        );
+        let mut round = Acknowledged {
+            locks: Vec::new(),
+            ids: Vec::new(),
+            guards: Vec::new(),
+            refused: 0,
+            runs,
+        };
+        for (lock, guard) in locks.into_iter().zip(guards) {
+            if let Some(guard) = round.acknowledge(guard) {
+                round.guards.push(guard);
+                round.locks.push(lock);
+            }
+        }
+        for (id, result) in ids.into_iter().zip(results) {
+            if round.acknowledge(result).is_some() {
+                round.ids.push(id);
+            }
+        }
+        round
+    }
+
+    fn acknowledge<T>(&mut self, result: Result<T, Error>) -> Option<T> {
+        match result {
+            Ok(value) => Some(value),
+            Err(Error::Backend(err)) => {
+                if self.refused == 0 {
+                    println!("first refusal: {err}");
+                }
+                self.refused += 1;
+                None
+            }
+            Err(other) => panic!("unexpected {other:?}"),
+        }
+    }
+
+    fn count(&self) -> usize {
+        self.locks.len() + self.ids.len()
+    }
+
+    /// Once the store answers again after the master was killed at `killed`: how many
+    /// acknowledged writes are gone (a lock someone else could take, an intent that ran again).
+    async fn lost(&self, rg: &Redguard, killed: Instant) -> usize {
+        let mut lost = 0;
+        for lock in &self.locks {
+            if lock_was_lost(rg, lock, killed).await {
+                lost += 1;
+            }
+        }
+        for id in &self.ids {
+            let before = self.runs.load(Ordering::SeqCst);
+            if rerun(rg, id, &self.runs, killed).await > before {
+                lost += 1;
+            }
+        }
+        lost
     }
 }
 
@@ -317,66 +404,18 @@ async fn confirmed_writes_survive_killing_the_master_right_after() {
             locks.push(lock);
             ids.push(id);
         }
-        let runs = Arc::new(AtomicU32::new(0));
-        let acquisitions = locks.iter().map(|lock| {
-            rg.lock(lock.as_str())
-                .lease(Duration::from_secs(60))
-                .replicas(1, WAIT)
-                .acquire()
-        });
-        let executions = ids.iter().map(|id| idempotent(&rg, id, true, &runs));
-        let (guards, results) = tokio::join!(
-            futures_util::future::join_all(acquisitions),
-            futures_util::future::join_all(executions)
-        );
+        let writes = Acknowledged::write(&rg, locks, ids).await;
         // Right after the last reply.
         cluster.node(master).kill();
         let killed = Instant::now();
-        // A write the replica did not confirm in time (a loaded machine) is refused, not
-        // acknowledged: only acknowledged ones must survive.
-        let acknowledge = |refusals: &mut usize, result: Result<(), Error>| match result {
-            Ok(()) => true,
-            Err(Error::Backend(err)) => {
-                if *refusals == 0 {
-                    println!("first refusal: {err}");
-                }
-                *refusals += 1;
-                false
-            }
-            Err(other) => panic!("unexpected {other:?}"),
-        };
-        let mut guards_held = Vec::new();
-        let mut held = Vec::new();
-        for (lock, guard) in locks.iter().zip(guards) {
-            let guard = guard.map(|guard| guards_held.push(guard));
-            if acknowledge(&mut refused, guard) {
-                held.push(lock);
-            }
-        }
-        let mut done = Vec::new();
-        for (id, result) in ids.iter().zip(results) {
-            if acknowledge(&mut refused, result.map(drop)) {
-                done.push(id);
-            }
-        }
-        acknowledged += held.len() + done.len();
-        for lock in held {
-            if lock_was_lost(&rg, lock, killed).await {
-                lost += 1;
-            }
-        }
-        for id in done {
-            let before = runs.load(Ordering::SeqCst);
-            if rerun(&rg, id, &runs, killed).await > before {
-                lost += 1;
-            }
-        }
-        let guards = guards_held;
+        acknowledged += writes.count();
+        refused += writes.refused;
+        lost += writes.lost(&rg, killed).await;
         println!(
             "round {round}: master killed, promoted within {:?}",
             killed.elapsed()
         );
-        drop(guards);
+        drop(writes);
         cluster.wait_until_ok(Duration::from_secs(20));
     }
     println!(
@@ -423,61 +462,20 @@ async fn confirmed_writes_survive_a_sentinel_failover() {
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        let locks: Vec<String> = (0..WRITES).map(|i| format!("s{round}:k{i}")).collect();
-        let ids: Vec<String> = (0..WRITES).map(|i| format!("s{round}:i{i}")).collect();
-        let runs = Arc::new(AtomicU32::new(0));
-        let acquisitions = locks.iter().map(|lock| {
-            rg.lock(lock.as_str())
-                .lease(Duration::from_secs(60))
-                .replicas(1, WAIT)
-                .acquire()
-        });
-        let executions = ids.iter().map(|id| idempotent(&rg, id, true, &runs));
-        let (guards, results) = tokio::join!(
-            futures_util::future::join_all(acquisitions),
-            futures_util::future::join_all(executions)
-        );
+        let locks = (0..WRITES).map(|i| format!("s{round}:k{i}")).collect();
+        let ids = (0..WRITES).map(|i| format!("s{round}:i{i}")).collect();
+        let writes = Acknowledged::write(&rg, locks, ids).await;
         let old = sentinel.kill_master();
         let killed = Instant::now();
-        let mut guards_held = Vec::new();
-        let mut held = Vec::new();
-        for (lock, guard) in locks.iter().zip(guards) {
-            match guard {
-                Ok(guard) => {
-                    guards_held.push(guard);
-                    held.push(lock);
-                }
-                Err(Error::Backend(_)) => refused += 1,
-                Err(other) => panic!("unexpected {other:?}"),
-            }
-        }
-        let mut done = Vec::new();
-        for (id, result) in ids.iter().zip(results) {
-            match result {
-                Ok(_) => done.push(id),
-                Err(Error::Backend(_)) => refused += 1,
-                Err(other) => panic!("unexpected {other:?}"),
-            }
-        }
-        acknowledged += held.len() + done.len();
+        acknowledged += writes.count();
+        refused += writes.refused;
         sentinel = tokio::task::spawn_blocking(move || {
             sentinel.wait_for_promotion(old);
             sentinel
         })
         .await
         .unwrap();
-        for lock in held {
-            if lock_was_lost(&rg, lock, killed).await {
-                lost += 1;
-            }
-        }
-        for id in done {
-            let before = runs.load(Ordering::SeqCst);
-            if rerun(&rg, id, &runs, killed).await > before {
-                lost += 1;
-            }
-        }
-        drop(guards_held);
+        lost += writes.lost(&rg, killed).await;
     }
     println!(
         "{acknowledged} confirmed writes, {lost} lost across 2 Sentinel failovers ({refused} \
