@@ -311,6 +311,28 @@ pub mod sentinel;
 pub use crate::cluster::RedisCluster;
 pub use crate::sentinel::RedisSentinel;
 
+/// Retries `attempt` every 100 ms while the store is unreachable (`Error::Backend`, as during
+/// a failover), returning its first other outcome; fails the test if that takes 30 s from
+/// `since`, or on any other error.
+pub async fn after_failover<T, F, Fut>(since: std::time::Instant, mut attempt: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, redguard::Error>>,
+{
+    loop {
+        match attempt().await {
+            Ok(value) => return value,
+            Err(redguard::Error::Backend(_)) => {}
+            Err(other) => panic!("unexpected {other:?}"),
+        }
+        assert!(
+            since.elapsed() < std::time::Duration::from_secs(30),
+            "the replica was not promoted within 30 s"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
+
 /// Connects a handle with default settings to `server`.
 pub async fn connect(server: &RedisServer) -> redguard::Redguard {
     redguard::Redguard::redis(server.url())

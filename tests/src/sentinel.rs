@@ -304,6 +304,17 @@ impl RedisSentinel {
             .expect("SENTINEL FAILOVER");
     }
 
+    /// [`wait_for_promotion`](RedisSentinel::wait_for_promotion) from async code: on a
+    /// blocking thread (it sleeps between polls), handing the harness back when done.
+    pub async fn promoted(self, old: usize) -> RedisSentinel {
+        tokio::task::spawn_blocking(move || {
+            self.wait_for_promotion(old);
+            self
+        })
+        .await
+        .expect("wait for the promotion")
+    }
+
     /// Waits until every answering sentinel names a master other than node `old`, and that
     /// node says `ROLE` master; returns its index.
     pub fn wait_for_promotion(&self, old: usize) -> usize {

@@ -296,12 +296,7 @@ async fn sentinel_works_under_the_documented_acls() {
     work(rg.clone()).await.unwrap();
 
     let old = sentinel.kill_master();
-    let sentinel = tokio::task::spawn_blocking(move || {
-        sentinel.wait_for_promotion(old);
-        sentinel
-    })
-    .await
-    .unwrap();
+    let sentinel = sentinel.promoted(old).await;
     let deadline = Instant::now() + Duration::from_secs(10);
     while let Err(err) = work(rg.clone()).await {
         assert!(matches!(err, Error::Backend(_)), "{err:?}");

@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use redguard::{Error, FailMode, GuardKind, Idempotency, KeyBuilder, Redguard};
-use redguard_tests::RedisCluster;
+use redguard_tests::{RedisCluster, after_failover};
 
 async fn call(rg: &Redguard) -> Result<u64, Error> {
     let key = KeyBuilder::new()
@@ -106,18 +106,9 @@ async fn fences_increase_across_a_failover_that_lost_writes() {
     cluster.node(master).kill();
     cluster.node(replica).resume();
     let killed = Instant::now();
-    let fence = loop {
-        match rg.lock("fence:k").acquire().await {
-            Ok(guard) => break guard.fence(),
-            Err(Error::Backend(_)) => {}
-            Err(other) => panic!("unexpected {other:?}"),
-        }
-        assert!(
-            killed.elapsed() < Duration::from_secs(30),
-            "the replica was not promoted within 30 s"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let fence = after_failover(killed, || rg.lock("fence:k").acquire())
+        .await
+        .fence();
     println!("last token on the dead master {last}, first on the promoted replica {fence}");
     assert!(
         fence > last,

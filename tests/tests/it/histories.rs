@@ -219,36 +219,76 @@ fn span(kind: &str, loss: Loss, during: impl FnOnce()) -> FaultSpan {
     }
 }
 
-/// Collects, checks and prints a run; fails the test on any violation.
-fn check(
-    name: &str,
-    run: (u64, u64),
-    mut workers: Workers,
+/// One run of the workload: worker processes against `target`, their register server, and
+/// the window they run in.
+struct Run {
+    register: RedisServer,
     dir: tempfile::TempDir,
-    register: &RedisServer,
-    faults: Vec<FaultSpan>,
+    workers: Workers,
     started: Instant,
-) {
-    let ops = workers.finish();
-    let history = History {
-        run,
-        events: workers.events(),
-        faults,
-        registers: registers(register),
-    };
-    let report = history::check(&history);
-    println!(
-        "{name}: {PROCESSES} processes × 16 tasks, {ops} workload operations in {:?}\n{report}",
-        started.elapsed()
-    );
-    if !report.violations.is_empty() {
-        // Kept for reading: the lines of the operations the violations name.
-        panic!(
-            "{name}: {report}\nhistories kept in {}",
-            dir.keep().display()
-        );
+    window: (u64, u64),
+}
+
+impl Run {
+    /// Starts the workers against `target` for [`run_length`] from now.
+    fn start(target: &str, seed: u64) -> Run {
+        let register = RedisServer::start();
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut workers = Workers::spawn(target, &register, dir.path(), seed);
+        let started = Instant::now();
+        let start = now_us();
+        let end = start + u64::try_from(run_length().as_micros()).expect("µs");
+        workers.go(end);
+        Run {
+            register,
+            dir,
+            workers,
+            started,
+            window: (start, end),
+        }
     }
-    register.assert_every_key_has_ttl();
+
+    /// Faults until the quiet end of the run: `inject(rng, kind)` injects and heals one of
+    /// `kinds` kinds; each round injects every kind once, in a new order.
+    fn faults(
+        &self,
+        rng: &mut fastrand::Rng,
+        kinds: usize,
+        mut inject: impl FnMut(&mut fastrand::Rng, usize) -> FaultSpan,
+    ) -> Vec<FaultSpan> {
+        let mut round: Vec<usize> = Vec::new();
+        schedule(self.window.1, rng, |rng| {
+            if round.is_empty() {
+                round = (0..kinds).collect();
+                rng.shuffle(&mut round);
+            }
+            inject(rng, round.pop().expect("a fault"))
+        })
+    }
+
+    /// Collects, checks and prints the run; fails the test on any violation.
+    fn check(mut self, name: &str, faults: Vec<FaultSpan>) {
+        let ops = self.workers.finish();
+        let history = History {
+            run: self.window,
+            events: self.workers.events(),
+            faults,
+            registers: registers(&self.register),
+        };
+        let report = history::check(&history);
+        println!(
+            "{name}: {PROCESSES} processes × 16 tasks, {ops} workload operations in {:?}\n{report}",
+            self.started.elapsed()
+        );
+        if !report.violations.is_empty() {
+            // Kept for reading: the lines of the operations the violations name.
+            panic!(
+                "{name}: {report}\nhistories kept in {}",
+                self.dir.keep().display()
+            );
+        }
+        self.register.assert_every_key_has_ttl();
+    }
 }
 
 #[test]
@@ -257,22 +297,10 @@ fn single_node_through_process_and_network_faults() {
     println!("REDGUARD_HISTORY_SEED={seed}");
     let mut rng = fastrand::Rng::with_seed(seed);
     let mut server = RedisServer::start();
-    let register = RedisServer::start();
     let proxy = Proxy::start(server.port());
-    let dir = tempfile::tempdir().expect("temp dir");
-    let mut workers = Workers::spawn(&proxy.url(), &register, dir.path(), seed);
-    let started = Instant::now();
-    let start = now_us();
-    let end = start + u64::try_from(run_length().as_micros()).expect("µs");
-    workers.go(end);
-    // Each round injects every kind once, in a new order.
-    let mut round: Vec<usize> = Vec::new();
-    let faults = schedule(end, &mut rng, |rng| {
-        if round.is_empty() {
-            round = (0..8).collect();
-            rng.shuffle(&mut round);
-        }
-        match round.pop().expect("a fault") {
+    let run = Run::start(&proxy.url(), seed);
+    let faults = run.faults(&mut rng, 8, |rng, kind| {
+        match kind {
             0 => span("sigstop", Loss::Nothing, || {
                 server.pause();
                 std::thread::sleep(millis(rng, 300..=2500));
@@ -318,15 +346,7 @@ fn single_node_through_process_and_network_faults() {
             _ => span("proxy-reset", Loss::Nothing, || proxy.reset()),
         }
     });
-    check(
-        "single node",
-        (start, end),
-        workers,
-        dir,
-        &register,
-        faults,
-        started,
-    );
+    run.check("single node", faults);
     server.assert_every_key_has_ttl();
 }
 
@@ -386,25 +406,13 @@ fn cluster_through_failovers() {
             .expect("CLUSTER KEYSLOT");
         assert_eq!(history::slot(&key), slot, "{key}");
     }
-    let register = RedisServer::start();
-    let target = format!("cluster:{}", cluster.urls().join(","));
-    let dir = tempfile::tempdir().expect("temp dir");
-    let mut workers = Workers::spawn(&target, &register, dir.path(), seed);
-    let started = Instant::now();
-    let start = now_us();
-    let end = start + u64::try_from(run_length().as_micros()).expect("µs");
-    workers.go(end);
-    let mut round: Vec<usize> = Vec::new();
-    let faults = schedule(end, &mut rng, |rng| {
-        if round.is_empty() {
-            round = (0..6).collect();
-            rng.shuffle(&mut round);
-        }
+    let run = Run::start(&format!("cluster:{}", cluster.urls().join(",")), seed);
+    let faults = run.faults(&mut rng, 6, |rng, kind| {
         let name = LOCK_KEYS[rng.usize(..LOCK_KEYS.len())].0;
         let key = history::store_key(GuardKind::Lock, &history::lock_body(name));
         let master = cluster.master_of(&key);
         let slots = slots_of(&mut cluster, master);
-        let fault = match round.pop().expect("a fault") {
+        let fault = match kind {
             0 => span("client-kill", Loss::Nothing, || {
                 for index in 0..6 {
                     let node = cluster.node(index);
@@ -461,15 +469,7 @@ fn cluster_through_failovers() {
             ..fault
         }
     });
-    check(
-        "cluster",
-        (start, end),
-        workers,
-        dir,
-        &register,
-        faults,
-        started,
-    );
+    run.check("cluster", faults);
     cluster.assert_every_key_has_ttl();
 }
 
@@ -479,22 +479,11 @@ fn sentinel_through_failovers() {
     println!("REDGUARD_HISTORY_SEED={seed}");
     let mut rng = fastrand::Rng::with_seed(seed);
     let mut sentinel = RedisSentinel::start();
-    let register = RedisServer::start();
     let target = format!("sentinel:{}", sentinel.sentinel_addrs().join(","));
-    let dir = tempfile::tempdir().expect("temp dir");
-    let mut workers = Workers::spawn(&target, &register, dir.path(), seed);
-    let started = Instant::now();
-    let start = now_us();
-    let end = start + u64::try_from(run_length().as_micros()).expect("µs");
-    workers.go(end);
-    let mut round: Vec<usize> = Vec::new();
-    let faults = schedule(end, &mut rng, |rng| {
-        if round.is_empty() {
-            round = (0..5).collect();
-            rng.shuffle(&mut round);
-        }
+    let run = Run::start(&target, seed);
+    let faults = run.faults(&mut rng, 5, |rng, kind| {
         let master = sentinel.master();
-        let fault = match round.pop().expect("a fault") {
+        let fault = match kind {
             0 => span("client-kill", Loss::Nothing, || {
                 let node = sentinel.node(master);
                 command(node, &["CLIENT", "KILL", "TYPE", "normal"]);
@@ -532,14 +521,6 @@ fn sentinel_through_failovers() {
             ..fault
         }
     });
-    check(
-        "sentinel",
-        (start, end),
-        workers,
-        dir,
-        &register,
-        faults,
-        started,
-    );
+    run.check("sentinel", faults);
     sentinel.assert_every_key_has_ttl();
 }

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use redguard::{
     BackendError, Error, FailMode, GuardKind, Idempotency, KeyBuilder, LockGuard, Redguard,
 };
-use redguard_tests::{RedisCluster, RedisSentinel, RedisServer, connect};
+use redguard_tests::{RedisCluster, RedisSentinel, RedisServer, after_failover, connect};
 
 const WAIT: Duration = Duration::from_millis(50);
 
@@ -51,34 +51,21 @@ async fn idempotent(
 /// Waits until the lock `name` answers again (after a failover) and says whether someone else
 /// could take it: `true` means it was lost.
 async fn lock_was_lost(rg: &Redguard, name: &str, since: Instant) -> bool {
-    loop {
-        match rg.lock(name).try_acquire().await {
-            Ok(other) => return other.is_some(),
-            Err(Error::Backend(_)) => {}
-            Err(other) => panic!("unexpected {other:?}"),
-        }
-        assert!(
-            since.elapsed() < Duration::from_secs(30),
-            "the replica was not promoted within 30 s"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    after_failover(since, || rg.lock(name).try_acquire())
+        .await
+        .is_some()
 }
 
 /// Runs the idempotent call `id` again once the store answers; the executions it counted.
 async fn rerun(rg: &Redguard, id: &str, runs: &Arc<AtomicU32>, since: Instant) -> u32 {
-    loop {
+    after_failover(since, || async {
         match idempotent(rg, id, false, runs).await {
-            Ok(_) | Err(Error::InProgress) => return runs.load(Ordering::SeqCst),
-            Err(Error::Backend(_)) => {}
-            Err(other) => panic!("unexpected {other:?}"),
+            Err(Error::InProgress) => Ok(0),
+            other => other,
         }
-        assert!(
-            since.elapsed() < Duration::from_secs(30),
-            "the replica was not promoted within 30 s"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    })
+    .await;
+    runs.load(Ordering::SeqCst)
 }
 
 /// One round of confirmed writes: the acquisitions and first executions acknowledged (the
@@ -343,12 +330,7 @@ async fn without_replicas_a_sentinel_failover_loses_acknowledged_writes() {
         sentinel.node(replica).resume();
     }
     let killed = Instant::now();
-    let sentinel = tokio::task::spawn_blocking(move || {
-        sentinel.wait_for_promotion(old);
-        sentinel
-    })
-    .await
-    .unwrap();
+    let sentinel = sentinel.promoted(old).await;
     assert!(
         lock_was_lost(&rg, "cut:k", killed).await,
         "the acquisition survived: the replicas were not cut off"
@@ -469,12 +451,7 @@ async fn confirmed_writes_survive_a_sentinel_failover() {
         let killed = Instant::now();
         acknowledged += writes.count();
         refused += writes.refused;
-        sentinel = tokio::task::spawn_blocking(move || {
-            sentinel.wait_for_promotion(old);
-            sentinel
-        })
-        .await
-        .unwrap();
+        sentinel = sentinel.promoted(old).await;
         lost += writes.lost(&rg, killed).await;
     }
     println!(

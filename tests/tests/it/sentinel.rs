@@ -359,12 +359,7 @@ async fn guards_recover_after_the_master_is_killed() {
 
     let old = sentinel.kill_master();
     let killed = Instant::now();
-    let sentinel = tokio::task::spawn_blocking(move || {
-        sentinel.wait_for_promotion(old);
-        sentinel
-    })
-    .await
-    .unwrap();
+    let sentinel = sentinel.promoted(old).await;
     let promoted = killed.elapsed();
     tokio::time::sleep(Duration::from_secs(3)).await;
     let report = load.finish().await;
@@ -420,12 +415,7 @@ async fn a_planned_failover_under_load_fails_no_call() {
     let old = sentinel.master();
     let asked = Instant::now();
     sentinel.failover();
-    let sentinel = tokio::task::spawn_blocking(move || {
-        sentinel.wait_for_promotion(old);
-        sentinel
-    })
-    .await
-    .unwrap();
+    let sentinel = sentinel.promoted(old).await;
     let promoted = asked.elapsed();
     tokio::time::sleep(Duration::from_secs(2)).await;
     let report = load.finish().await;
@@ -496,12 +486,7 @@ async fn release_notifications_follow_the_new_master() {
         } else {
             sentinel.failover();
         }
-        sentinel = tokio::task::spawn_blocking(move || {
-            sentinel.wait_for_promotion(old);
-            sentinel
-        })
-        .await
-        .unwrap();
+        sentinel = sentinel.promoted(old).await;
         until_served(&rg).await;
         let key = lock_key(&rg, &format!("after:{round}"));
         assert!(matches!(
