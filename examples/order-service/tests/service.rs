@@ -1605,7 +1605,8 @@ fn timed(
 /// behind a write, a buyer of the same SKU gets `503 busy` (the stock lock's wait, or its
 /// own deadline), and each write waiting on SQLite (that order's, another SKU's) gives up at
 /// its request's deadline (`REQUEST_DEADLINE_MS`, 1 s here) with `503 busy`: every answer
-/// well before the holder lets go. Nothing was written, so each retry after it is served.
+/// well before the holder lets go. The job (every 50 ms here) waits on the same lock and stalls
+/// nothing either. Nothing was written, so each retry after the holder is served.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_waiting_on_sqlite_does_not_stall_its_instance() {
     const HOLD: Duration = Duration::from_secs(4);
