@@ -16,6 +16,7 @@ use redguard::Rate;
 use redguard::http::{Global, IdempotencyKey, Policy, RateLimitLayer};
 use serde::Deserialize;
 use serde_json::json;
+use tokio::time::Instant;
 
 use crate::auth::{self, Admin, User, now_s};
 use crate::error::{self, ApiError, ApiJson, ApiPath};
@@ -141,7 +142,12 @@ async fn set_stock(
 ) -> Result<Json<serde_json::Value>, ApiError> {
     check_id("sku", &body.sku)?;
     app.db
-        .set_stock(body.sku.clone(), body.available, body.price)
+        .set_stock(
+            app.config.deadline(),
+            body.sku.clone(),
+            body.available,
+            body.price,
+        )
         .await?;
     Ok(Json(
         json!({ "sku": body.sku, "available": body.available, "price": body.price }),
@@ -182,7 +188,11 @@ async fn stock(
     ApiPath(sku): ApiPath<String>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     check_id("sku", &sku)?;
-    let (available, price) = app.db.stock(sku.clone()).await?.ok_or(ApiError::NotFound)?;
+    let (available, price) = app
+        .db
+        .stock(app.config.deadline(), sku.clone())
+        .await?
+        .ok_or(ApiError::NotFound)?;
     Ok(Json(
         json!({ "sku": sku, "available": available, "price": price }),
     ))
@@ -222,9 +232,11 @@ fn header<'a>(headers: &'a HeaderMap, name: &str) -> Result<Option<&'a str>, Api
         .transpose()
 }
 
-/// `POST /orders` as checked before its limits and guards: the key, the token and the body.
+/// `POST /orders` as checked before its limits and guards: the key, the token and the body,
+/// and the request's deadline, set once its body is read.
 #[derive(Debug, Clone)]
 struct Admitted {
+    deadline: Instant,
     key: IdempotencyKey,
     token: Option<String>,
     order: OrderRequest,
@@ -243,6 +255,7 @@ async fn admit_order(
     let (mut parts, body) = request.into_parts();
     let token = header(&parts.headers, "x-idempotent-token")?.map(str::to_owned);
     let order: OrderRequest = error::json_body(&parts.headers, body, &app).await?;
+    let deadline = app.config.deadline();
     check_id("sku", &order.sku)?;
     if !(1..=MAX_QTY).contains(&order.qty) {
         return Err(ApiError::BadRequest(format!(
@@ -250,20 +263,40 @@ async fn admit_order(
         )));
     }
     app.db
-        .stock(order.sku.clone())
+        .stock(deadline, order.sku.clone())
         .await?
         .ok_or(ApiError::NotFound)?;
     parts.extensions.insert(user);
-    let admitted = admitted(parts, Admitted { key, token, order });
+    let admitted = admitted(
+        parts,
+        Admitted {
+            deadline,
+            key,
+            token,
+            order,
+        },
+    );
     Ok(next.run(admitted).await)
 }
 
 async fn submit_order(
     User(user_id): User,
     State(app): State<Shared>,
-    Extension(Admitted { key, token, order }): Extension<Admitted>,
+    Extension(Admitted {
+        deadline,
+        key,
+        token,
+        order,
+    }): Extension<Admitted>,
 ) -> Result<Response, ApiError> {
-    let submitted = orders::submit_order(&app, user_id, key.as_str(), token.as_deref(), order);
+    let submitted = orders::submit_order(
+        &app,
+        deadline,
+        user_id,
+        key.as_str(),
+        token.as_deref(),
+        order,
+    );
     let (placed, replayed) = redguard::track_replay(submitted).await;
     let placed = placed?;
     let replayed = replayed || placed.from_database;
@@ -283,7 +316,7 @@ async fn order(
     ApiPath(id): ApiPath<i64>,
 ) -> Result<Json<crate::db::Order>, ApiError> {
     app.db
-        .order(id)
+        .order(app.config.deadline(), id)
         .await?
         .filter(|order| order.user_id == user_id)
         .map(Json)
@@ -295,7 +328,7 @@ async fn list_orders(
     User(user_id): User,
     State(app): State<Shared>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    let orders = app.db.orders_of(user_id).await?;
+    let orders = app.db.orders_of(app.config.deadline(), user_id).await?;
     Ok(Json(json!({ "orders": orders })))
 }
 
@@ -310,20 +343,21 @@ async fn admit_callback(
     let (parts, body) = request.into_parts();
     let body = auth::verify_callback(&parts.headers, body, &app).await?;
     let callback: PaymentCallback = error::parse(&body)?;
+    let deadline = app.config.deadline();
     check_id("payment_id", &callback.payment_id)?;
     app.db
-        .order(callback.order_id)
+        .order(deadline, callback.order_id)
         .await?
         .ok_or(ApiError::NotFound)?;
-    Ok(next.run(admitted(parts, callback)).await)
+    Ok(next.run(admitted(parts, (deadline, callback))).await)
 }
 
 async fn payment_callback(
     State(app): State<Shared>,
-    Extension(callback): Extension<PaymentCallback>,
+    Extension((deadline, callback)): Extension<(Instant, PaymentCallback)>,
 ) -> Result<Json<orders::Paid>, ApiError> {
     let payment_id = callback.payment_id.clone();
     Ok(Json(
-        orders::payment_callback(&app, &payment_id, callback).await?,
+        orders::payment_callback(&app, deadline, &payment_id, callback).await?,
     ))
 }

@@ -102,6 +102,12 @@ pub struct Config {
     /// Connections served at once; more wait in the listen backlog.
     #[arg(long, env = "MAX_CONNECTIONS", default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_connections: u32,
+    /// A request's database waits (for a connection, for SQLite's write lock) end this many
+    /// ms after it was read, and a job run's after it began: past it the request answers
+    /// `503 busy`, having written nothing. Below the stock lock's 10 s lease, so an order's
+    /// write never starts after its lock expired.
+    #[arg(long, env = "REQUEST_DEADLINE_MS", default_value_t = 5000, value_parser = clap::value_parser!(u64).range(1..10_000))]
+    pub request_deadline_ms: u64,
     /// On SIGTERM/SIGINT, how long in-flight requests get to finish, in ms.
     #[arg(long, env = "SHUTDOWN_GRACE_MS", default_value_t = 30_000)]
     pub shutdown_grace_ms: u64,
@@ -173,6 +179,11 @@ impl Config {
 
     pub(crate) fn instance(&self) -> String {
         self.instance.clone().unwrap_or_else(default_instance)
+    }
+
+    /// When the database waits of work starting now end.
+    pub(crate) fn deadline(&self) -> tokio::time::Instant {
+        tokio::time::Instant::now() + Duration::from_millis(self.request_deadline_ms)
     }
 
     pub(crate) fn job_tick(&self) -> Duration {
@@ -285,6 +296,7 @@ mod tests {
             &["--dev", "--auth-secret", "short"],
             &["--dev", "--unknown-flag", "1"],
             &["--dev", "--trusted-proxies", "10.0.0.1,gateway"],
+            &["--dev", "--request-deadline-ms", "10000"],
             &["--port", "9001"],
         ] {
             let err = load(bad).expect_err(&format!("{bad:?} accepted"));

@@ -1,20 +1,62 @@
 //! The database: the last line of defence. The guards keep duplicate and concurrent work away
 //! from it; its constraints (a conditional stock decrement, a unique index per intent, a unique
 //! payment id) make a slip impossible rather than unlikely.
+//!
+//! Each call waits at most until its caller's deadline, first for a connection, then for
+//! SQLite's lock; past it the call fails with [`DbError::Busy`] having written nothing. Reads
+//! and writes have their own connections: in WAL mode a reader never waits behind a write, and
+//! SQLite takes one writer at a time anyway, so an instance's writes queue for its one writer
+//! connection in arrival order.
 
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, TryLockError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
+use rusqlite::{Connection, ErrorCode, OptionalExtension, TransactionBehavior, params};
 use serde::Serialize;
+use tokio::sync::Semaphore;
+use tokio::time::Instant;
 
-/// A connection shared by this instance's handlers. SQLite serialises writers anyway; several
-/// instances share the file through WAL and a busy timeout.
+/// Read connections per instance. Reads are point lookups that hold a connection for
+/// microseconds, never across an await: a few serve any number of requests.
+const READERS: usize = 4;
+
+/// This instance's connections to the database file; several instances share the file
+/// through WAL.
 #[derive(Debug, Clone)]
 pub struct Db {
-    conn: Arc<Mutex<Connection>>,
+    writer: Arc<Pool>,
+    readers: Arc<Pool>,
 }
+
+/// Why a database call failed.
+#[derive(Debug)]
+pub enum DbError {
+    /// The deadline passed while the call waited for a connection or for SQLite's lock (held
+    /// by another instance, the job, or any other process): nothing was written.
+    Busy,
+    Sql(rusqlite::Error),
+}
+
+impl From<rusqlite::Error> for DbError {
+    fn from(err: rusqlite::Error) -> Self {
+        match err.sqlite_error_code() {
+            Some(ErrorCode::DatabaseBusy) => DbError::Busy,
+            _ => DbError::Sql(err),
+        }
+    }
+}
+
+impl std::fmt::Display for DbError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DbError::Busy => f.write_str("the database stayed busy until the deadline"),
+            DbError::Sql(err) => err.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for DbError {}
 
 /// An order as stored.
 #[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq)]
@@ -40,12 +82,18 @@ pub enum PlaceError {
     Duplicate(Order),
     /// The unique index found another order under this user's key.
     KeyReuse,
-    Sql(rusqlite::Error),
+    Db(DbError),
 }
 
 impl From<rusqlite::Error> for PlaceError {
     fn from(err: rusqlite::Error) -> Self {
-        PlaceError::Sql(err)
+        PlaceError::Db(err.into())
+    }
+}
+
+impl From<DbError> for PlaceError {
+    fn from(err: DbError) -> Self {
+        PlaceError::Db(err)
     }
 }
 
@@ -76,12 +124,14 @@ pub(crate) fn now_ms() -> i64 {
 }
 
 impl Db {
+    /// Opens (and if needed creates) the database: its writer, then its readers.
     pub fn open(path: &Path) -> rusqlite::Result<Db> {
-        let conn = Connection::open(path)?;
-        conn.busy_timeout(Duration::from_secs(10))?;
-        conn.pragma_update(None, "journal_mode", "WAL")?;
-        conn.pragma_update(None, "synchronous", "NORMAL")?;
-        conn.execute_batch(
+        let writer = Connection::open(path)?;
+        // At startup only: instances starting together wait their turn for the schema.
+        writer.busy_timeout(Duration::from_secs(10))?;
+        writer.pragma_update(None, "journal_mode", "WAL")?;
+        writer.pragma_update(None, "synchronous", "NORMAL")?;
+        writer.execute_batch(
             "CREATE TABLE IF NOT EXISTS stock (
                  sku TEXT PRIMARY KEY,
                  available INTEGER NOT NULL CHECK (available >= 0),
@@ -117,46 +167,75 @@ impl Db {
                  closed INTEGER NOT NULL
              );",
         )?;
+        let readers = (0..READERS)
+            .map(|_| {
+                let reader = Connection::open(path)?;
+                // A write through a reader would be a bug here: make it fail loudly.
+                reader.pragma_update(None, "query_only", true)?;
+                Ok(reader)
+            })
+            .collect::<rusqlite::Result<_>>()?;
         Ok(Db {
-            conn: Arc::new(Mutex::new(conn)),
+            writer: Pool::new(vec![writer]),
+            readers: Pool::new(readers),
         })
     }
 
-    /// Runs `f` on the connection off the async runtime.
-    async fn with<T: Send + 'static>(
+    /// Runs `f` on a reader, which never waits behind a write.
+    async fn read<T: Send + 'static>(
         &self,
-        f: impl FnOnce(&mut Connection) -> T + Send + 'static,
-    ) -> T {
-        let conn = self.conn.clone();
-        tokio::task::spawn_blocking(move || {
-            let mut conn = conn.lock().unwrap_or_else(|p| p.into_inner());
-            f(&mut conn)
-        })
-        .await
-        .unwrap_or_else(|panic| std::panic::resume_unwind(panic.into_panic()))
+        deadline: Instant,
+        f: impl FnOnce(&mut Connection) -> Result<T, DbError> + Send + 'static,
+    ) -> Result<T, DbError> {
+        self.readers.run(deadline, f).await
     }
 
-    pub async fn set_stock(&self, sku: String, available: u32, price: u32) -> rusqlite::Result<()> {
-        self.with(move |conn| {
+    /// Runs `f` on the writer, after the instance's writes that came before it.
+    async fn write<T, E>(
+        &self,
+        deadline: Instant,
+        f: impl FnOnce(&mut Connection) -> Result<T, E> + Send + 'static,
+    ) -> Result<T, E>
+    where
+        T: Send + 'static,
+        E: From<DbError> + From<rusqlite::Error> + Send + 'static,
+    {
+        self.writer.run(deadline, f).await
+    }
+
+    pub async fn set_stock(
+        &self,
+        deadline: Instant,
+        sku: String,
+        available: u32,
+        price: u32,
+    ) -> Result<(), DbError> {
+        self.write(deadline, move |conn| {
             conn.execute(
                 "INSERT INTO stock (sku, available, price) VALUES (?1, ?2, ?3)
                  ON CONFLICT (sku) DO UPDATE SET available = excluded.available, price = excluded.price",
                 params![sku, available, price],
-            )
-            .map(drop)
+            )?;
+            Ok(())
         })
         .await
     }
 
     /// Units available and the price of `sku`, if it is sold here.
-    pub async fn stock(&self, sku: String) -> rusqlite::Result<Option<(i64, i64)>> {
-        self.with(move |conn| {
-            conn.query_row(
-                "SELECT available, price FROM stock WHERE sku = ?1",
-                [sku],
-                |r| Ok((r.get(0)?, r.get(1)?)),
-            )
-            .optional()
+    pub async fn stock(
+        &self,
+        deadline: Instant,
+        sku: String,
+    ) -> Result<Option<(i64, i64)>, DbError> {
+        self.read(deadline, move |conn| {
+            let stock = conn
+                .query_row(
+                    "SELECT available, price FROM stock WHERE sku = ?1",
+                    [sku],
+                    |r| Ok((r.get(0)?, r.get(1)?)),
+                )
+                .optional()?;
+            Ok(stock)
         })
         .await
     }
@@ -166,13 +245,14 @@ impl Db {
     /// order already under (user, key) is this intent's when its SKU and quantity match.
     pub async fn place_order(
         &self,
+        deadline: Instant,
         user_id: u64,
         key: String,
         sku: String,
         qty: u32,
         fence: u64,
     ) -> Result<Order, PlaceError> {
-        self.with(move |conn| {
+        self.write(deadline, move |conn| {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
             let existing = find_by_key(&tx, user_id, &key)?;
             if let Some(order) = existing {
@@ -223,24 +303,29 @@ impl Db {
         .await
     }
 
-    pub async fn order(&self, order_id: i64) -> rusqlite::Result<Option<Order>> {
-        self.with(move |conn| {
-            conn.query_row(
-                &format!("{SELECT_ORDER} WHERE order_id = ?1"),
-                [order_id],
-                order_row,
-            )
-            .optional()
+    pub async fn order(&self, deadline: Instant, order_id: i64) -> Result<Option<Order>, DbError> {
+        self.read(deadline, move |conn| {
+            let order = conn
+                .query_row(
+                    &format!("{SELECT_ORDER} WHERE order_id = ?1"),
+                    [order_id],
+                    order_row,
+                )
+                .optional()?;
+            Ok(order)
         })
         .await
     }
 
-    pub async fn orders_of(&self, user_id: u64) -> rusqlite::Result<Vec<Order>> {
-        self.with(move |conn| {
+    pub async fn orders_of(&self, deadline: Instant, user_id: u64) -> Result<Vec<Order>, DbError> {
+        self.read(deadline, move |conn| {
             let mut stmt = conn.prepare(&format!(
                 "{SELECT_ORDER} WHERE user_id = ?1 ORDER BY order_id"
             ))?;
-            stmt.query_map([sql_id(user_id)], order_row)?.collect()
+            let orders = stmt
+                .query_map([sql_id(user_id)], order_row)?
+                .collect::<rusqlite::Result<_>>()?;
+            Ok(orders)
         })
         .await
     }
@@ -249,11 +334,12 @@ impl Db {
     /// answer it got then, or `Conflict` when it now names another order or amount.
     pub async fn record_payment(
         &self,
+        deadline: Instant,
         payment_id: String,
         order_id: i64,
         amount: u64,
-    ) -> rusqlite::Result<Payment> {
-        self.with(move |conn| {
+    ) -> Result<Payment, DbError> {
+        self.write(deadline, move |conn| {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
             let recorded: Option<(i64, i64, String)> = tx
                 .query_row(
@@ -314,8 +400,12 @@ impl Db {
     }
 
     /// Closes unpaid orders created before `older_than_ms` and gives their stock back.
-    pub async fn close_unpaid(&self, older_than_ms: i64) -> rusqlite::Result<usize> {
-        self.with(move |conn| {
+    pub async fn close_unpaid(
+        &self,
+        deadline: Instant,
+        older_than_ms: i64,
+    ) -> Result<usize, DbError> {
+        self.write(deadline, move |conn| {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
             let stale: Vec<(i64, String, i64)> = {
                 let mut stmt = tx.prepare(
@@ -339,13 +429,14 @@ impl Db {
 
     pub async fn record_job_run(
         &self,
+        deadline: Instant,
         instance: String,
         started_ms: i64,
         ended_ms: i64,
         fence: u64,
         closed: usize,
-    ) -> rusqlite::Result<()> {
-        self.with(move |conn| {
+    ) -> Result<(), DbError> {
+        self.write(deadline, move |conn| {
             conn.execute(
                 "INSERT INTO job_runs (instance, started_ms, ended_ms, fence, closed)
                  VALUES (?1, ?2, ?3, ?4, ?5)",
@@ -356,10 +447,68 @@ impl Db {
                     i64::try_from(fence).unwrap_or(i64::MAX),
                     i64::try_from(closed).unwrap_or(i64::MAX)
                 ],
-            )
-            .map(drop)
+            )?;
+            Ok(())
         })
         .await
+    }
+}
+
+/// Connections handed out one caller each, in arrival order (tokio's semaphore is fair).
+#[derive(Debug)]
+struct Pool {
+    conns: Vec<Mutex<Connection>>,
+    /// One permit per connection not in use.
+    free: Arc<Semaphore>,
+}
+
+impl Pool {
+    fn new(conns: Vec<Connection>) -> Arc<Pool> {
+        Arc::new(Pool {
+            free: Arc::new(Semaphore::new(conns.len())),
+            conns: conns.into_iter().map(Mutex::new).collect(),
+        })
+    }
+
+    /// Runs `f` on a free connection, off the async runtime. Waiting for the connection and
+    /// SQLite's own wait for its lock (the connection's busy timeout) both end at `deadline`.
+    async fn run<T, E>(
+        self: &Arc<Self>,
+        deadline: Instant,
+        f: impl FnOnce(&mut Connection) -> Result<T, E> + Send + 'static,
+    ) -> Result<T, E>
+    where
+        T: Send + 'static,
+        E: From<DbError> + From<rusqlite::Error> + Send + 'static,
+    {
+        let Ok(permit) = tokio::time::timeout_at(deadline, self.free.clone().acquire_owned()).await
+        else {
+            return Err(DbError::Busy.into());
+        };
+        let permit = permit.expect("the pool's semaphore is never closed");
+        let pool = self.clone();
+        tokio::task::spawn_blocking(move || {
+            // Declared first, dropped last: the connection is unlocked before its permit frees.
+            let _permit = permit;
+            let mut conn = pool
+                .conns
+                .iter()
+                .find_map(|conn| match conn.try_lock() {
+                    Ok(conn) => Some(conn),
+                    // A panic mid-call rolled its transaction back: the connection is sound.
+                    Err(TryLockError::Poisoned(poisoned)) => Some(poisoned.into_inner()),
+                    Err(TryLockError::WouldBlock) => None,
+                })
+                .expect("a permit is a free connection");
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(DbError::Busy.into());
+            }
+            conn.busy_timeout(left)?;
+            f(&mut conn)
+        })
+        .await
+        .unwrap_or_else(|panic| std::panic::resume_unwind(panic.into_panic()))
     }
 }
 

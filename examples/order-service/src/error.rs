@@ -6,6 +6,7 @@ use std::time::Duration;
 use axum::Json;
 use axum::body::{Body, Bytes};
 use axum::extract::{FromRequest, FromRequestParts, Path, Request};
+use axum::http::header::RETRY_AFTER;
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -13,6 +14,7 @@ use redguard::{Classify, ErrorClass};
 use serde::de::DeserializeOwned;
 use serde_json::json;
 
+use crate::db::DbError;
 use crate::orders::Shared;
 
 /// A request's failure. `From<redguard::Error>` lets guards refuse through it; `Classify`
@@ -39,6 +41,9 @@ pub(crate) enum ApiError {
     Payment(StatusCode, &'static str, &'static str),
     /// 500: the database failed; the outcome of a write is unknown.
     Internal(String),
+    /// 503 `busy` with `Retry-After`: the database stayed locked (by another instance's or
+    /// the job's write) until the request's deadline; nothing was written.
+    DbBusy,
     /// A guard refused (or its store failed), answered as the library maps it (its
     /// `Error::status` table); also the database's `key_reuse`, the same outcome.
     Guard(redguard::Error),
@@ -50,9 +55,12 @@ impl From<redguard::Error> for ApiError {
     }
 }
 
-impl From<rusqlite::Error> for ApiError {
-    fn from(err: rusqlite::Error) -> Self {
-        ApiError::Internal(err.to_string())
+impl From<DbError> for ApiError {
+    fn from(err: DbError) -> Self {
+        match err {
+            DbError::Busy => ApiError::DbBusy,
+            DbError::Sql(err) => ApiError::Internal(err.to_string()),
+        }
     }
 }
 
@@ -62,6 +70,8 @@ impl Classify for ApiError {
             // A failed commit may or may not have landed: never re-run blindly.
             ApiError::Internal(_) => ErrorClass::Indeterminate,
             ApiError::Guard(err) => err.class(),
+            // Nothing was written: the retry that `Retry-After` invites runs the body again.
+            ApiError::DbBusy => ErrorClass::Business,
             _ => ErrorClass::Business,
         }
     }
@@ -73,6 +83,18 @@ impl IntoResponse for ApiError {
             // The library's status, stable code, Retry-After/RateLimit headers and a message
             // that never shows a store key (its Display does: it goes to the log).
             ApiError::Guard(err) => return err.into_response(),
+            ApiError::DbBusy => {
+                let body = json!({
+                    "error": "busy",
+                    "message": "the database is busy with another request; retry shortly",
+                });
+                return (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    [(RETRY_AFTER, "1")],
+                    Json(body),
+                )
+                    .into_response();
+            }
             ApiError::BadRequest(message) => (StatusCode::BAD_REQUEST, "bad_request", message),
             ApiError::Body(status, code, message) => (status, code, message),
             ApiError::Unauthenticated(why) => {

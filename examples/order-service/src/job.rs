@@ -15,12 +15,23 @@ use crate::orders::{App, Shared};
 #[dist_lock(key = "job:close-unpaid", lease = "30s", skip_if_held)]
 async fn close_unpaid_once(app: &App) -> Result<usize, ApiError> {
     let fence = redguard::fence().unwrap_or(0);
+    let deadline = app.config.deadline();
     let started = now_ms();
     let timeout = i64::try_from(app.config.unpaid_timeout().as_millis()).unwrap_or(i64::MAX);
-    let closed = app.db.close_unpaid(started.saturating_sub(timeout)).await?;
+    let closed = app
+        .db
+        .close_unpaid(deadline, started.saturating_sub(timeout))
+        .await?;
     let ended = now_ms();
     app.db
-        .record_job_run(app.instance.clone(), started, ended, fence, closed)
+        .record_job_run(
+            deadline,
+            app.instance.clone(),
+            started,
+            ended,
+            fence,
+            closed,
+        )
         .await?;
     Ok(closed)
 }

@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 pub use crate::auth::sign_callback;
 pub use crate::config::{Addresses, Config, Secret};
-pub use crate::db::{Db, Order, Payment};
+pub use crate::db::{Db, DbError, Order, Payment};
 pub use crate::orders::{App, OrderRequest, Placed};
 
 /// Starts the service and serves until SIGTERM or SIGINT, then drains: in-flight requests

@@ -9,6 +9,7 @@ use axum::http::StatusCode;
 use redguard::{Idempotency, KeyBuilder, dist_lock, idempotent};
 use serde::{Deserialize, Serialize};
 use tokio::sync::RwLock;
+use tokio::time::Instant;
 
 use crate::auth::Keys;
 use crate::db::{Db, Payment, PlaceError};
@@ -64,9 +65,11 @@ pub struct Placed {
 /// consumed only when the body runs (`Idempotency::token`), and a database backstop that
 /// outlives the record: an order the unique index finds is answered as a replay
 /// (`Placed::from_database`) or `422`, which the layer cannot see. The payload is the parsed
-/// request, so a retry that formats its JSON differently is still the same intent.
+/// request, so a retry that formats its JSON differently is still the same intent. The
+/// database's waits end at `deadline`, the request's.
 pub(crate) async fn submit_order(
     app: &Shared,
+    deadline: Instant,
     user_id: u64,
     idem_key: &str,
     token: Option<&str>,
@@ -88,7 +91,7 @@ pub(crate) async fn submit_order(
     guard
         .detach()
         .run(async move {
-            let placed = reserve_stock(&app, &req.sku, req.qty, user_id, &idem_key).await;
+            let placed = reserve_stock(&app, deadline, &req.sku, req.qty, user_id, &idem_key).await;
             drop(writing);
             placed
         })
@@ -97,10 +100,12 @@ pub(crate) async fn submit_order(
 
 /// The critical section: decrement stock and record the order. The lock keeps concurrent
 /// buyers of one SKU off the database; the conditional UPDATE and the fencing token make an
-/// oversell impossible even if the lock were lost.
+/// oversell impossible even if the lock were lost. `REQUEST_DEADLINE_MS` is below the lease,
+/// so the write never starts after the lock expired.
 #[dist_lock(key = "stock:{sku}", wait = "300ms", lease = "10s")]
 async fn reserve_stock(
     app: &App,
+    deadline: Instant,
     sku: &str,
     qty: u32,
     user_id: u64,
@@ -109,7 +114,14 @@ async fn reserve_stock(
     let fence = redguard::fence().unwrap_or(0);
     let placed = app
         .db
-        .place_order(user_id, idem_key.to_owned(), sku.to_owned(), qty, fence)
+        .place_order(
+            deadline,
+            user_id,
+            idem_key.to_owned(),
+            sku.to_owned(),
+            qty,
+            fence,
+        )
         .await;
     let (order, from_database) = match placed {
         Ok(order) => (order, false),
@@ -121,7 +133,7 @@ async fn reserve_stock(
                 key: format!("stock:{sku}"),
             }));
         }
-        Err(PlaceError::Sql(err)) => return Err(err.into()),
+        Err(PlaceError::Db(err)) => return Err(err.into()),
     };
     Ok(Placed {
         order_id: order.order_id,
@@ -164,6 +176,7 @@ pub(crate) struct Paid {
 #[idempotent(key = "payment:{payment_id}", expire = "1h", payload = callback)]
 pub(crate) async fn payment_callback(
     app: &App,
+    deadline: Instant,
     payment_id: &str,
     callback: PaymentCallback,
 ) -> Result<Paid, ApiError> {
@@ -171,7 +184,12 @@ pub(crate) async fn payment_callback(
                   is recorded as refund_due and will be refunded";
     let outcome = app
         .db
-        .record_payment(payment_id.to_owned(), callback.order_id, callback.amount)
+        .record_payment(
+            deadline,
+            payment_id.to_owned(),
+            callback.order_id,
+            callback.amount,
+        )
         .await?;
     match outcome {
         Payment::Applied => Ok(Paid {

@@ -1588,3 +1588,96 @@ async fn runs_on_sentinel_and_orders_again_after_a_failover() {
     println!("order-service on Sentinel: orders placed again {recovered:?} after the kill");
     assert_eq!(db_count(&dir, "SELECT COUNT(*) FROM orders"), 2);
 }
+
+/// Sends `request` on its own task: its response and how long it took.
+fn timed(
+    request: reqwest::RequestBuilder,
+) -> tokio::task::JoinHandle<(reqwest::Response, Duration)> {
+    tokio::spawn(async move {
+        let started = Instant::now();
+        let response = request.send().await.unwrap();
+        (response, started.elapsed())
+    })
+}
+
+/// Issue 25 finding 14: another connection holds SQLite's write lock for 4 s. An order
+/// waiting on it does not stall its instance: reads (`GET /stock`, `GET /orders`) never wait
+/// behind a write, a buyer of the same SKU gets `503 busy` (the stock lock's wait, or its
+/// own deadline), and each write waiting on SQLite (that order's, another SKU's) gives up at
+/// its request's deadline (`REQUEST_DEADLINE_MS`, 1 s here) with `503 busy`: every answer
+/// well before the holder lets go. The job (every 50 ms here) waits on the same lock and stalls
+/// nothing either. Nothing was written, so each retry after the holder is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_waiting_on_sqlite_does_not_stall_its_instance() {
+    const HOLD: Duration = Duration::from_secs(4);
+    let (_redis, dir, svc) = service(&[("REQUEST_DEADLINE_MS", "1000")]).await;
+    svc.set_stock("SK-1", 10, 100).await;
+    svc.set_stock("SK-2", 10, 100).await;
+    let db = temp_db(&dir);
+    let (held, is_held) = std::sync::mpsc::channel();
+    let holder = std::thread::spawn(move || {
+        let mut conn = rusqlite::Connection::open(db).unwrap();
+        conn.busy_timeout(Duration::from_secs(10)).unwrap();
+        let tx = conn
+            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+            .unwrap();
+        held.send(()).unwrap();
+        std::thread::sleep(HOLD);
+        tx.commit().unwrap();
+    });
+    is_held.recv().unwrap();
+    let order = |user: u64, key: &str, sku: &str| {
+        svc.post("/orders", As::Proxied(user))
+            .header("idempotency-key", key)
+            .json(&json!({ "sku": sku, "qty": 1 }))
+    };
+    let first = timed(order(1, "k-a", "SK-1"));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let stock = timed(svc.get("/stock/SK-2", As::Anonymous));
+    let list = timed(svc.get("/orders", As::Proxied(1)));
+    let same_sku = timed(order(2, "k-b", "SK-1"));
+    let other_sku = timed(order(3, "k-c", "SK-2"));
+
+    let mut answers = Vec::new();
+    for (what, handle, want) in [
+        ("GET /stock", stock, 200),
+        ("GET /orders", list, 200),
+        ("the first order", first, 503),
+        ("a buyer of the same SKU", same_sku, 503),
+        ("a buyer of another SKU", other_sku, 503),
+    ] {
+        let (response, took) = handle.await.unwrap();
+        println!("{what}: {} after {took:?}", response.status());
+        answers.push((what, response, took, want));
+    }
+    let well_under = HOLD / 2;
+    for (what, response, took, want) in answers {
+        assert!(
+            took < well_under,
+            "{what} took {took:?} while another connection held the write lock for {HOLD:?}"
+        );
+        if want == 503 {
+            assert_eq!(
+                response
+                    .headers()
+                    .get("retry-after")
+                    .map(|v| v.to_str().unwrap()),
+                Some("1"),
+                "{what}"
+            );
+            assert_eq!(
+                error_code(response).await,
+                (StatusCode::SERVICE_UNAVAILABLE, "busy".into()),
+                "{what}"
+            );
+        } else {
+            assert_eq!(response.status(), want, "{what}");
+        }
+    }
+    holder.join().unwrap();
+    for (user, key, sku) in [(1, "k-a", "SK-1"), (2, "k-b", "SK-1"), (3, "k-c", "SK-2")] {
+        let retry = order(user, key, sku).send().await.unwrap();
+        assert_eq!(retry.status(), 201, "{key}: {:?}", retry.text().await);
+    }
+    assert_eq!(db_count(&dir, "SELECT COUNT(*) FROM orders"), 3);
+}
