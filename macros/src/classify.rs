@@ -7,6 +7,7 @@
 //! enum OrderError {
 //!     #[classify(business)] OutOfStock,
 //!     #[classify(indeterminate)] GatewayTimeout,
+//!     #[classify(from)]               // also: `impl From<redguard::Error>` building it
 //!     Guard(redguard::Error),         // one `redguard::Error` field: classifies itself
 //!     #[classify(delegate)] Db(DbError), // one field whose type implements `Classify`
 //! }
@@ -15,6 +16,8 @@
 //! Why a derive: the hand-written `impl Classify for E {}` calls every error a business error,
 //! including a wrapped guard refusal that left the outcome unknown (a lock lost mid-body), so a
 //! retry would run the body again. The derive sees the wrapped `redguard::Error` itself.
+//! `from` is opt-in: a derived `From` would conflict with one written by hand or by
+//! `thiserror`'s `#[from]`.
 
 use proc_macro2::{Span, TokenStream};
 use quote::quote;
@@ -38,7 +41,10 @@ pub(crate) fn derive(input: TokenStream) -> TokenStream {
         Err(err) => return err.to_compile_error(),
     };
     let mut errors = Errors::new();
-    let own = rule_of(&input.attrs, &mut errors);
+    let (own, own_from) = rule_of(&input.attrs, &mut errors);
+    // The one place `#[classify(from)]` builds from a `redguard::Error`: `Self::Variant` or
+    // `Self`, with its fields.
+    let mut from: Option<(TokenStream, &Fields, Span)> = None;
     let default = match own {
         Some(Rule::Delegate) if !matches!(input.data, Data::Struct(_)) => {
             errors.push(
@@ -50,13 +56,29 @@ pub(crate) fn derive(input: TokenStream) -> TokenStream {
         }
         own => own.unwrap_or(Rule::Business),
     };
+    if let (Some(at), Data::Enum(_)) = (own_from, &input.data) {
+        errors.push(
+            at,
+            "`#[classify(from)]` on an enum: put it on the variant that holds the \
+             `redguard::Error`",
+        );
+    }
     let arms = match &input.data {
         Data::Enum(data) => data
             .variants
             .iter()
             .map(|variant| {
-                let rule = rule_of(&variant.attrs, &mut errors);
+                let (mut rule, variant_from) = rule_of(&variant.attrs, &mut errors);
                 let name = &variant.ident;
+                if let Some(at) = variant_from {
+                    if from.is_some() {
+                        errors.push(at, "only one variant can be `#[classify(from)]`");
+                    }
+                    from = Some((quote!(Self::#name), &variant.fields, at));
+                    if single_field(&variant.fields).is_some() {
+                        rule = rule.or(Some(Rule::Delegate));
+                    }
+                }
                 arm(
                     quote!(Self::#name),
                     name.span(),
@@ -70,6 +92,13 @@ pub(crate) fn derive(input: TokenStream) -> TokenStream {
         // The type-level attribute is the struct's own rule.
         Data::Struct(data) => {
             let at = input.ident.span();
+            let mut own = own;
+            if let Some(at) = own_from {
+                from = Some((quote!(Self), &data.fields, at));
+                if single_field(&data.fields).is_some() {
+                    own = own.or(Some(Rule::Delegate));
+                }
+            }
             vec![arm(
                 quote!(Self),
                 at,
@@ -87,6 +116,7 @@ pub(crate) fn derive(input: TokenStream) -> TokenStream {
             Vec::new()
         }
     };
+    let from = from.map(|(path, fields, at)| from_impl(&path, fields, at, &input, &mut errors));
     if let Err(err) = errors.finish() {
         return err.to_compile_error();
     }
@@ -102,6 +132,43 @@ pub(crate) fn derive(input: TokenStream) -> TokenStream {
         impl #impl_generics ::redguard::Classify for #name #ty_generics #where_clause {
             fn class(&self) -> ::redguard::ErrorClass {
                 #body
+            }
+        }
+        #from
+    }
+}
+
+/// `impl From<redguard::Error>` for `#[classify(from)]` (written at `at`): `path` with its one
+/// field set to the error.
+fn from_impl(
+    path: &TokenStream,
+    fields: &Fields,
+    at: Span,
+    input: &DeriveInput,
+    errors: &mut Errors,
+) -> TokenStream {
+    let build = match (fields, single_field(fields)) {
+        (Fields::Named(_), Some(field)) => {
+            let name = &field.ident;
+            quote!(#path { #name: err })
+        }
+        (Fields::Unnamed(_), Some(_)) => quote!(#path(err)),
+        _ => {
+            errors.push(
+                at,
+                "`#[classify(from)]` needs exactly one field, of type `redguard::Error`",
+            );
+            return TokenStream::new();
+        }
+    };
+    let name = &input.ident;
+    let (impl_generics, ty_generics, where_clause) = input.generics.split_for_impl();
+    quote! {
+        impl #impl_generics ::core::convert::From<::redguard::Error> for #name #ty_generics
+            #where_clause
+        {
+            fn from(err: ::redguard::Error) -> Self {
+                #build
             }
         }
     }
@@ -173,11 +240,16 @@ fn is_guard_error(ty: &Type) -> bool {
     path.qself.is_none() && segments == ["redguard", "Error"]
 }
 
-/// The `#[classify(..)]` rule among `attrs`, if any.
-fn rule_of(attrs: &[Attribute], errors: &mut Errors) -> Option<Rule> {
+/// The `#[classify(..)]` rule among `attrs`, if any, and where `from` was written.
+fn rule_of(attrs: &[Attribute], errors: &mut Errors) -> (Option<Rule>, Option<Span>) {
     let mut rule = None;
+    let mut from = None;
     for attr in attrs.iter().filter(|attr| attr.path().is_ident("classify")) {
         let parsed = attr.parse_nested_meta(|meta| {
+            if meta.path.is_ident("from") {
+                from = Some(syn::spanned::Spanned::span(&meta.path));
+                return Ok(());
+            }
             let found = if meta.path.is_ident("business") {
                 Rule::Business
             } else if meta.path.is_ident("indeterminate") {
@@ -186,8 +258,8 @@ fn rule_of(attrs: &[Attribute], errors: &mut Errors) -> Option<Rule> {
                 Rule::Delegate
             } else {
                 return Err(meta.error(
-                    "unknown `classify` argument; expected `business`, `indeterminate` or \
-                     `delegate`",
+                    "unknown `classify` argument; expected `business`, `indeterminate`, \
+                     `delegate` or `from`",
                 ));
             };
             if rule.replace(found).is_some() {
@@ -199,5 +271,5 @@ fn rule_of(attrs: &[Attribute], errors: &mut Errors) -> Option<Rule> {
             errors.push_error(err);
         }
     }
-    rule
+    (rule, from)
 }

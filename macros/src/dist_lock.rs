@@ -245,8 +245,8 @@ impl Expansion for LockExpansion {
     }
 
     /// Input: the body future. Output: `::redguard::__private::dist_lock(builder, body)`.
+    /// Spanned at the return type (see [`expand::at_return`]).
     fn wrap(&self, cx: &Context, binding: &Ident, inner: TokenStream) -> TokenStream {
-        let krate = &cx.krate;
-        quote!(#krate::__private::dist_lock(#binding, #inner))
+        expand::at_return(cx, quote!(dist_lock), quote!(#binding, #inner))
     }
 }

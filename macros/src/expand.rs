@@ -1,7 +1,7 @@
 //! Quoting shared by the guards' expansions. Nothing here fails: every check ran before.
 
-use proc_macro2::TokenStream;
-use quote::{quote, quote_spanned};
+use proc_macro2::{Delimiter, Group, Span, TokenStream};
+use quote::{ToTokens as _, quote, quote_spanned};
 use syn::{Ident, Index, LitStr};
 
 use crate::args::TemplateArg;
@@ -55,6 +55,53 @@ pub(crate) fn scope(written: Option<&LitStr>, cx: &Context) -> TokenStream {
         Some(lit) => quote!(#lit),
         None => cx.default_scope.clone(),
     }
+}
+
+/// `<runtime>::__private::<callee>(args)` spanned at the fn's return type (its first
+/// token): every wrapper call and return-type check is spanned there, and rustc reports an
+/// unmet predicate once per span, so an error type without `From<redguard::Error>` (or
+/// `Classify`) gets one error at the return type, not one per wrapper inside the expansion.
+pub(crate) fn at_return(cx: &Context, callee: TokenStream, args: TokenStream) -> TokenStream {
+    let at = return_span(&cx.ret);
+    let krate = &cx.krate;
+    let path = respan(&quote!(#krate::__private::#callee), at);
+    let mut args = Group::new(Delimiter::Parenthesis, args);
+    args.set_span(at);
+    quote!(#path #args)
+}
+
+/// `expr.await`, spanned as [`at_return`] spans its calls: the future's bounds are checked
+/// where it is awaited.
+pub(crate) fn await_at_return(cx: &Context, expr: TokenStream) -> TokenStream {
+    let at = return_span(&cx.ret);
+    quote_spanned!(at=> #expr.await)
+}
+
+/// The span of the first token of `ty`. One span for every check: a stable proc macro cannot
+/// join spans, and calls spanned from one token to another are not "the same span" to rustc.
+fn return_span(ty: &syn::Type) -> Span {
+    ty.to_token_stream()
+        .into_iter()
+        .next()
+        .map_or_else(Span::call_site, |token| token.span())
+}
+
+/// Whether the return type names the `anyhow` crate (`anyhow::Result<T>`,
+/// `Result<T, anyhow::Error>`): then a missing `Classify` means the feature is off.
+pub(crate) fn names_anyhow(ty: &syn::Type) -> bool {
+    let syn::Type::Path(path) = ty else {
+        return false;
+    };
+    path.path.segments.iter().any(|segment| {
+        segment.ident == "anyhow"
+            || match &segment.arguments {
+                syn::PathArguments::AngleBracketed(args) => args
+                    .args
+                    .iter()
+                    .any(|arg| matches!(arg, syn::GenericArgument::Type(ty) if names_anyhow(ty))),
+                _ => false,
+            }
+    })
 }
 
 /// `tokens` with every token at `span`.

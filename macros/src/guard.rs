@@ -27,13 +27,13 @@
 use proc_macro2::{Span, TokenStream, TokenTree};
 use quote::{ToTokens, format_ident, quote, quote_spanned};
 use syn::parse::{Parse, ParseStream};
-use syn::spanned::Spanned as _;
 use syn::{Attribute, Ident, LitStr, Signature, Type, Visibility};
 
 use crate::args::{self, Arguments};
 use crate::check;
 use crate::dist_lock::DistLock;
 use crate::errors::Errors;
+use crate::expand;
 use crate::idempotent::Idempotent;
 use crate::rate_limit::{self, RateLimit};
 
@@ -352,9 +352,7 @@ fn emit(
     let ret = &cx.ret;
     // Checked first and at the return type, so a fn returning something other than
     // `Result<T, E: From<redguard::Error>>` gets one error pointing there.
-    let ret_check = quote_spanned!(ret.span()=>
-        #krate::__private::assert_guarded_return::<#ret>();
-    );
+    let ret_check = expand::at_return(&cx, quote!(assert_guarded_return::<#ret>), quote!());
     // The typed `let` gives the async block the fn's return type, so `?` in the body converts
     // errors exactly as it did in the unguarded fn.
     let body_span = block
@@ -376,8 +374,12 @@ fn emit(
             .rev()
             .fold(quote!(#body_ident), |inner, (layer, names)| match layer {
                 Layer::Wrapper(wrapper) => wrapper.wrap(&cx, &names[0], inner),
-                Layer::Limits(_) => quote!(#krate::__private::rate_limit([#(#names),*], #inner)),
+                Layer::Limits(_) => {
+                    expand::at_return(&cx, quote!(rate_limit), quote!([#(#names),*], #inner))
+                }
             });
+    // The future's bounds are checked where it is awaited: at the return type too.
+    let awaited = expand::await_at_return(&cx, wrapped);
     quote! {
         #(#attrs)*
         #vis #sig {
@@ -395,12 +397,12 @@ fn emit(
                     ::core::any::type_name_of_val(&__redguard_scope),
                 )
             }
-            #ret_check
+            #ret_check;
             #warning
             #(#preludes)*
             #[allow(clippy::let_and_return, clippy::needless_return, unreachable_code)]
             let #body_ident = #body;
-            #wrapped.await
+            #awaited
         }
     }
 }

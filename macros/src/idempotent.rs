@@ -137,10 +137,15 @@ impl Expansion for IdempotentExpansion {
     /// still borrowable.
     fn prelude(&self, cx: &Context) -> TokenStream {
         let (ret, krate) = (&cx.ret, &cx.krate);
-        let checks = quote_spanned!(ret.span()=>
-            #krate::__private::assert_replayable::<#ret>();
-            #krate::__private::assert_classified::<#ret>();
-        );
+        // `anyhow::Error` has `Classify` only with the feature: say so, not "derive it".
+        let classified = if expand::names_anyhow(ret) {
+            quote!(assert_anyhow_classified::<#ret>)
+        } else {
+            quote!(assert_classified::<#ret>)
+        };
+        let replayable = expand::at_return(cx, quote!(assert_replayable::<#ret>), quote!());
+        let classified = expand::at_return(cx, classified, quote!());
+        let checks = quote!(#replayable; #classified;);
         let scope = expand::scope(self.scope.as_ref(), cx);
         let key = match &self.key {
             Some(key) => {
@@ -173,12 +178,14 @@ impl Expansion for IdempotentExpansion {
         quote!({ #checks #guard })
     }
 
-    /// Output: `binding.run(inner)`, or `binding.detach().run(inner)` with `detach`.
-    fn wrap(&self, _cx: &Context, binding: &Ident, inner: TokenStream) -> TokenStream {
-        if self.detach {
-            quote!(#binding.detach().run(#inner))
+    /// Output: `__private::idempotent(binding, inner)`, or `idempotent_detached` with
+    /// `detach`, spanned at the return type (see [`expand::at_return`]).
+    fn wrap(&self, cx: &Context, binding: &Ident, inner: TokenStream) -> TokenStream {
+        let run = if self.detach {
+            quote!(idempotent_detached)
         } else {
-            quote!(#binding.run(#inner))
-        }
+            quote!(idempotent)
+        };
+        expand::at_return(cx, run, quote!(#binding, #inner))
     }
 }

@@ -222,6 +222,7 @@ pub fn rate_limit(attr: TokenStream, item: TokenStream) -> TokenStream {
 /// enum OrderError {
 ///     OutOfStock,                                // business (the default)
 ///     #[classify(indeterminate)] GatewayTimeout, // the charge may have gone through
+///     #[classify(from)]                          // + `impl From<redguard::Error>`
 ///     Guard(redguard::Error),                    // classifies itself: a lost lock is unknown,
 ///                                                // a lock timeout is business
 ///     #[classify(delegate)] Db(DbError),         // DbError's own `Classify`
@@ -233,6 +234,10 @@ pub fn rate_limit(attr: TokenStream, item: TokenStream) -> TokenStream {
 ///   field implementing `Classify`) on a variant sets its rule.
 /// - `#[classify(indeterminate)]` on the enum makes that the default for unmarked variants:
 ///   the cautious choice when most errors come from calls whose effect is unknown.
+/// - `#[classify(from)]` on the variant (or newtype struct) holding the `redguard::Error` also
+///   derives `From<redguard::Error>`, which every guarded fn's error type needs (a guard
+///   returns its refusals through it). Opt-in, as a `From` written by hand or by
+///   `thiserror`'s `#[from]` would conflict with it.
 #[proc_macro_derive(Classify, attributes(classify))]
 pub fn derive_classify(item: TokenStream) -> TokenStream {
     classify::derive(item.into()).into()

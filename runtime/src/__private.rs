@@ -20,7 +20,7 @@ pub fn key_part<T: KeyPart + ?Sized>(value: &T) -> &T {
     value
 }
 
-/// What a guarded fn must return: a `Result` whose error can carry a guard's refusal.
+/// What a guarded fn must return: a `Result`, whose error type [`GuardError`] checks.
 #[diagnostic::on_unimplemented(
     message = "a guarded fn must return `Result<T, E>` where `E: From<redguard::Error>`, \
                not `{Self}`",
@@ -28,13 +28,38 @@ pub fn key_part<T: KeyPart + ?Sized>(value: &T) -> &T {
              this type",
     note = "add `impl From<redguard::Error> for YourError`, or return `redguard::Result<T>`"
 )]
-pub trait GuardedReturn {}
+pub trait GuardedReturn {
+    /// The error type.
+    type Err;
+}
 
-impl<T, E: From<crate::Error>> GuardedReturn for Result<T, E> {}
+impl<T, E> GuardedReturn for Result<T, E> {
+    type Err = E;
+}
+
+/// A guarded fn's error type: it carries a guard's refusals. A trait of our own (not a bare
+/// `From` bound) so the missing impl is reported with this message, once: every wrapper's
+/// bound is this one at the return type's span, and rustc reports a predicate once per span.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot carry a guard's refusal: a guarded fn's error type needs \
+               `impl From<redguard::Error> for {Self}`",
+    label = "a guard returns its refusals (in progress, rate limited, lock timeout) through \
+             this type's error",
+    note = "with `#[derive(redguard::Classify)]`, mark the variant that holds the guard's \
+            error: `#[classify(from)] Guard(redguard::Error)`; or write \
+            `impl From<redguard::Error> for {Self}`; or return `redguard::Result<T>`"
+)]
+pub trait GuardError: From<crate::Error> {}
+
+impl<E: From<crate::Error>> GuardError for E {}
 
 /// Expansions call this first, spanned at the return type.
 #[inline(always)]
-pub fn assert_guarded_return<R: GuardedReturn>() {}
+pub fn assert_guarded_return<R: GuardedReturn>()
+where
+    R::Err: GuardError,
+{
+}
 
 /// `#[idempotent]`: the guard for one call. `key` is `None` in token-only mode.
 pub fn idempotency(scope: &str, key: Option<crate::Result<crate::KeyBody>>) -> crate::Idempotency {
@@ -68,21 +93,58 @@ impl<T: serde::Serialize + serde::de::DeserializeOwned, E> Replayable for Result
 pub fn assert_replayable<R: Replayable>() {}
 
 /// What `#[idempotent]` needs of the fn's error type: a classification of its errors.
-#[diagnostic::on_unimplemented(
-    message = "`#[idempotent]` must know which errors are safe to retry: `{Self}`'s error \
-               type does not implement `redguard::Classify`",
-    label = "the error type of this `Result` must implement `redguard::Classify`",
-    note = "add `#[derive(redguard::Classify)]` to the error type: a wrapped `redguard::Error` \
-            classifies itself, and `#[classify(indeterminate)]` marks variants whose outcome is \
-            unknown (the rest are business errors: a retry runs again)"
-)]
-pub trait ClassifiedReturn {}
-
-impl<T, E: crate::Classify> ClassifiedReturn for Result<T, E> {}
-
-/// Expansions of `#[idempotent]` call this, spanned at the return type.
+/// [`Classify`](crate::Classify)'s own message says what to add.
 #[inline(always)]
-pub fn assert_classified<R: ClassifiedReturn>() {}
+pub fn assert_classified<R: GuardedReturn>()
+where
+    R::Err: crate::Classify,
+{
+}
+
+/// An `#[idempotent]` fn whose return type names `anyhow` (`anyhow::Result<T>`): without
+/// redguard's feature `anyhow`, `anyhow::Error` has no `Classify`, and the fix is the feature,
+/// not a derive on a foreign type.
+#[diagnostic::on_unimplemented(
+    message = "`#[idempotent]` on a fn returning `anyhow::Result` needs redguard's feature \
+               `anyhow`",
+    label = "`anyhow::Error` implements `redguard::Classify` with the feature `anyhow`",
+    note = "enable it in Cargo.toml: `redguard = {{ version = \"..\", features = [\"anyhow\"] }}`; \
+            attach `redguard::ErrorClass::Indeterminate` as context to errors whose outcome is \
+            unknown"
+)]
+pub trait AnyhowClassified: crate::Classify {}
+
+impl<E: crate::Classify> AnyhowClassified for E {}
+
+/// [`assert_classified`] for a return type that names `anyhow`.
+#[inline(always)]
+pub fn assert_anyhow_classified<R: GuardedReturn>()
+where
+    R::Err: AnyhowClassified,
+{
+}
+
+/// `#[idempotent]`'s wrapper: runs the body once per intent. A fn (not the method) so its
+/// bounds are reported at the return type, as the checks above.
+pub async fn idempotent<T, E, F>(guard: crate::Idempotency, body: F) -> Result<T, E>
+where
+    F: std::future::Future<Output = Result<T, E>>,
+    T: serde::Serialize + serde::de::DeserializeOwned,
+    E: GuardError + crate::Classify,
+{
+    guard.run(body).await
+}
+
+/// `#[idempotent(detach)]`'s wrapper (see [`idempotent`]).
+pub async fn idempotent_detached<T, E, F>(guard: crate::Idempotency, body: F) -> Result<T, E>
+where
+    F: std::future::Future<Output = Result<T, E>> + Send + 'static,
+    T: serde::Serialize + serde::de::DeserializeOwned + Send + 'static,
+    E: GuardError + crate::Classify + Send + 'static,
+{
+    guard.detach().run(body).await
+}
+
 pub use crate::spec::{Algorithm, Rate};
 
 /// A count (`burst`, `cost`) written as an expression: any integer, checked per call.
@@ -119,7 +181,7 @@ pub async fn rate_limit<T, E, F, const N: usize>(
     inner: F,
 ) -> Result<T, E>
 where
-    E: From<crate::Error>,
+    E: GuardError,
     F: std::future::Future<Output = Result<T, E>>,
 {
     let limits = limiters
@@ -146,7 +208,7 @@ pub use crate::lock::OnLost;
 pub async fn dist_lock<K, T, E, F>(lock: crate::LockBuilder<K>, body: F) -> Result<T, E>
 where
     K: crate::lock::Kind,
-    E: From<crate::Error>,
+    E: GuardError,
     F: std::future::Future<Output = Result<T, E>>,
 {
     lock.run(body).await

@@ -11,6 +11,13 @@
 //! # let _ = url;
 //! ```
 
+/// Every Rust block of README.md as a doc-test, compiled in `cargo test` (run unless marked
+/// `no_run`). Here, not in the runtime crate: this crate builds redguard with the features
+/// README's blocks use (`axum`, `anyhow`) and has their dependencies (axum, tower, serde).
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeDoctests;
+
 pub mod cancel;
 pub mod faults;
 pub mod history;

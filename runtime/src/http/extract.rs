@@ -124,19 +124,32 @@ impl KeyExtractor for PathSegment {
 /// extension. A request without one is answered `500`: the server is not set up to tell
 /// clients apart, and one shared bucket would let one client lock out all.
 ///
-/// The key is the address in text with `:` written as `-` (an IPv6 address `2001:db8::1`
-/// is `2001-db8--1`); an IPv4-mapped IPv6 address counts as its IPv4 address.
+/// # One key per subscriber
+///
+/// An IPv4 client is keyed on its address (`192.0.2.1`; an IPv4-mapped IPv6 address counts
+/// as its IPv4 address). An IPv6 client is keyed on its **/64** network by default
+/// (`2001:db8:0:7::1` is `2001-db8-0-7--_64`): a provider hands one subscriber a whole /64
+/// (often a /56 or /48), so keying on the address would let a client pick a fresh bucket
+/// per request. [`ClientIp::ipv6_prefix`] changes the prefix.
 ///
 /// # Deployment caveat
 ///
 /// Behind a reverse proxy or load balancer, every request's peer is the proxy: use
 /// [`ClientIp::behind`] with the proxies' addresses. It reads `X-Forwarded-For` right to
 /// left and stops at the first address that is not a trusted proxy, so a client cannot pick
-/// its own key by sending the header itself; never key on the leftmost entry.
+/// its own key by sending the header itself; never key on the leftmost entry. An entry may
+/// carry a port (`192.0.2.1:5678`, `[2001:db8::1]:443`) or brackets; anything else that is
+/// not an address (`unknown`, an obfuscated name) ends the walk at the last trusted hop.
+/// The `Forwarded` header is not read.
 #[derive(Debug, Clone)]
 pub struct ClientIp {
     trusted: Vec<Cidr>,
+    ipv6_prefix: u8,
 }
+
+/// The IPv6 prefix a client is keyed on unless [`ClientIp::ipv6_prefix`] says otherwise: the
+/// smallest block a provider hands a subscriber.
+const DEFAULT_IPV6_PREFIX: u8 = 64;
 
 impl ClientIp {
     /// The TCP peer: for a service that clients reach directly.
@@ -150,6 +163,7 @@ impl ClientIp {
     pub fn peer() -> ClientIp {
         ClientIp {
             trusted: Vec::new(),
+            ipv6_prefix: DEFAULT_IPV6_PREFIX,
         }
     }
 
@@ -174,10 +188,40 @@ impl ClientIp {
             .into_iter()
             .map(|p| Cidr::parse(p.as_ref()))
             .collect::<Result<Vec<_>>>()?;
-        Ok(ClientIp { trusted })
+        Ok(ClientIp {
+            trusted,
+            ipv6_prefix: DEFAULT_IPV6_PREFIX,
+        })
     }
 
-    /// The client address of a request, as [`ClientIp`] describes.
+    /// Keys IPv6 clients on their first `bits` bits (1 to 128; default 64): 56 or 48 where a
+    /// provider gives each subscriber that much, 128 for one key per address. Another value
+    /// is [`Error::Config`].
+    ///
+    /// ```
+    /// use redguard::http::{ClientIp, KeyExtractor, RateLimitLayer};
+    ///
+    /// let ip = ClientIp::peer().ipv6_prefix(56)?;
+    /// let request = http::Request::get("/")
+    ///     .extension("[2001:db8:0:ab01::9]:443".parse::<std::net::SocketAddr>().unwrap())
+    ///     .body(())
+    ///     .unwrap();
+    /// assert_eq!(ip.extract(&request.into_parts().0).as_deref(), Some("2001-db8-0-ab00--_56"));
+    /// let layer = RateLimitLayer::builder(ip).limit("ip", "60/min").build()?;
+    /// # Ok::<(), redguard::Error>(())
+    /// ```
+    pub fn ipv6_prefix(mut self, bits: u8) -> Result<ClientIp> {
+        if !(1..=128).contains(&bits) {
+            return Err(Error::Config(format!(
+                "`ipv6_prefix({bits})`: an IPv6 prefix is 1 to 128 bits"
+            )));
+        }
+        self.ipv6_prefix = bits;
+        Ok(self)
+    }
+
+    /// The client address of a request, as [`ClientIp`] describes (the whole address: the
+    /// key of an IPv6 client is its network).
     ///
     /// ```
     /// use std::net::{IpAddr, SocketAddr};
@@ -213,7 +257,7 @@ impl ClientIp {
                 entries.into_iter().rev()
             });
         for hop in hops {
-            let Ok(ip) = hop.trim().parse::<IpAddr>() else {
+            let Some(ip) = parse_hop(hop) else {
                 // Garbage from beyond the trusted hops: the last trusted hop's client stands.
                 break;
             };
@@ -243,12 +287,38 @@ impl KeyExtractor for ClientIp {
                 );
             });
         }
-        Some(client?.to_string().replace(':', "-"))
+        Some(match client? {
+            IpAddr::V4(ip) => ip.to_string(),
+            IpAddr::V6(ip) => {
+                let bits = self.ipv6_prefix;
+                // `bits` is 1..=128, so the shift is below 128.
+                let mask = u128::MAX << (128 - u32::from(bits));
+                let net = std::net::Ipv6Addr::from(ip.to_bits() & mask);
+                format!("{}_{bits}", net.to_string().replace(':', "-"))
+            }
+        })
     }
 
     fn missing_status(&self) -> StatusCode {
         StatusCode::INTERNAL_SERVER_ERROR
     }
+}
+
+/// One `X-Forwarded-For` entry: an address, optionally bracketed (IPv6) or with a port
+/// (`192.0.2.1:5678`, `[2001:db8::1]:443`), as proxies write them.
+fn parse_hop(hop: &str) -> Option<IpAddr> {
+    let hop = hop.trim();
+    if let Ok(ip) = hop.parse::<IpAddr>() {
+        return Some(ip.to_canonical());
+    }
+    if let Ok(addr) = hop.parse::<SocketAddr>() {
+        return Some(addr.ip().to_canonical());
+    }
+    let bracketed = hop.strip_prefix('[')?.strip_suffix(']')?;
+    bracketed
+        .parse::<std::net::Ipv6Addr>()
+        .ok()
+        .map(|ip| IpAddr::V6(ip).to_canonical())
 }
 
 fn peer_addr(parts: &Parts) -> Option<SocketAddr> {
@@ -355,9 +425,49 @@ mod tests {
     fn ipv6_keys_follow_the_key_rules() {
         let ip = ClientIp::peer();
         let key = ip.extract(&parts("[2001:db8::1]:80", &[])).unwrap();
-        assert_eq!(key, "2001-db8--1");
+        assert_eq!(key, "2001-db8--_64");
         let mapped = ip.extract(&parts("[::ffff:192.0.2.1]:80", &[])).unwrap();
         assert_eq!(mapped, "192.0.2.1");
+    }
+
+    #[test]
+    fn forwarded_entries_may_carry_ports_and_brackets() {
+        for (hop, ip) in [
+            ("198.51.100.7", "198.51.100.7"),
+            (" 198.51.100.7:5678 ", "198.51.100.7"),
+            ("[2001:db8::1]:443", "2001:db8::1"),
+            ("[2001:db8::1]", "2001:db8::1"),
+            ("2001:db8::1", "2001:db8::1"),
+            ("[::ffff:192.0.2.1]:80", "192.0.2.1"),
+        ] {
+            assert_eq!(parse_hop(hop), Some(ip.parse().unwrap()), "{hop}");
+        }
+        for junk in [
+            "unknown",
+            "_hidden",
+            "1.2.3.4:",
+            "[1.2.3.4]",
+            "[2001:db8::1",
+            "",
+        ] {
+            assert_eq!(parse_hop(junk), None, "{junk}");
+        }
+    }
+
+    #[test]
+    fn ipv6_clients_are_keyed_on_their_prefix() {
+        let key = |ip: &ClientIp, peer| ip.extract(&parts(peer, &[])).unwrap();
+        let peer = ClientIp::peer();
+        assert_eq!(key(&peer, "[2001:db8:0:7:aaaa::1]:1"), "2001-db8-0-7--_64");
+        assert_eq!(key(&peer, "[2001:db8:0:7:bbbb::2]:1"), "2001-db8-0-7--_64");
+        let wide = ClientIp::peer().ipv6_prefix(48).unwrap();
+        assert_eq!(key(&wide, "[2001:db8:5:7::1]:1"), "2001-db8-5--_48");
+        let exact = ClientIp::peer().ipv6_prefix(128).unwrap();
+        assert_eq!(key(&exact, "[2001:db8::1]:1"), "2001-db8--1_128");
+        let one = ClientIp::peer().ipv6_prefix(1).unwrap();
+        assert_eq!(key(&one, "[ffff::1]:1"), "8000--_1");
+        // IPv4 is never masked.
+        assert_eq!(key(&wide, "192.0.2.77:1"), "192.0.2.77");
     }
 
     #[test]

@@ -4,7 +4,9 @@
 
 mod admin;
 mod cancellation_guards;
+mod cancellation_layers;
 mod cancellation_locks;
+mod client_ip;
 mod cluster_failover;
 mod conformance;
 mod conformance_idem;

@@ -26,4 +26,24 @@ union NotAnError {
     a: u8,
 }
 
+#[derive(Debug, redguard::Classify)]
+#[classify(from)]
+enum FromOnEnum {
+    Guard(redguard::Error),
+}
+
+#[derive(Debug, redguard::Classify)]
+enum FromTwice {
+    #[classify(from)]
+    A(redguard::Error),
+    #[classify(from)]
+    B(redguard::Error),
+}
+
+#[derive(Debug, redguard::Classify)]
+enum FromWithoutOneField {
+    #[classify(from)]
+    A,
+}
+
 fn main() {}
