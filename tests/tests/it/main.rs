@@ -41,5 +41,4 @@ mod replicas;
 mod scopes;
 mod security;
 mod sentinel;
-mod spans;
 mod stacking;

@@ -1,6 +1,9 @@
 //! The `tracing` spans of guard calls: one per call with the fields a trace view needs, and
 //! each Redis call as a child span with OpenTelemetry's database fields. Captured with a
-//! subscriber layer on one thread (a current-thread runtime under a scoped default).
+//! subscriber layer on one thread (a current-thread runtime under a scoped default), in a test
+//! binary of its own: tracing caches each callsite's interest process-wide, and a guard test
+//! running on another thread of a shared binary could register a callsite while this
+//! subscriber registered, so a span was missed (seen once in a parallel run of `it`).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
