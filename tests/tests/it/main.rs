@@ -12,6 +12,7 @@ mod conformance_lock;
 mod conformance_rate;
 mod faults;
 mod histories;
+mod http_idempotency;
 mod http_layers;
 mod idempotency_faults;
 mod idempotent_processes;
