@@ -49,6 +49,7 @@ on_memory_and_redis!(
     a_handler_can_mark_its_response_business,
     a_streaming_response_answers_its_first_chunk_promptly,
     a_body_over_max_response_streams_whole_and_is_not_replayed,
+    a_record_of_the_first_format_is_answered_not_panicked_on,
 );
 
 fn post_with_key(path: &str, key: &str, body: &'static [u8]) -> Request<Body> {
@@ -388,4 +389,66 @@ async fn a_body_over_max_response_streams_whole_and_is_not_replayed(rg: Redguard
         assert_eq!(rejected.status(), StatusCode::BAD_REQUEST);
         assert_eq!(bytes_of(rejected).await.len(), 10_000);
     }
+}
+
+async fn a_record_of_the_first_format_is_answered_not_panicked_on(rg: Redguard) {
+    // The first format kept header values as text under `headers`.
+    #[derive(serde::Serialize, serde::Deserialize)]
+    struct FirstFormat {
+        status: u16,
+        headers: Vec<(String, String)>,
+        body: String,
+    }
+    let key = redguard::KeyBuilder::new()
+        .part("key", "old-1")
+        .finish()
+        .unwrap();
+    let written = rg
+        .scope(redguard::Idempotency::new("http", key).run(async {
+            Ok::<_, redguard::Error>(FirstFormat {
+                status: 201,
+                headers: vec![("location".to_owned(), "/orders/1".to_owned())],
+                body: "b2s=".to_owned(),
+            })
+        }))
+        .await;
+    assert!(written.is_ok());
+    let app = Router::new()
+        .route("/orders", post(|| async { (StatusCode::CREATED, "ran") }))
+        .layer(
+            IdempotencyLayer::builder()
+                // No payload: the record above was begun without one.
+                .fingerprint(|_, _| Vec::new())
+                .on(&rg)
+                .build()
+                .unwrap(),
+        );
+    let response = app
+        .oneshot(post_with_key("/orders", "old-1", b""))
+        .await
+        .unwrap();
+    assert!(response.status().is_server_error(), "{}", response.status());
+    assert_eq!(code_of(response).await, "internal");
+}
+
+#[test]
+fn framing_headers_and_unscoped_cookies_are_not_replayable() {
+    for name in [header::CONTENT_LENGTH, header::TRANSFER_ENCODING] {
+        let err = IdempotencyLayer::builder()
+            .replay_headers([header::CONTENT_TYPE, name.clone()])
+            .build()
+            .unwrap_err();
+        assert!(err.to_string().contains(name.as_str()), "{err}");
+    }
+    let err = IdempotencyLayer::builder()
+        .replay_headers([header::SET_COOKIE])
+        .build()
+        .unwrap_err();
+    assert!(err.to_string().contains(".per("), "{err}");
+    // Per client, a cookie goes back to the client it was set for only.
+    IdempotencyLayer::builder()
+        .replay_headers([header::SET_COOKIE])
+        .per(redguard::http::HeaderKey::new("x-user-id").unwrap())
+        .build()
+        .unwrap();
 }
