@@ -43,24 +43,54 @@
 //! | no `Idempotency-Key` | `400` (passed through with [`required(false)`](IdempotencyBuilder::required)) |
 //! | a malformed key, or one breaking the key rules | `400` |
 //! | a body over [`max_body`](IdempotencyBuilder::max_body) | `413` |
-//! | the first with its key | runs; the response is recorded as its status says (below) |
+//! | the first with its key | runs; the response is recorded as its class or status says (below) |
 //! | a retry while the first runs, or after an unknown outcome | `409` `in_progress` |
 //! | the same key with another method, path or body | `422` `key_reuse` |
 //! | a retry after a recorded success | the recorded response, with `Idempotent-Replayed: true` |
 //! | the store cannot answer | `503` (the idempotency [`FailMode`](crate::FailMode) is closed by default) |
 //!
-//! Which statuses count how is [`classify`](IdempotencyBuilder::classify)'s; by default:
-//! `1xx`–`3xx` are a success (recorded: status, the [`replay_headers`](IdempotencyBuilder::replay_headers)
-//! and the body); `4xx` but `408` are business failures (the record is released: a retry runs
-//! again); `5xx`, `408` and a [`timeout`](IdempotencyBuilder::timeout) are unknown outcomes
-//! (the record stays PROCESSING until it expires, retries get `409`): a failed commit may
-//! have landed, so it must not run twice blindly.
+//! # Which outcome a response is
 //!
-//! The request body is read whole (to fingerprint it) and handed on as a `Full<Bytes>`; the
-//! response body of a guarded request is read whole to record it. A success whose body is
-//! over [`max_response`](IdempotencyBuilder::max_response) is sent, but not recorded: its
-//! record stays PROCESSING until it expires, so a retry is refused rather than run twice.
+//! A response that came from a [`redguard::Error`](crate::Error) (its `IntoResponse`, a
+//! layer's [`Rejection`]) carries the error's [`ErrorClass`] in its extensions, and that
+//! decides first: a busy lock's `503` ran nothing, so its retry runs. A handler marks its own
+//! response the same way:
 //!
+//! ```
+//! use http::StatusCode;
+//! use redguard::ErrorClass;
+//!
+//! // Shed before anything was applied: a retry with this key may run.
+//! let mut response = http::Response::new(());
+//! *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+//! response.extensions_mut().insert(ErrorClass::Business);
+//! ```
+//!
+//! Otherwise [`classify`](IdempotencyBuilder::classify) decides by the status; by default
+//! `1xx`–`3xx` are a success (recorded: status, the
+//! [`replay_headers`](IdempotencyBuilder::replay_headers) and the body); `4xx` but `408` are
+//! business failures (the record is released: a retry runs again); `5xx`, `408` and a
+//! [`timeout`](IdempotencyBuilder::timeout) are unknown outcomes (the record keeps it until it
+//! expires or an operator resolves it; retries are refused with `409`): a failed commit may
+//! have landed, so it must not run twice blindly. README compares this with Stripe's and
+//! Powertools' choices.
+//!
+//! # What is sent and what is recorded
+//!
+//! The first response is the handler's, every header included. A replay carries the
+//! recorded status, body and [`replay_headers`](IdempotencyBuilder::replay_headers) only
+//! (default `Content-Type` and `Location`; values as bytes, repeated ones in order), with
+//! `Idempotent-Replayed: true`. `Set-Cookie` is not replayed by default: a replay goes to
+//! whoever presents the key, so a replayed cookie would hand one caller's session to another
+//! (listing it needs [`per`](IdempotencyBuilder::per)).
+//!
+//! The request body is read whole (to fingerprint it) and handed on as a `Full<Bytes>`. A
+//! successful response body is read only when it declares a length within
+//! [`max_response`](IdempotencyBuilder::max_response); a longer one, or a stream of unknown
+//! length (server-sent events), is passed through as it streams and not recorded: the
+//! handler ran but a retry could not be given its response, so the record keeps an unknown
+//! outcome and retries are refused rather than run twice. A failure's body is never read.
+
 //! The handler runs in a task of its own by default
 //! ([`Idempotency::detach`](crate::Idempotency::detach)): a client that disconnects
 //! mid-request does not cancel it, and its retry gets the recorded result.
@@ -276,23 +306,28 @@ impl IdempotencyBuilder {
         self
     }
 
-    /// The largest response body recorded (default 1 MiB); see the [module docs](self).
+    /// The largest response body read and recorded (default 1 MiB); a success with a longer
+    /// or undeclared length streams through unrecorded (see the [module docs](self)).
     pub fn max_response(mut self, bytes: usize) -> Self {
         self.config.max_response = bytes;
         self
     }
 
     /// The response headers recorded and replayed with status and body (default
-    /// `Content-Type`, `Location`).
+    /// `Content-Type`, `Location`); the first response keeps all of the handler's. Framing
+    /// headers (`Content-Length`, `Transfer-Encoding`, ...) are refused by `build`, and so is
+    /// `Set-Cookie` without [`per`](Self::per): a replay would give one caller's cookie to
+    /// whoever presents the same key.
     pub fn replay_headers(mut self, names: impl IntoIterator<Item = HeaderName>) -> Self {
         self.config.replay_headers = names.into_iter().collect();
         self
     }
 
-    /// How a response status ends the execution: `None` a success (recorded and replayed),
+    /// How a response status ends the execution, for a response without an [`ErrorClass`]
+    /// in its extensions: `None` a success (recorded and replayed),
     /// [`ErrorClass::Business`] a failure that releases the record (a retry runs again),
-    /// [`ErrorClass::Indeterminate`] an unknown outcome (the record stays PROCESSING until it
-    /// expires). Default [`default_classify`].
+    /// [`ErrorClass::Indeterminate`] an unknown outcome (retries are refused until the
+    /// record expires or is resolved). Default [`default_classify`].
     ///
     /// ```
     /// use http::StatusCode;
@@ -368,7 +403,8 @@ impl IdempotencyBuilder {
         self
     }
 
-    /// Checks the configuration (scope, expire, timeout, at least one method).
+    /// Checks the configuration (scope, expire, timeout, at least one method, the replayed
+    /// headers).
     pub fn build(self) -> Result<IdempotencyLayer> {
         let config = self.config;
         check_name("scope", &config.scope, MAX_SCOPE_LEN)?;
