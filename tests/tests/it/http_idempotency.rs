@@ -446,7 +446,7 @@ fn framing_headers_and_unscoped_cookies_are_not_replayable() {
         .unwrap_err();
     assert!(err.to_string().contains(".per("), "{err}");
     // Per client, a cookie goes back to the client it was set for only.
-    IdempotencyLayer::builder()
+    let _per_client = IdempotencyLayer::builder()
         .replay_headers([header::SET_COOKIE])
         .per(redguard::http::HeaderKey::new("x-user-id").unwrap())
         .build()

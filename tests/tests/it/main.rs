@@ -14,6 +14,7 @@ mod faults;
 mod histories;
 mod http_idempotency;
 mod http_layers;
+mod http_model;
 mod idempotency_faults;
 mod idempotent_processes;
 mod idempotent_redis;
