@@ -24,6 +24,9 @@ pub enum Outcome {
     Streamed,
     /// A `200` whose body declares more than `max_response`.
     TooLarge,
+    /// The handler panics: the panic reaches the server (no response); the outcome is
+    /// unknown.
+    Panics,
 }
 
 /// A record as the layer leaves it.
@@ -110,6 +113,8 @@ pub fn handler_reply(outcome: Outcome, payload: u8, run: u64) -> Reply {
         }
         Outcome::Rejected(status) | Outcome::ServerError(status) => status,
         Outcome::Shed => 503,
+        // No response at all: status 0 marks it.
+        Outcome::Panics => return refusal(0, "panic"),
         Outcome::LockBusy => {
             headers.insert("retry-after".into(), vec![b"1".to_vec()]);
             return Reply {
@@ -221,9 +226,11 @@ impl HttpModel {
             Outcome::Rejected(_) | Outcome::Shed | Outcome::LockBusy => Record::Released {
                 fingerprint: payload,
             },
-            Outcome::ServerError(_) | Outcome::Streamed | Outcome::TooLarge => Record::Unknown {
-                fingerprint: payload,
-            },
+            Outcome::ServerError(_) | Outcome::Streamed | Outcome::TooLarge | Outcome::Panics => {
+                Record::Unknown {
+                    fingerprint: payload,
+                }
+            }
         };
         self.records.insert(key, record);
         Expect::Runs(run, reply)

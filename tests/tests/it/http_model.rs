@@ -128,6 +128,7 @@ impl ReferenceStateMachine for Machine {
             1 => Just(Outcome::LockBusy),
             1 => Just(Outcome::Streamed),
             1 => Just(Outcome::TooLarge),
+            1 => Just(Outcome::Panics),
         ];
         prop_oneof![
             8 => (0..CLIENTS, 0..KEYS, 0..PAYLOADS, outcome).prop_map(
@@ -214,13 +215,26 @@ impl StateMachineTest for Machine {
                 };
                 let app = sut.app.clone();
                 let got = sut.world.block_on(async move {
-                    let response = app
-                        .oneshot(request(client, key, payload, outcome, 0))
-                        .await
-                        .unwrap();
-                    Got::read(response).await
+                    let call = tokio::spawn(async move {
+                        let response = app
+                            .oneshot(request(client, key, payload, outcome, 0))
+                            .await
+                            .unwrap();
+                        Got::read(response).await
+                    });
+                    match call.await {
+                        Ok(got) => Some(got),
+                        Err(err) if err.is_panic() => None,
+                        Err(err) => panic!("{err}"),
+                    }
                 });
-                sut.check(&got, expected.as_ref());
+                match (got, &expected) {
+                    (Some(got), _) => sut.check(&got, expected.as_ref()),
+                    (None, Some((_, Expect::Runs(_, reply)))) if reply.status == 0 => {
+                        sut.check_runs()
+                    }
+                    (None, _) => sut.fail(format!("the call panicked; expected {expected:?}")),
+                }
             }
             Op::Duplicates {
                 client,
@@ -264,6 +278,9 @@ async fn handler(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: By
         .copied()
         .find(|o| outcome_header(*o) == named)
         .unwrap();
+    if outcome == Outcome::Panics {
+        panic!("the handler panics (an expected part of the HTTP model test)");
+    }
     if outcome == Outcome::LockBusy {
         return match redguard::lock("busy")
             .wait(Duration::from_millis(10))
@@ -299,7 +316,7 @@ async fn handler(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: By
     response
 }
 
-const OUTCOMES: [Outcome; 10] = [
+const OUTCOMES: [Outcome; 11] = [
     Outcome::Created,
     Outcome::Rejected(400),
     Outcome::Rejected(404),
@@ -310,6 +327,7 @@ const OUTCOMES: [Outcome; 10] = [
     Outcome::LockBusy,
     Outcome::Streamed,
     Outcome::TooLarge,
+    Outcome::Panics,
 ];
 
 /// A response as read by the client.
