@@ -50,6 +50,7 @@ on_memory_and_redis!(
     a_streaming_response_answers_its_first_chunk_promptly,
     a_body_over_max_response_streams_whole_and_is_not_replayed,
     a_record_of_the_first_format_is_answered_not_panicked_on,
+    the_5xx_policy_is_the_classifiers,
 );
 
 fn post_with_key(path: &str, key: &str, body: &'static [u8]) -> Request<Body> {
@@ -451,4 +452,72 @@ fn framing_headers_and_unscoped_cookies_are_not_replayable() {
         .per(redguard::http::HeaderKey::new("x-user-id").unwrap())
         .build()
         .unwrap();
+}
+
+/// README's 5xx table: unknown by default; Stripe's replay and Powertools' release are each
+/// one `classify`.
+async fn the_5xx_policy_is_the_classifiers(rg: Redguard) {
+    use redguard::http::idempotency::default_classify;
+
+    let runs = Arc::new(AtomicUsize::new(0));
+    let app = |scope: &str, classify: fn(StatusCode) -> Option<ErrorClass>| {
+        let counter = Arc::clone(&runs);
+        Router::new()
+            .route(
+                "/pay",
+                post(move || {
+                    counter.fetch_add(1, Ordering::SeqCst);
+                    async { (StatusCode::INTERNAL_SERVER_ERROR, "failed") }
+                }),
+            )
+            .layer(
+                IdempotencyLayer::builder()
+                    .scope(scope)
+                    .classify(classify)
+                    .on(&rg)
+                    .build()
+                    .unwrap(),
+            )
+    };
+    let twice = |app: Router| async move {
+        let first = app
+            .clone()
+            .oneshot(post_with_key("/pay", "p-1", b""))
+            .await
+            .unwrap();
+        assert_eq!(first.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        app.oneshot(post_with_key("/pay", "p-1", b""))
+            .await
+            .unwrap()
+    };
+
+    // Default: an unknown outcome; the retry is refused, not run.
+    let retry = twice(app("default", default_classify)).await;
+    assert_eq!(retry.status(), StatusCode::CONFLICT);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    // Stripe's: recorded and replayed.
+    let stripe = |s: StatusCode| {
+        if s.is_server_error() {
+            None
+        } else {
+            default_classify(s)
+        }
+    };
+    let retry = twice(app("stripe", stripe)).await;
+    assert_eq!(retry.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(retry.headers()["idempotent-replayed"], "true");
+    assert_eq!(bytes_of(retry).await, b"failed");
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+    // Powertools': released; the retry runs.
+    let release = |s: StatusCode| {
+        if s.is_server_error() {
+            Some(ErrorClass::Business)
+        } else {
+            default_classify(s)
+        }
+    };
+    let retry = twice(app("release", release)).await;
+    assert_eq!(retry.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    assert!(retry.headers().get("idempotent-replayed").is_none());
+    assert_eq!(runs.load(Ordering::SeqCst), 4);
 }
