@@ -248,6 +248,8 @@ impl StateMachineTest for Machine {
                 payload,
             } => sut.hang_up(client, key, payload),
         }
+        // Every key the layers wrote has a TTL.
+        sut.world.sweep();
         sut
     }
 }
