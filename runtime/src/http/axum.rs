@@ -12,29 +12,36 @@ use crate::error::Error;
 /// [`headers`](Error::headers). The body never holds a store key or an internal detail;
 /// server-side outcomes (`500`, `503`) are logged with the full error.
 ///
+/// The response's extensions hold the [`Rejection`] and the error's
+/// [`ErrorClass`](crate::ErrorClass), which an
+/// [`IdempotencyLayer`](super::IdempotencyLayer) uses before the status: a busy lock's `503`
+/// ran nothing, so the retry runs.
+///
 /// ```
 /// use axum::response::IntoResponse;
+/// use redguard::ErrorClass;
 ///
 /// let response = redguard::Error::KeyReuse.into_response();
 /// assert_eq!(response.status(), 422);
 /// assert_eq!(response.headers()["content-type"], "application/json");
+/// assert_eq!(response.extensions().get(), Some(&ErrorClass::Business));
 /// ```
 impl IntoResponse for Error {
     fn into_response(self) -> Response {
         let rejection = Rejection::from_error(&self);
         let mut response = rejection.to_json_response().into_response();
-        response.headers_mut().extend(rejection.headers().clone());
-        response.extensions_mut().insert(rejection);
+        rejection.attach(&mut response);
         response
     }
 }
 
-/// A JSON `400`: `{"error": "bad_request", "message": ..}`.
+/// A JSON `400`: `{"error": "bad_request", "message": ..}` (a business failure: nothing ran).
 impl IntoResponse for IdempotencyKeyRejection {
     fn into_response(self) -> Response {
-        Rejection::new(self.status(), self.code(), self.to_string())
-            .to_json_response()
-            .into_response()
+        let rejection = Rejection::new(self.status(), self.code(), self.to_string());
+        let mut response = rejection.to_json_response().into_response();
+        rejection.attach(&mut response);
+        response
     }
 }
 

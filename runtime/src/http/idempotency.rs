@@ -43,24 +43,54 @@
 //! | no `Idempotency-Key` | `400` (passed through with [`required(false)`](IdempotencyBuilder::required)) |
 //! | a malformed key, or one breaking the key rules | `400` |
 //! | a body over [`max_body`](IdempotencyBuilder::max_body) | `413` |
-//! | the first with its key | runs; the response is recorded as its status says (below) |
+//! | the first with its key | runs; the response is recorded as its class or status says (below) |
 //! | a retry while the first runs, or after an unknown outcome | `409` `in_progress` |
 //! | the same key with another method, path or body | `422` `key_reuse` |
 //! | a retry after a recorded success | the recorded response, with `Idempotent-Replayed: true` |
 //! | the store cannot answer | `503` (the idempotency [`FailMode`](crate::FailMode) is closed by default) |
 //!
-//! Which statuses count how is [`classify`](IdempotencyBuilder::classify)'s; by default:
-//! `1xx`–`3xx` are a success (recorded: status, the [`replay_headers`](IdempotencyBuilder::replay_headers)
-//! and the body); `4xx` but `408` are business failures (the record is released: a retry runs
-//! again); `5xx`, `408` and a [`timeout`](IdempotencyBuilder::timeout) are unknown outcomes
-//! (the record stays PROCESSING until it expires, retries get `409`): a failed commit may
-//! have landed, so it must not run twice blindly.
+//! # Which outcome a response is
 //!
-//! The request body is read whole (to fingerprint it) and handed on as a `Full<Bytes>`; the
-//! response body of a guarded request is read whole to record it. A success whose body is
-//! over [`max_response`](IdempotencyBuilder::max_response) is sent, but not recorded: its
-//! record stays PROCESSING until it expires, so a retry is refused rather than run twice.
+//! A response that came from a [`redguard::Error`](crate::Error) (its `IntoResponse`, a
+//! layer's [`Rejection`]) carries the error's [`ErrorClass`] in its extensions, and that
+//! decides first: a busy lock's `503` ran nothing, so its retry runs. A handler marks its own
+//! response the same way:
 //!
+//! ```
+//! use http::StatusCode;
+//! use redguard::ErrorClass;
+//!
+//! // Shed before anything was applied: a retry with this key may run.
+//! let mut response = http::Response::new(());
+//! *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+//! response.extensions_mut().insert(ErrorClass::Business);
+//! ```
+//!
+//! Otherwise [`classify`](IdempotencyBuilder::classify) decides by the status; by default
+//! `1xx`–`3xx` are a success (recorded: status, the
+//! [`replay_headers`](IdempotencyBuilder::replay_headers) and the body); `4xx` but `408` are
+//! business failures (the record is released: a retry runs again); `5xx`, `408` and a
+//! [`timeout`](IdempotencyBuilder::timeout) are unknown outcomes (the record keeps it until it
+//! expires or an operator resolves it; retries are refused with `409`): a failed commit may
+//! have landed, so it must not run twice blindly. README compares this with Stripe's and
+//! Powertools' choices.
+//!
+//! # What is sent and what is recorded
+//!
+//! The first response is the handler's, every header included. A replay carries the
+//! recorded status, body and [`replay_headers`](IdempotencyBuilder::replay_headers) only
+//! (default `Content-Type` and `Location`; values as bytes, repeated ones in order), with
+//! `Idempotent-Replayed: true`. `Set-Cookie` is not replayed by default: a replay goes to
+//! whoever presents the key, so a replayed cookie would hand one caller's session to another
+//! (listing it needs [`per`](IdempotencyBuilder::per)).
+//!
+//! The request body is read whole (to fingerprint it) and handed on as a `Full<Bytes>`. A
+//! successful response body is read only when it declares a length within
+//! [`max_response`](IdempotencyBuilder::max_response); a longer one, or a stream of unknown
+//! length (server-sent events), is passed through as it streams and not recorded: the
+//! handler ran but a retry could not be given its response, so the record keeps an unknown
+//! outcome and retries are refused rather than run twice. A failure's body is never read.
+
 //! The handler runs in a task of its own by default
 //! ([`Idempotency::detach`](crate::Idempotency::detach)): a client that disconnects
 //! mid-request does not cancel it, and its retry gets the recorded result.
@@ -108,6 +138,16 @@ pub const DEFAULT_MAX_BODY: usize = 1 << 20;
 pub const DEFAULT_MAX_RESPONSE: usize = 1 << 20;
 /// Default record lifetime: a day, the draft's suggestion for how long keys are honoured.
 pub const DEFAULT_EXPIRE: Duration = Duration::from_secs(24 * 3600);
+
+/// Headers describing the connection or the body's framing rather than the response: a
+/// replay computes its own.
+const FRAMING: [HeaderName; 5] = [
+    header::CONTENT_LENGTH,
+    header::TRANSFER_ENCODING,
+    header::CONNECTION,
+    header::TRAILER,
+    header::UPGRADE,
+];
 
 type Classifier = dyn Fn(StatusCode) -> Option<ErrorClass> + Send + Sync;
 type Fingerprinter = dyn Fn(&Parts, &[u8]) -> Vec<u8> + Send + Sync;
@@ -266,23 +306,28 @@ impl IdempotencyBuilder {
         self
     }
 
-    /// The largest response body recorded (default 1 MiB); see the [module docs](self).
+    /// The largest response body read and recorded (default 1 MiB); a success with a longer
+    /// or undeclared length streams through unrecorded (see the [module docs](self)).
     pub fn max_response(mut self, bytes: usize) -> Self {
         self.config.max_response = bytes;
         self
     }
 
     /// The response headers recorded and replayed with status and body (default
-    /// `Content-Type`, `Location`).
+    /// `Content-Type`, `Location`); the first response keeps all of the handler's. Framing
+    /// headers (`Content-Length`, `Transfer-Encoding`, ...) are refused by `build`, and so is
+    /// `Set-Cookie` without [`per`](Self::per): a replay would give one caller's cookie to
+    /// whoever presents the same key.
     pub fn replay_headers(mut self, names: impl IntoIterator<Item = HeaderName>) -> Self {
         self.config.replay_headers = names.into_iter().collect();
         self
     }
 
-    /// How a response status ends the execution: `None` a success (recorded and replayed),
+    /// How a response status ends the execution, for a response without an [`ErrorClass`]
+    /// in its extensions: `None` a success (recorded and replayed),
     /// [`ErrorClass::Business`] a failure that releases the record (a retry runs again),
-    /// [`ErrorClass::Indeterminate`] an unknown outcome (the record stays PROCESSING until it
-    /// expires). Default [`default_classify`].
+    /// [`ErrorClass::Indeterminate`] an unknown outcome (retries are refused until the
+    /// record expires or is resolved). Default [`default_classify`].
     ///
     /// ```
     /// use http::StatusCode;
@@ -358,7 +403,8 @@ impl IdempotencyBuilder {
         self
     }
 
-    /// Checks the configuration (scope, expire, timeout, at least one method).
+    /// Checks the configuration (scope, expire, timeout, at least one method, the replayed
+    /// headers).
     pub fn build(self) -> Result<IdempotencyLayer> {
         let config = self.config;
         check_name("scope", &config.scope, MAX_SCOPE_LEN)?;
@@ -370,6 +416,20 @@ impl IdempotencyBuilder {
             return Err(Error::Config(
                 "an IdempotencyLayer needs at least one method to guard".to_owned(),
             ));
+        }
+        for name in &config.replay_headers {
+            if FRAMING.contains(name) {
+                return Err(Error::Config(format!(
+                    "`{name}` frames the message and cannot be replayed; the replay sets its own"
+                )));
+            }
+            if *name == header::SET_COOKIE && config.per.is_none() {
+                return Err(Error::Config(
+                    "replaying `set-cookie` needs `.per(..)`: without it a caller presenting \
+                     another's key would receive that caller's cookie"
+                        .to_owned(),
+                ));
+            }
         }
         Ok(IdempotencyLayer {
             config: Arc::new(config),
@@ -447,32 +507,38 @@ impl<S: std::fmt::Debug> std::fmt::Debug for IdempotencyService<S> {
     }
 }
 
-/// A recorded response: what a replay sends.
+/// A recorded response: what a replay sends. Header values and the body are base64: both
+/// are bytes (a header value may hold obs-text, a body need not be UTF-8). Records of the
+/// first format (`headers`, values as text) do not deserialize and are answered as corrupt.
 #[derive(Serialize, Deserialize)]
 struct Recorded {
     status: u16,
-    headers: Vec<(String, String)>,
-    /// Base64: a body need not be UTF-8.
+    /// The replayed fields, in the response's order (repeated names kept).
+    fields: Vec<(String, String)>,
     body: String,
+    /// The handler's own response head, for the live answer: never recorded.
+    #[serde(skip)]
+    live: Option<(http::response::Parts, Bytes)>,
 }
 
 /// How a guarded request ended, other than with a recorded success.
-enum Failure<E> {
+enum Failure<RB, E> {
     /// A guard refused or failed (`409`, `422`, `503`, ...).
     Guard(Error),
-    /// The handler answered with a failure status (or a success too large to record).
-    Response(Response<Full<Bytes>>, ErrorClass),
+    /// The handler's response, passed through as it is: a failure, or a success that is not
+    /// recorded (a stream, a body over `max_response`).
+    Response(Response<ResponseBody<RB>>, ErrorClass),
     /// The inner service failed.
     Inner(E),
 }
 
-impl<E> From<Error> for Failure<E> {
+impl<RB, E> From<Error> for Failure<RB, E> {
     fn from(err: Error) -> Self {
         Failure::Guard(err)
     }
 }
 
-impl<E> Classify for Failure<E> {
+impl<RB, E> Classify for Failure<RB, E> {
     fn class(&self) -> ErrorClass {
         match self {
             Failure::Guard(err) => err.class(),
@@ -585,31 +651,61 @@ where
                 None => tracked.await,
             };
             match outcome {
+                Ok(Recorded {
+                    live: Some((parts, body)),
+                    ..
+                }) => Ok(Response::from_parts(parts, Either::Right(Full::new(body)))),
                 Ok(recorded) => match replay(recorded, replayed) {
                     Ok(response) => Ok(response.map(Either::Right)),
                     Err(err) => Ok(config.reject(Rejection::from_error(&err))),
                 },
                 Err(Failure::Guard(err)) => Ok(config.reject(Rejection::from_error(&err))),
-                Err(Failure::Response(response, _)) => Ok(response.map(Either::Right)),
+                Err(Failure::Response(response, _)) => Ok(response),
                 Err(Failure::Inner(err)) => Err(err),
             }
         }))
     }
 }
 
-/// Runs the inner service and reads its response, classified for the record.
+/// Runs the inner service and classifies its response: by the [`ErrorClass`] in its
+/// extensions (a `redguard::Error`'s, or the handler's own mark), else by `classify`. A
+/// success whose body declares at most `max_response` bytes is read and recorded; any other
+/// response is passed through as it streams.
 async fn handle<S, B, RB>(
     config: Arc<Config>,
     mut inner: S,
     request: Request<RequestBody<B>>,
-) -> Result<Recorded, Failure<S::Error>>
+) -> Result<Recorded, Failure<RB, S::Error>>
 where
     S: Service<Request<RequestBody<B>>, Response = Response<RB>>,
     RB: Body<Data = Bytes>,
     RB::Error: std::fmt::Display,
 {
     let response = inner.call(request).await.map_err(Failure::Inner)?;
+    let class = match response.extensions().get::<ErrorClass>() {
+        Some(class) => Some(*class),
+        None => (config.classify)(response.status()),
+    };
+    if let Some(class) = class {
+        return Err(Failure::Response(response.map(Either::Left), class));
+    }
+    let declared = response.body().size_hint().upper();
+    if declared.is_none_or(|len| len > config.max_response as u64) {
+        // The handler answered, but a retry could not be given its response: an unknown
+        // outcome rather than a second run.
+        tracing::warn!(
+            guard = "idem",
+            len = declared,
+            max = config.max_response,
+            "a success streamed or over max_response is passed through, not recorded; its outcome is unknown to retries"
+        );
+        return Err(Failure::Response(
+            response.map(Either::Left),
+            ErrorClass::Indeterminate,
+        ));
+    }
     let (parts, body) = response.into_parts();
+    // Bounded by the declared upper bound just checked (a body may not exceed its own).
     let bytes = match body.collect().await {
         Ok(collected) => collected.to_bytes(),
         Err(err) => {
@@ -620,51 +716,55 @@ where
                 "internal error",
             )
             .to_json_response();
-            return Err(Failure::Response(response, ErrorClass::Indeterminate));
+            return Err(Failure::Response(
+                response.map(Either::Right),
+                ErrorClass::Indeterminate,
+            ));
         }
     };
-    let response = Response::from_parts(parts, Full::new(bytes.clone()));
-    if let Some(class) = (config.classify)(response.status()) {
-        return Err(Failure::Response(response, class));
-    }
-    if bytes.len() > config.max_response {
-        tracing::error!(
-            guard = "idem",
-            len = bytes.len(),
-            max = config.max_response,
-            "the response is too large to record; record left PROCESSING until it expires"
-        );
-        return Err(Failure::Response(response, ErrorClass::Indeterminate));
-    }
-    let headers = config
+    let engine = base64::engine::general_purpose::STANDARD;
+    let fields = config
         .replay_headers
         .iter()
         .flat_map(|name| {
-            response.headers().get_all(name).iter().filter_map(|value| {
-                Some((name.as_str().to_owned(), value.to_str().ok()?.to_owned()))
-            })
+            parts
+                .headers
+                .get_all(name)
+                .iter()
+                .map(|value| (name.as_str().to_owned(), engine.encode(value.as_bytes())))
         })
         .collect();
     Ok(Recorded {
-        status: response.status().as_u16(),
-        headers,
-        body: base64::engine::general_purpose::STANDARD.encode(&bytes),
+        status: parts.status.as_u16(),
+        fields,
+        body: engine.encode(&bytes),
+        live: Some((parts, bytes)),
     })
 }
 
-/// The response of a recorded success, fresh or replayed.
+/// The response of a replayed success.
 fn replay(recorded: Recorded, replayed: bool) -> Result<Response<Full<Bytes>>> {
-    let body = base64::engine::general_purpose::STANDARD
+    let engine = base64::engine::general_purpose::STANDARD;
+    let corrupt = |detail: &str| Error::Corrupt {
+        key: String::new(),
+        detail: detail.to_owned(),
+    };
+    let body = engine
         .decode(&recorded.body)
-        .map_err(|_| Error::Corrupt {
-            key: String::new(),
-            detail: "a recorded response body is not base64".to_owned(),
-        })?;
+        .map_err(|_| corrupt("a recorded response body is not base64"))?;
     let mut response = Response::new(Full::new(Bytes::from(body)));
-    *response.status_mut() = StatusCode::from_u16(recorded.status).unwrap_or(StatusCode::OK);
-    for (name, value) in recorded.headers {
-        if let (Ok(name), Ok(value)) = (HeaderName::try_from(name), HeaderValue::try_from(value)) {
-            response.headers_mut().append(name, value);
+    *response.status_mut() = StatusCode::from_u16(recorded.status)
+        .map_err(|_| corrupt("a recorded response status is not a status"))?;
+    for (name, value) in recorded.fields {
+        let value = engine
+            .decode(value)
+            .ok()
+            .and_then(|value| HeaderValue::from_bytes(&value).ok());
+        match (HeaderName::try_from(name), value) {
+            (Ok(name), Some(value)) => {
+                response.headers_mut().append(name, value);
+            }
+            _ => return Err(corrupt("a recorded response header is not a header")),
         }
     }
     if replayed {

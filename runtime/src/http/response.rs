@@ -12,6 +12,7 @@ use http::{HeaderMap, HeaderValue, Response, StatusCode, header};
 use http_body_util::{Either, Full};
 
 use crate::error::Error;
+use crate::idempotency::{Classify, ErrorClass};
 
 /// The body of a layer's response: the inner service's (`Left`), or one the layer wrote (a
 /// rejection, a replay: `Right`).
@@ -22,15 +23,19 @@ pub type ResponseBody<B> = Either<B, Full<Bytes>>;
 /// clients, and the headers the response must carry (`Retry-After`, `RateLimit`, ...).
 ///
 /// Every such response carries its `Rejection` in its extensions, so outer layers (logging,
-/// metrics) can see why. A layer's `on_rejection` hook renders the body; the default is
-/// [`to_json_response`](Rejection::to_json_response).
+/// metrics) can see why, and its [`ErrorClass`], so an
+/// [`IdempotencyLayer`](super::IdempotencyLayer) around it releases or keeps its record by
+/// what happened rather than by the status code. A layer's `on_rejection` hook renders the
+/// body; the default is [`to_json_response`](Rejection::to_json_response).
 ///
 /// ```
+/// use redguard::ErrorClass;
 /// use redguard::http::Rejection;
 ///
 /// let rejection = Rejection::from_error(&redguard::Error::InProgress);
 /// assert_eq!(rejection.status(), 409);
 /// assert_eq!(rejection.code(), "in_progress");
+/// assert_eq!(rejection.class(), ErrorClass::Business);
 /// let response = rejection.to_json_response();
 /// assert_eq!(response.headers()["content-type"], "application/json");
 /// ```
@@ -40,15 +45,18 @@ pub struct Rejection {
     code: &'static str,
     message: String,
     headers: HeaderMap,
+    class: ErrorClass,
 }
 
 impl Rejection {
+    /// A refusal by the layer itself, before anything downstream ran: business.
     pub(crate) fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
         Rejection {
             status,
             code,
             message: message.into(),
             headers: HeaderMap::new(),
+            class: ErrorClass::Business,
         }
     }
 
@@ -65,6 +73,7 @@ impl Rejection {
             code: err.code(),
             message: err.public_message(),
             headers: err.headers(),
+            class: err.class(),
         }
     }
 
@@ -88,6 +97,13 @@ impl Rejection {
         &self.headers
     }
 
+    /// Whether a retry may run: [`ErrorClass::Business`] when nothing was applied (a refusal,
+    /// a busy lock), [`ErrorClass::Indeterminate`] when the outcome is unknown (a store
+    /// timeout, a lock lost mid-body). Also in the response's extensions.
+    pub fn class(&self) -> ErrorClass {
+        self.class
+    }
+
     pub(crate) fn headers_mut(&mut self) -> &mut HeaderMap {
         &mut self.headers
     }
@@ -109,8 +125,8 @@ impl Rejection {
 /// A layer's `on_rejection` hook.
 pub(crate) type OnRejection = Arc<dyn Fn(&Rejection) -> Response<Full<Bytes>> + Send + Sync>;
 
-/// The response for `rejection`: rendered by `hook` or as JSON, with the rejection's headers
-/// and the rejection itself in its extensions.
+/// The response for `rejection`: rendered by `hook` or as JSON, with the rejection's headers,
+/// and the rejection itself and its class in its extensions.
 pub(crate) fn reject<B>(
     hook: Option<&OnRejection>,
     rejection: Rejection,
@@ -119,9 +135,17 @@ pub(crate) fn reject<B>(
         Some(hook) => hook(&rejection),
         None => rejection.to_json_response(),
     };
-    response.headers_mut().extend(rejection.headers.clone());
-    response.extensions_mut().insert(rejection);
+    rejection.attach(&mut response);
     response.map(Either::Right)
+}
+
+impl Rejection {
+    /// Adds the headers, the rejection and its class to `response`.
+    pub(crate) fn attach<B>(self, response: &mut Response<B>) {
+        response.headers_mut().extend(self.headers.clone());
+        response.extensions_mut().insert(self.class);
+        response.extensions_mut().insert(self);
+    }
 }
 
 /// The future of a layer's service: ready at once when the layer answered without a store

@@ -6,6 +6,7 @@
 //! lives while `now < expires_at`: at its expiry instant it is gone, as on the in-memory
 //! store (the Redis harness expires keys the same way, see [`crate::vclock`]).
 
+pub mod http;
 pub mod idem;
 pub mod lock;
 pub mod rate;
