@@ -33,6 +33,11 @@ pub(crate) enum Command {
     Unlock(Unlock),
     /// Delete an idempotency record (e.g. a PROCESSING left by a crash), so a retry runs.
     Forget(Target),
+    /// Record a verdict on an idempotency record whose outcome is unknown, after checking
+    /// what the execution did: `--succeeded --value <json>` (retries replay the value) or
+    /// `--failed` (the next retry runs). A live PROCESSING or a SUCCESS record is refused
+    /// unless `--force`. The record keeps its TTL.
+    Resolve(Resolve),
     /// Delete a rate limit's state and penalty: the next call starts afresh.
     Reset(Target),
     /// Give units back to a rate limit.
@@ -112,6 +117,25 @@ pub(crate) struct Unlock {
     /// Only this holder (a semaphore's or read lock's holder, or the lock if it holds it).
     #[arg(long)]
     pub(crate) owner: Option<String>,
+}
+
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("verdict").required(true).args(["succeeded", "failed"])))]
+pub(crate) struct Resolve {
+    #[command(flatten)]
+    pub(crate) target: Target,
+    /// The execution's effects happened: record SUCCESS with --value.
+    #[arg(long, requires = "value")]
+    pub(crate) succeeded: bool,
+    /// The result retries get: the JSON the guarded fn's `Ok` value serializes to.
+    #[arg(long, requires = "succeeded")]
+    pub(crate) value: Option<String>,
+    /// They did not happen (or were undone): record FAIL, so the next retry runs the body.
+    #[arg(long)]
+    pub(crate) failed: bool,
+    /// Also overwrite a PROCESSING record (an execution may still be running) or a SUCCESS one.
+    #[arg(long)]
+    pub(crate) force: bool,
 }
 
 #[derive(Debug, Args)]

@@ -2,7 +2,7 @@
 
 use std::fmt::Write as _;
 
-use redguard::admin::{Inspection, LockState, RecordState, ScanReport, Unlock};
+use redguard::admin::{Inspection, LockState, RecordState, Resolve, ScanReport, Unlock};
 use serde::Serialize;
 
 use crate::metrics::Sample;
@@ -119,7 +119,12 @@ fn lock_lines(out: &mut Lines, lock: &LockState) {
 pub(crate) fn inspection(seen: &Inspection) -> String {
     let mut out = Lines::new(format!("{} {}", seen.guard, seen.key));
     if let Some(record) = &seen.record {
-        out.add("status", &record.status);
+        let status = match record.status.as_str() {
+            "processing" => "processing (running, or crashed: it expires when no longer renewed)",
+            "unknown" => "unknown (ended with an unknown outcome: `redguard resolve` once checked)",
+            other => other,
+        };
+        out.add("status", status);
         out.add("owner", &record.owner);
         out.opt("fingerprint", record.fingerprint.as_deref());
         out.opt("age", record.age_ms.map(duration));
@@ -248,6 +253,17 @@ pub(crate) fn forget(done: &Forgot) -> String {
             done.key, record.status, record.owner
         ),
     }
+}
+
+pub(crate) fn resolve(done: &Resolve) -> String {
+    let next = match done.now {
+        "success" => "retries replay the value",
+        _ => "the next retry runs the body",
+    };
+    format!(
+        "resolved {}: {} -> {}; {next}\n",
+        done.key, done.was, done.now
+    )
 }
 
 pub(crate) fn stats(stats: &Stats) -> String {

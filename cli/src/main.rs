@@ -7,7 +7,7 @@ mod metrics;
 use std::process::ExitCode;
 
 use clap::Parser;
-use redguard::admin::{Admin, AdminKey, ScanSelect};
+use redguard::admin::{Admin, AdminKey, Resolution, ScanSelect};
 use redguard::store::StoreKind;
 use redguard::{Algorithm, GuardKind, Limit, Rate, Redguard};
 use serde::Serialize;
@@ -128,6 +128,18 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                 record: before,
             };
             print(json, &done, human::forget);
+        }
+        Command::Resolve(args) => {
+            let key = key(&admin, GuardKind::Idempotency, &args.target)?;
+            let resolution = match &args.value {
+                Some(value) => Resolution::Succeeded(
+                    serde_json::from_str(value)
+                        .map_err(|err| format!("--value is not JSON: {err}"))?,
+                ),
+                None => Resolution::Failed,
+            };
+            let done = admin.resolve(&key, resolution, args.force).await?;
+            print(json, &done, human::resolve);
         }
         Command::Reset(target) => {
             let key = key(&admin, GuardKind::RateLimit, &target)?;

@@ -6,7 +6,7 @@ use std::process::Output;
 use std::time::Duration;
 
 use redguard::admin::Admin;
-use redguard::store::Begin;
+use redguard::store::{Begin, Finish, IdemBegin, IdemFinish};
 use redguard::{Algorithm, GuardKind, KeyBuilder};
 use redguard_tests::{RedisCluster, RedisServer};
 use serde_json::Value;
@@ -232,6 +232,141 @@ async fn unlock_frees_and_fences() {
     assert!(again.contains("nothing held"), "{again}");
     next.release().await.unwrap();
     drop(stuck);
+    server.assert_every_key_has_ttl();
+}
+
+/// `resolve`: an UNKNOWN record shown as such by `inspect`, refused bad input (exit 1,
+/// nothing written), a live PROCESSING one refused without `--force`, and the verdicts
+/// that retries then see.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resolve_an_unknown_outcome() {
+    let server = RedisServer::start();
+    let rg = redguard_tests::connect(&server).await;
+    let store = rg.store();
+    let record = |name: &str| {
+        let body = KeyBuilder::new().text(name).finish().unwrap();
+        rg.key(GuardKind::Idempotency, SCOPE, &body).unwrap()
+    };
+    let (unknown, live) = (record("7:req-2"), record("7:req-3"));
+    for (key, owner) in [(&unknown, "timed-out"), (&live, "running")] {
+        let begin = Begin {
+            key,
+            owner,
+            fingerprint: "",
+            ttl: Duration::from_secs(600),
+            replicas: None,
+        };
+        store.idem_begin(begin).await.unwrap();
+    }
+    let finish = Finish {
+        key: &unknown,
+        owner: "timed-out",
+        outcome: IdemFinish::Unknown,
+        ttl: Duration::from_secs(600),
+        replicas: None,
+    };
+    store.idem_finish(finish).await.unwrap();
+    let seen = inspect_json(&server, "idem", "7:req-2", &[]).await;
+    assert_eq!(seen["record"]["status"], "unknown");
+    let text = ok(&redguard(on(&server), &["inspect", "idem", "7:req-2", "-s", SCOPE]).await);
+    assert!(text.contains("redguard resolve"), "{text}");
+
+    let mut conn = server.connection();
+    let mut snapshot = |key: &redguard::Key| -> Vec<(String, String)> {
+        redis::cmd("HGETALL")
+            .arg(key.as_str())
+            .query(&mut conn)
+            .unwrap()
+    };
+    let before = (snapshot(&unknown), snapshot(&live));
+    // Usage errors are clap's (exit 2); refusals ours (exit 1). Neither writes.
+    for (args, code) in [
+        (&["resolve", "-s", SCOPE, "7:req-2"][..], 2),
+        (&["resolve", "-s", SCOPE, "7:req-2", "--succeeded"], 2),
+        (&["resolve", "-s", SCOPE, "7:req-2", "--value", "1"], 2),
+        (
+            &[
+                "resolve",
+                "-s",
+                SCOPE,
+                "7:req-2",
+                "--failed",
+                "--succeeded",
+                "--value",
+                "1",
+            ],
+            2,
+        ),
+        (
+            &[
+                "resolve",
+                "-s",
+                SCOPE,
+                "7:req-2",
+                "--succeeded",
+                "--value",
+                "{not json",
+            ],
+            1,
+        ),
+        (&["resolve", "-s", SCOPE, "7:req-3", "--failed"], 1),
+        (&["resolve", "-s", SCOPE, "7:nothing-here", "--failed"], 1),
+        (&["resolve", "-s", SCOPE, "7:{bad}", "--failed"], 1),
+        (&["resolve", "--raw", "redguard:lock:{a:b}", "--failed"], 1),
+    ] {
+        let out = redguard(on(&server), args).await;
+        assert_eq!(out.status.code(), Some(code), "{args:?}");
+    }
+    let after = (snapshot(&unknown), snapshot(&live));
+    assert_eq!(after, before, "a refused resolve wrote");
+
+    let out = redguard(
+        on(&server),
+        &[
+            "--json",
+            "resolve",
+            "-s",
+            SCOPE,
+            "7:req-2",
+            "--succeeded",
+            "--value",
+            r#"{"order_id":7}"#,
+        ],
+    )
+    .await;
+    let done: Value = serde_json::from_str(&ok(&out)).unwrap();
+    assert_eq!(
+        (&done["was"], &done["now"]),
+        (&"unknown".into(), &"success".into())
+    );
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(log.contains("WARN") && log.contains("resolved"), "{log}");
+    let reply = store.idem_begin(Begin {
+        key: &unknown,
+        owner: "retry",
+        fingerprint: "",
+        ttl: Duration::from_secs(600),
+        replicas: None,
+    });
+    assert_eq!(
+        reply.await.unwrap(),
+        IdemBegin::Done(br#"{"order_id":7}"#.to_vec())
+    );
+
+    let text = ok(&redguard(
+        on(&server),
+        &["resolve", "-s", SCOPE, "7:req-3", "--failed", "--force"],
+    )
+    .await);
+    assert!(text.contains("processing -> fail"), "{text}");
+    let reply = store.idem_begin(Begin {
+        key: &live,
+        owner: "retry",
+        fingerprint: "",
+        ttl: Duration::from_secs(600),
+        replicas: None,
+    });
+    assert_eq!(reply.await.unwrap(), IdemBegin::Retrying);
     server.assert_every_key_has_ttl();
 }
 

@@ -29,9 +29,10 @@ use proc_macro::TokenStream;
 /// `redguard::Error::InProgress`; once the body returned `Ok`, every retry gets the stored
 /// value back without running it (`redguard::track_replay` tells the caller); after a business
 /// error a retry runs again; after an error whose outcome is unknown (an indeterminate error,
-/// a `timeout`, a panic, the caller's future dropped) the record stays PROCESSING until it
+/// a `timeout`, a panic, the caller's future dropped) the record is UNKNOWN and retries get
+/// `redguard::Error::OutcomeUnknown` until an operator resolves it (`redguard resolve`) or it
 /// expires, so a retry cannot run blindly. While the body runs, its record is renewed every
-/// `expire`/3, so a slow body is never run twice.
+/// `expire`/3 by a task of its own, so a slow body is never run twice.
 ///
 /// # Requirements
 /// - an `async fn` returning `Result<T, E>`, with `T: Serialize + DeserializeOwned` (the value
@@ -85,9 +86,10 @@ use proc_macro::TokenStream;
 /// | the call finds | it returns | HTTP (`Error::status`, feature `http`) |
 /// |---|---|---|
 /// | no record | the body's result, recorded | - |
-/// | the intent running, or ended with an unknown outcome | `Error::InProgress` | 409 |
+/// | the intent running (or its process crashed) | `Error::InProgress` | 409 |
+/// | the intent ended with an unknown outcome | `Error::OutcomeUnknown` | 409 |
 /// | a success | the recorded value, without running | as the first |
-/// | a business failure | runs again | - |
+/// | a business failure | runs again (whatever its `payload`) | - |
 /// | the key with another `payload` | `Error::KeyReuse` | 422 |
 /// | a bad key value | `Error::InvalidKey` / `MissingKey` | 400 |
 /// | Redis unreachable | `Error::Backend` | 503 |

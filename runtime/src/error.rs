@@ -77,13 +77,22 @@ pub enum Error {
         detail: String,
     },
 
-    /// Another execution of this intent is running, or ended with an unknown outcome (a
-    /// timeout, a crash) and its record has not expired yet. HTTP 409.
-    #[error(
-        "this request is already being processed (or its outcome is unknown); retry later \
-         with the same idempotency key"
-    )]
+    /// Another execution of this intent is running now (or crashed, and its record has not
+    /// expired yet: a crash leaves no verdict). HTTP 409 with `Retry-After: 1`: a retry
+    /// soon gets the twin's result.
+    #[error("this request is already being processed; retry shortly with the same idempotency key")]
     InProgress,
+
+    /// An earlier execution of this intent ended with an unknown outcome (an indeterminate
+    /// error, a timeout, a panic, its caller dropped mid-body): its effects may or may not
+    /// have happened, so it is not run again until an operator resolves it (`redguard
+    /// resolve`, [`Admin::resolve`](crate::admin::Admin::resolve)) or the record expires.
+    /// HTTP 409 without `Retry-After`: retrying soon does not help.
+    #[error(
+        "an earlier attempt of this request ended with an unknown outcome; it is not run again \
+         until it is resolved (`redguard resolve`) or its record expires"
+    )]
+    OutcomeUnknown,
 
     /// The idempotency key was used before with a different payload. HTTP 422.
     #[error(

@@ -30,6 +30,7 @@ pub const SCRIPTS: &[(&str, &str)] = &[
     ("idem_begin", script!("idem_begin")),
     ("idem_finish", script!("idem_finish")),
     ("idem_renew", script!("idem_renew")),
+    ("idem_resolve", script!("idem_resolve")),
     ("lock_acquire", script!("lock_acquire" after "fence")),
     ("lock_release", script!("lock_release")),
     ("lock_renew", script!("lock_renew")),

@@ -12,7 +12,8 @@ use crate::store::admin::{Raw, RawEntry, Snapshot};
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[non_exhaustive]
 pub struct RecordState {
-    /// `processing`, `success` or `fail`.
+    /// `processing` (an execution runs, or crashed), `success`, `fail` or `unknown` (ended
+    /// with an unknown outcome: resolve it with [`Admin::resolve`](super::Admin::resolve)).
     pub status: String,
     /// The execution that wrote it (random per execution).
     pub owner: String,
@@ -20,7 +21,7 @@ pub struct RecordState {
     pub fingerprint: Option<String>,
     /// Time since the current execution began.
     pub age_ms: Option<u64>,
-    /// Time since it finished (SUCCESS or FAIL).
+    /// Time since it finished (SUCCESS, FAIL or UNKNOWN) or was resolved.
     pub finished_ago_ms: Option<u64>,
     /// Time until the record expires.
     pub ttl_ms: Option<u64>,
@@ -233,6 +234,7 @@ impl<'a> View<'a> {
             Some("P") => "processing",
             Some("S") => "success",
             Some("F") => "fail",
+            Some("U") => "unknown",
             _ => {
                 self.wrong(key, "an idempotency record");
                 return None;

@@ -11,7 +11,8 @@
 //!   `SCAN` (never `KEYS`), bounded, on every Cluster master;
 //! - repairs, each explicit and logged at warn: [`unlock`](Admin::unlock) (a forced release
 //!   that raises the fencing counter, so the old holder's token is stale),
-//!   [`forget`](Admin::forget) an idempotency record, [`reset`](Admin::reset) a rate limit,
+//!   [`forget`](Admin::forget) an idempotency record, [`resolve`](Admin::resolve) one whose
+//!   outcome is unknown, [`reset`](Admin::reset) a rate limit,
 //!   [`refund`](Admin::refund) units to it.
 //!
 //! Keys are named as the guards name them — guard, scope and rendered template, checked by
@@ -54,7 +55,29 @@ use crate::handle::Redguard;
 use crate::key::{GuardKind, Key};
 use crate::spec::Limit;
 use crate::store::admin::ForceUnlock;
-use crate::store::{RateCheck, RateMode};
+use crate::store::{self, IdemStatus, RateCheck, RateMode};
+
+/// An operator's verdict on an idempotency record, for [`Admin::resolve`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum Resolution {
+    /// The intent's effects happened: record SUCCESS with this value, which every retry
+    /// then gets (the JSON the guarded fn's `Ok` value serializes to).
+    Succeeded(serde_json::Value),
+    /// They did not (or were undone): record FAIL, so the next retry runs the body.
+    Failed,
+}
+
+/// What [`Admin::resolve`] did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct Resolve {
+    /// The key.
+    pub key: String,
+    /// The record's status before (`unknown`, `fail`; `processing` or `success` when forced).
+    pub was: &'static str,
+    /// Its status now: `success` or `fail`.
+    pub now: &'static str,
+}
 
 /// The operator's tools on a handle's store and prefix. Cheap to clone.
 #[derive(Debug, Clone)]
@@ -319,6 +342,98 @@ impl Admin {
             "redguard admin: idempotency record forgotten"
         );
         Ok(before)
+    }
+
+    /// Records an operator's verdict on the idempotency record at `key`, after reconciling
+    /// what an execution with an unknown outcome did: [`Resolution::Succeeded`] with the
+    /// value retries then replay, or [`Resolution::Failed`] so the next retry runs. Applies
+    /// to an UNKNOWN or FAIL record; a PROCESSING one (an execution may be running: its
+    /// outcome would be lost) or a SUCCESS one only with `force`. Checked and written in one
+    /// atomic step; the record keeps its TTL and fingerprint. Refused (nothing written) with
+    /// [`Error::Config`] when there is no record or it is not resolvable. Logged at warn.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> redguard::Result<()> {
+    /// use redguard::{GuardKind, Idempotency, KeyBuilder, Redguard};
+    /// use redguard::admin::{Admin, Resolution};
+    ///
+    /// let rg = Redguard::memory();
+    /// let charge = || {
+    ///     let key = KeyBuilder::new().text("charge:1").finish().unwrap();
+    ///     // The gateway timed out: charged or not, nobody knows.
+    ///     Idempotency::new("billing", key).run(async { Err::<u64, _>(redguard::Error::Timeout {
+    ///         after: std::time::Duration::from_secs(2),
+    ///     }) })
+    /// };
+    /// assert!(rg.scope(charge()).await.is_err());
+    /// assert!(matches!(rg.scope(charge()).await, Err(redguard::Error::OutcomeUnknown)));
+    ///
+    /// // The gateway's books say it was charged, as charge 1999.
+    /// let admin = Admin::new(rg.clone());
+    /// let key = admin.key(GuardKind::Idempotency, "billing", "charge:1")?;
+    /// let done = admin.resolve(&key, Resolution::Succeeded(1999.into()), false).await?;
+    /// assert_eq!((done.was, done.now), ("unknown", "success"));
+    /// assert_eq!(rg.scope(charge()).await?, 1999); // replayed, not charged again
+    /// # Ok(()) }
+    /// ```
+    pub async fn resolve(
+        &self,
+        key: &AdminKey,
+        resolution: Resolution,
+        force: bool,
+    ) -> Result<Resolve> {
+        self.expect(key, GuardKind::Idempotency)?;
+        let value = match &resolution {
+            Resolution::Succeeded(value) => Some(value.to_string().into_bytes()),
+            Resolution::Failed => None,
+        };
+        let resolved = self
+            .handle
+            .store()
+            .idem_resolve(store::Resolve {
+                key: &key.base,
+                result: value.as_deref(),
+                force,
+            })
+            .await?;
+        let now = match resolution {
+            Resolution::Succeeded(_) => IdemStatus::Success,
+            Resolution::Failed => IdemStatus::Fail,
+        };
+        let was = match resolved {
+            store::Resolved::Done(was) => was,
+            store::Resolved::Missing => {
+                return Err(Error::Config(format!(
+                    "no idempotency record at {}: nothing to resolve",
+                    key.as_str()
+                )));
+            }
+            store::Resolved::Refused(status) => {
+                let why = match status {
+                    IdemStatus::Processing => {
+                        "an execution may still be running (or crashed); its outcome would be overwritten"
+                    }
+                    _ => "it already holds a result that retries replay",
+                };
+                return Err(Error::Config(format!(
+                    "the record at {} is {}: {why}; pass force to resolve it anyway",
+                    key.as_str(),
+                    status.as_str()
+                )));
+            }
+        };
+        tracing::warn!(
+            key = %key.base,
+            was = was.as_str(),
+            now = now.as_str(),
+            force,
+            "redguard admin: idempotency record resolved"
+        );
+        Ok(Resolve {
+            key: key.as_str().to_owned(),
+            was: was.as_str(),
+            now: now.as_str(),
+        })
     }
 
     /// Deletes the rate-limit state at `key` and its penalty: the next call starts afresh.

@@ -18,7 +18,8 @@ impl Error {
     /// |---|---|---|
     /// | [`InvalidKey`](Error::InvalidKey), [`MissingKey`](Error::MissingKey) | 400 | `bad_request` |
     /// | [`TokenUnknown`](Error::TokenUnknown), [`TokenMismatch`](Error::TokenMismatch) | 400 | `token_invalid` |
-    /// | [`InProgress`](Error::InProgress) | 409 | `in_progress` |
+    /// | [`InProgress`](Error::InProgress) | 409 + `Retry-After: 1` | `in_progress` |
+    /// | [`OutcomeUnknown`](Error::OutcomeUnknown) | 409 | `outcome_unknown` |
     /// | [`TokenUsed`](Error::TokenUsed) | 409 | `token_used` |
     /// | [`KeyReuse`](Error::KeyReuse) | 422 | `key_reuse` |
     /// | [`RateLimited`](Error::RateLimited) | 429 + `Retry-After`, `RateLimit`, `RateLimit-Policy` | `rate_limited` |
@@ -40,7 +41,7 @@ impl Error {
             | Error::MissingKey { .. }
             | Error::TokenUnknown
             | Error::TokenMismatch => StatusCode::BAD_REQUEST,
-            Error::InProgress | Error::TokenUsed => StatusCode::CONFLICT,
+            Error::InProgress | Error::OutcomeUnknown | Error::TokenUsed => StatusCode::CONFLICT,
             Error::KeyReuse => StatusCode::UNPROCESSABLE_ENTITY,
             Error::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
             Error::LockTimeout { .. }
@@ -69,6 +70,7 @@ impl Error {
             Error::InvalidKey { .. } | Error::MissingKey { .. } => "bad_request",
             Error::TokenUnknown | Error::TokenMismatch => "token_invalid",
             Error::InProgress => "in_progress",
+            Error::OutcomeUnknown => "outcome_unknown",
             Error::TokenUsed => "token_used",
             Error::KeyReuse => "key_reuse",
             Error::RateLimited(_) => "rate_limited",
@@ -110,7 +112,10 @@ impl Error {
                 "this idempotency token was already used; fetch a new one before submitting again"
             }
             Error::InProgress => {
-                "this request is already being processed (or its outcome is unknown); retry later with the same idempotency key"
+                "this request is already being processed; retry shortly with the same idempotency key"
+            }
+            Error::OutcomeUnknown => {
+                "an earlier attempt of this request ended with an unknown outcome; it is not run again until it has been checked"
             }
             Error::KeyReuse => {
                 "this idempotency key was already used with a different request payload; use a new key for a new request"
@@ -136,16 +141,21 @@ impl Error {
     }
 
     /// How long the client should wait before retrying, when the outcome says to wait: the
-    /// limit's `retry_after` for a rejection, one second for a busy lock or an unavailable
-    /// store.
+    /// limit's `retry_after` for a rejection, one second for a twin in progress, a busy lock
+    /// or an unavailable store. None for an unknown outcome: a retry is refused until an
+    /// operator resolves it or its record expires, however soon it comes.
     ///
     /// ```
     /// use std::time::Duration;
     /// assert_eq!(redguard::Error::KeyReuse.retry_after(), None);
+    /// assert_eq!(redguard::Error::InProgress.retry_after(), Some(Duration::from_secs(1)));
+    /// assert_eq!(redguard::Error::OutcomeUnknown.retry_after(), None);
     /// ```
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
             Error::RateLimited(decision) => Some(decision.retry_after),
+            // A twin is typically a concurrent duplicate of a request: done within seconds.
+            Error::InProgress => Some(BUSY_RETRY_AFTER),
             _ if self.status() == StatusCode::SERVICE_UNAVAILABLE => Some(BUSY_RETRY_AFTER),
             _ => None,
         }

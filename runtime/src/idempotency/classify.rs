@@ -13,7 +13,8 @@ pub enum ErrorClass {
     /// and a retry with the same key runs again.
     Business,
     /// The outcome is unknown (a downstream call timed out, a connection dropped mid-write):
-    /// the record stays PROCESSING until it expires, and retries get [`Error::InProgress`].
+    /// the record becomes UNKNOWN, and retries get [`Error::OutcomeUnknown`] until an
+    /// operator resolves it or it expires.
     Indeterminate,
 }
 
@@ -129,8 +130,8 @@ fn class_in_chain(mut err: Option<&(dyn std::error::Error + 'static)>) -> Option
 
 /// A boxed error classifies through what it holds: a [`redguard::Error`](Error) or an
 /// [`ErrorClass`] anywhere in its source chain. Anything else is **indeterminate**: nothing
-/// says the failure happened before any effect, so the record stays PROCESSING until it
-/// expires rather than letting a retry run the intent twice. Make business errors retryable
+/// says the failure happened before any effect, so the record becomes UNKNOWN rather than
+/// letting a retry run the intent twice. Make business errors retryable
 /// by giving them an [`ErrorClass::Business`] source, or use a typed error with
 /// `#[derive(Classify)]`.
 ///
@@ -154,7 +155,7 @@ impl Classify for Box<dyn std::error::Error + Send + Sync> {
 /// Feature `anyhow`: an [`ErrorClass`] attached as context
 /// (`.context(ErrorClass::Business)`) decides; else a [`redguard::Error`](Error) in the
 /// chain classifies itself; anything else is **indeterminate** (as for a boxed error: the
-/// record stays PROCESSING until it expires, a retry is refused meanwhile).
+/// record becomes UNKNOWN, a retry is refused until it is resolved or expires).
 ///
 /// ```
 /// use anyhow::Context;

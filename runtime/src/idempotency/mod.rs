@@ -1,13 +1,18 @@
 //! The idempotency guard: the same business intent runs once; retries get the first result.
 //!
 //! One execution is: `begin` (one store op) → run the body → `finish` (one store op).
-//! `begin` finds no record (run), a PROCESSING one ([`Error::InProgress`]), a SUCCESS one
-//! (replay its result without running), or a FAIL one (take it over and run again). `finish`
-//! records SUCCESS with the result or FAIL — but only for a *definitive* outcome. A timeout, a
-//! panic, a dropped future or an error the user classifies as indeterminate leaves the record
-//! PROCESSING until it expires: the outcome is unknown, so a retry must not run blindly.
+//! `begin` finds no record (run), a PROCESSING one ([`Error::InProgress`]: a twin runs), a
+//! SUCCESS one (replay its result without running), a FAIL one (take it over and run again,
+//! whatever its payload) or an UNKNOWN one ([`Error::OutcomeUnknown`]). `finish` records
+//! SUCCESS with the result, FAIL for a business error, or UNKNOWN: a timeout, a panic, a
+//! dropped future or an error the user classifies as indeterminate leaves the outcome
+//! unknown, so a retry must not run blindly; an operator resolves it
+//! ([`Admin::resolve`](crate::admin::Admin::resolve)) or it expires. A crashed process
+//! records nothing: its PROCESSING record, no longer renewed, expires `expire` after its
+//! last renewal, and retries get [`Error::InProgress`] until then.
 
 mod classify;
+mod keep_alive;
 mod replay;
 
 use std::future::Future;
@@ -16,10 +21,9 @@ use std::time::Duration;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use sha2::{Digest, Sha256};
-// Tokio's, so a test on paused Tokio time sees renewals at expire/3 of its clock.
-use tokio::time::Instant;
 use tracing::Instrument;
 
+use self::keep_alive::KeepAlive;
 use crate::degrade::Degrade;
 use crate::error::{BackendError, Error, Result};
 use crate::handle::Redguard;
@@ -98,7 +102,7 @@ impl Idempotency {
 
     /// How long the record lives after each transition (1 s to 7 days). It bounds how long a
     /// retry is answered from the record, and how long an execution with an unknown outcome
-    /// blocks retries.
+    /// (or a crashed one) blocks retries unless an operator resolves it.
     pub fn expire(mut self, expire: Duration) -> Self {
         self.expire = expire;
         self
@@ -114,7 +118,7 @@ impl Idempotency {
     }
 
     /// Bounds the body. Elapsing is an unknown outcome: the call returns [`Error::Timeout`] and
-    /// the record stays PROCESSING until it expires.
+    /// the record becomes UNKNOWN.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = Some(timeout);
         self
@@ -169,7 +173,7 @@ impl Idempotency {
 
     /// Runs the body in its own task, so it completes and its outcome is recorded even when
     /// the caller's future is dropped (an HTTP client that disconnected mid-request: its retry
-    /// then gets the result instead of [`Error::InProgress`] until the record expires).
+    /// then gets the result instead of [`Error::OutcomeUnknown`]).
     ///
     /// Opt-in, because the body must then be `Send + 'static` (own its data: no borrowed
     /// parameters, `Arc<Self>` rather than `&self`), and because it keeps running after its
@@ -281,6 +285,7 @@ impl Idempotency {
                 Ok(Some(IdemBegin::Started)) => "started",
                 Ok(Some(IdemBegin::Retrying)) => "retried",
                 Ok(Some(IdemBegin::InProgress)) => "in_progress",
+                Ok(Some(IdemBegin::Unknown)) => "unknown",
                 Ok(Some(IdemBegin::Done(_))) => "replayed",
                 Ok(Some(IdemBegin::KeyReuse)) => "key_reuse",
                 Err(_) => "fail_closed",
@@ -295,6 +300,10 @@ impl Idempotency {
                 Some(IdemBegin::InProgress) => {
                     undo.record = None;
                     return Err(Error::InProgress.into());
+                }
+                Some(IdemBegin::Unknown) => {
+                    undo.record = None;
+                    return Err(Error::OutcomeUnknown.into());
                 }
                 Some(IdemBegin::KeyReuse) => {
                     undo.record = None;
@@ -473,24 +482,39 @@ impl Execution {
         T: Serialize + DeserializeOwned,
         E: From<Error> + Classify,
     {
-        let outcome = tokio::select! {
-            biased;
-            outcome = run_bounded(body, self.timeout) => outcome,
-            never = self.keep_alive() => match never {},
-        };
+        let mut verdict = None;
+        let mut keep_alive = None;
+        if let Some(key) = &self.record {
+            // Dropped while the keep-alive starts, the body has not run: undo the begin.
+            let mut undo = Undo {
+                handle: self.handle.clone(),
+                owner: self.owner.clone(),
+                record: Some(key.clone()),
+                token: self.token.clone(),
+            };
+            keep_alive = Some(
+                KeepAlive::start(&self.handle, &self.scope, key, &self.owner, self.expire).await,
+            );
+            undo.disarm();
+            // From here on a panic or a drop leaves the outcome unknown.
+            verdict = Some(Verdict::armed(&self, key.clone()));
+        }
+        let outcome = run_bounded(body, self.timeout).await;
+        drop(keep_alive);
         let result = match outcome {
             Bounded::Finished(result) => result,
-            // Unknown outcome: the record stays PROCESSING (no longer renewed) until it
-            // expires, so a retry cannot run blindly.
-            Bounded::TimedOut(after) => return Err(Error::Timeout { after }.into()),
+            Bounded::TimedOut(after) => {
+                if let Some(verdict) = verdict {
+                    verdict.record(Outcome::Unknown).await;
+                }
+                return Err(Error::Timeout { after }.into());
+            }
         };
         let business = matches!(&result, Err(err) if err.class() == ErrorClass::Business);
-        if let Some(key) = &self.record {
+        if let (Some(verdict), Some(key)) = (verdict, &self.record) {
             // Decided before the await: the future holds no reference to the result.
             let outcome = self.outcome(key, &result);
-            if let Some(outcome) = outcome {
-                self.finish(key, outcome).await;
-            }
+            verdict.record(outcome).await;
         }
         // A body that failed cleanly gives its token back: the retry its error invites (a
         // busy lock, out of stock) may use it.
@@ -500,112 +524,157 @@ impl Execution {
         result
     }
 
-    /// Renews the PROCESSING record every `expire`/3 while the body runs, so a body slower
-    /// than `expire` is never run a second time, and a crashed one frees the intent at most
-    /// `expire` after its last renewal. Never returns; dropped with the body.
-    async fn keep_alive(&self) -> std::convert::Infallible {
-        let Some(key) = &self.record else {
-            return std::future::pending().await;
-        };
-        let period = self.expire / 3;
-        // After a failed call, retry sooner: the record keeps running out meanwhile.
-        let retry = (self.expire / 10).max(Duration::from_millis(50));
-        let mut next = Instant::now() + period;
-        loop {
-            tokio::time::sleep_until(next).await;
-            match self
-                .handle
-                .store()
-                .idem_renew(key, &self.owner, self.expire)
-                .await
-            {
-                Ok(true) => next = Instant::now() + period,
-                Ok(false) => {
-                    metrics::counter!("redguard_idempotency_lost_total", "scope" => self.scope.clone())
-                        .increment(1);
-                    tracing::warn!(guard = "idem", %key, "record expired or was taken over while the body ran; a retry may run the intent again");
-                    return std::future::pending().await;
-                }
-                Err(err) => {
-                    tracing::warn!(guard = "idem", %key, error = %err, "could not renew the record; retrying");
-                    next = Instant::now() + retry;
-                }
-            }
-        }
-    }
-
-    /// The definitive outcome to record: SUCCESS with the serialized value, or FAIL for a
-    /// business error. `None` for an indeterminate error, or a value that would not replay:
-    /// the record is left PROCESSING.
-    fn outcome<T, E>(&self, key: &Key, result: &Result<T, E>) -> Option<Outcome>
+    /// The outcome to record: SUCCESS with the serialized value, FAIL for a business error,
+    /// UNKNOWN for an indeterminate error or a value that would not replay.
+    fn outcome<T, E>(&self, key: &Key, result: &Result<T, E>) -> Outcome
     where
         T: Serialize + DeserializeOwned,
         E: Classify,
     {
         match result {
             Ok(value) => match replayable(value) {
-                Ok(bytes) => Some(Outcome::Success(bytes)),
+                Ok(bytes) => Outcome::Success(bytes),
                 Err(why) => {
                     // The body succeeded, but a retry could not be given its result. FAIL
-                    // would let a retry execute the intent twice: leave it PROCESSING.
+                    // would let a retry execute the intent twice.
                     record_outcome(&self.scope, "unreplayable");
-                    tracing::error!(guard = "idem", %key, error = %why, "the result does not replay; record left PROCESSING until it expires");
-                    None
+                    tracing::error!(guard = "idem", %key, error = %why, "the result does not replay; record left UNKNOWN until it is resolved or expires");
+                    Outcome::Unknown
                 }
             },
-            Err(err) if err.class() == ErrorClass::Business => Some(Outcome::Fail),
-            Err(_) => None,
-        }
-    }
-
-    async fn finish(&self, key: &Key, outcome: Outcome) {
-        let finish = match &outcome {
-            Outcome::Success(bytes) => IdemFinish::Success(bytes),
-            Outcome::Fail => IdemFinish::Fail,
-        };
-        let finish = Finish {
-            key,
-            owner: &self.owner,
-            outcome: finish,
-            ttl: self.expire,
-            replicas: self.replicas,
-        };
-        let result = self.handle.store().idem_finish(finish).await;
-        crate::trace::record(
-            "recorded",
-            match (&result, &outcome) {
-                (Ok(IdemFinished::Recorded), Outcome::Success(_)) => "success",
-                (Ok(IdemFinished::Recorded), Outcome::Fail) => "fail",
-                (Ok(IdemFinished::NotOwner), _) => "not_owner",
-                (Err(Error::Backend(BackendError::Unconfirmed { .. })), _) => "unconfirmed",
-                (Err(_), _) => "unrecorded",
-            },
-        );
-        match result {
-            Ok(IdemFinished::Recorded) => {}
-            Ok(IdemFinished::NotOwner) => {
-                metrics::counter!("redguard_idempotency_lost_total", "scope" => self.scope.clone())
-                    .increment(1);
-                tracing::warn!(guard = "idem", %key, "record expired or was taken over during the body; outcome not recorded");
-            }
-            Err(err @ Error::Backend(BackendError::Unconfirmed { .. })) => {
-                metrics::counter!("redguard_backend_errors_total", "guard" => "idem", "op" => "idem_finish", "outcome" => "unconfirmed")
-                    .increment(1);
-                tracing::warn!(guard = "idem", %key, error = %err, "the outcome is recorded but too few replicas confirmed it; a failover now could lose it");
-            }
-            Err(err) => {
-                metrics::counter!("redguard_backend_errors_total", "guard" => "idem", "op" => "idem_finish", "outcome" => "unrecorded")
-                    .increment(1);
-                tracing::warn!(guard = "idem", %key, error = %err, "could not record the outcome; the record stays PROCESSING until it expires");
-            }
+            Err(err) if err.class() == ErrorClass::Business => Outcome::Fail,
+            Err(_) => Outcome::Unknown,
         }
     }
 }
 
 /// How an execution ended, to be recorded.
+#[derive(Debug, Clone)]
 enum Outcome {
     Success(Vec<u8>),
     Fail,
+    Unknown,
+}
+
+/// The outcome an execution owes its record. Dropped armed (the body panicked, the caller's
+/// future was dropped mid-body or mid-finish), it records in a task of its own what is
+/// known: UNKNOWN while the body runs, the body's outcome once it returned. Spawned after
+/// the finish it may follow on the same connection, so the store applies it after that
+/// finish, which then owns the record (the second finish changes nothing).
+struct Verdict {
+    handle: Redguard,
+    scope: String,
+    key: Key,
+    owner: String,
+    expire: Duration,
+    replicas: Option<Replicas>,
+    armed: Option<Outcome>,
+}
+
+impl Verdict {
+    fn armed(execution: &Execution, key: Key) -> Verdict {
+        Verdict {
+            handle: execution.handle.clone(),
+            scope: execution.scope.clone(),
+            key,
+            owner: execution.owner.clone(),
+            expire: execution.expire,
+            replicas: execution.replicas,
+            armed: Some(Outcome::Unknown),
+        }
+    }
+
+    /// Records `outcome`, armed with it until the store answered.
+    async fn record(mut self, outcome: Outcome) {
+        self.armed = Some(outcome.clone());
+        finish(
+            &self.handle,
+            &self.scope,
+            &self.key,
+            &self.owner,
+            outcome,
+            self.expire,
+            self.replicas,
+        )
+        .await;
+        self.armed = None;
+    }
+}
+
+impl Drop for Verdict {
+    fn drop(&mut self) {
+        let Some(outcome) = self.armed.take() else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            tracing::debug!(guard = "idem", key = %self.key, "execution abandoned outside a Tokio runtime; its record expires");
+            return;
+        };
+        let (handle, scope, key, owner) = (
+            self.handle.clone(),
+            std::mem::take(&mut self.scope),
+            self.key.clone(),
+            std::mem::take(&mut self.owner),
+        );
+        let (expire, replicas) = (self.expire, self.replicas);
+        drop(runtime.spawn(async move {
+            finish(&handle, &scope, &key, &owner, outcome, expire, replicas).await;
+        }));
+    }
+}
+
+/// Records the outcome of `owner`'s execution, and reports what became of it.
+async fn finish(
+    handle: &Redguard,
+    scope: &str,
+    key: &Key,
+    owner: &str,
+    outcome: Outcome,
+    expire: Duration,
+    replicas: Option<Replicas>,
+) {
+    let recorded = match &outcome {
+        Outcome::Success(bytes) => IdemFinish::Success(bytes),
+        Outcome::Fail => IdemFinish::Fail,
+        Outcome::Unknown => IdemFinish::Unknown,
+    };
+    let finish = Finish {
+        key,
+        owner,
+        outcome: recorded,
+        ttl: expire,
+        replicas,
+    };
+    let result = handle.store().idem_finish(finish).await;
+    crate::trace::record(
+        "recorded",
+        match (&result, &outcome) {
+            (Ok(IdemFinished::Recorded), Outcome::Success(_)) => "success",
+            (Ok(IdemFinished::Recorded), Outcome::Fail) => "fail",
+            (Ok(IdemFinished::Recorded), Outcome::Unknown) => "unknown",
+            (Ok(IdemFinished::NotOwner), _) => "not_owner",
+            (Err(Error::Backend(BackendError::Unconfirmed { .. })), _) => "unconfirmed",
+            (Err(_), _) => "unrecorded",
+        },
+    );
+    match result {
+        Ok(IdemFinished::Recorded) => {}
+        Ok(IdemFinished::NotOwner) => {
+            metrics::counter!("redguard_idempotency_lost_total", "scope" => scope.to_owned())
+                .increment(1);
+            tracing::warn!(guard = "idem", %key, "record expired or was taken over during the body; outcome not recorded");
+        }
+        Err(err @ Error::Backend(BackendError::Unconfirmed { .. })) => {
+            metrics::counter!("redguard_backend_errors_total", "guard" => "idem", "op" => "idem_finish", "outcome" => "unconfirmed")
+                .increment(1);
+            tracing::warn!(guard = "idem", %key, error = %err, "the outcome is recorded but too few replicas confirmed it; a failover now could lose it");
+        }
+        Err(err) => {
+            metrics::counter!("redguard_backend_errors_total", "guard" => "idem", "op" => "idem_finish", "outcome" => "unrecorded")
+                .increment(1);
+            tracing::warn!(guard = "idem", %key, error = %err, "could not record the outcome; the record stays PROCESSING until it expires");
+        }
+    }
 }
 
 /// The serialized value, checked to read back as `T`: what a replay would return.

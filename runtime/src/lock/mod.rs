@@ -24,6 +24,8 @@ mod multi;
 mod ops;
 mod watchdog;
 
+pub(crate) use self::watchdog::Live;
+
 use crate::handle::Redguard;
 
 pub use self::builder::{

@@ -12,7 +12,8 @@ use crate::handle::Redguard;
 use crate::key::Key;
 
 impl Redguard {
-    /// Lock renewal tasks of this handle alive right now. A held lock has one from its first
+    /// Renewal tasks of this handle alive right now: of locks, and of idempotency records
+    /// (one per execution with a record, from its start to its end). A held lock has one from its first
     /// renewal on (at once for a guard from `acquire`; a section run by `LockBuilder::run`
     /// starts it only if it outlives a third of its lease); it ends with its guard, so this
     /// returns to its previous value shortly after every guard is gone (the task is dropped
@@ -35,12 +36,12 @@ impl Redguard {
 }
 
 /// Counts a task of `handle` from spawn until its future is dropped (finished or aborted).
-struct Live {
+pub(crate) struct Live {
     handle: Redguard,
 }
 
 impl Live {
-    fn new(handle: Redguard) -> Self {
+    pub(crate) fn new(handle: Redguard) -> Self {
         handle.state().watchdogs.fetch_add(1, Ordering::SeqCst);
         Live { handle }
     }

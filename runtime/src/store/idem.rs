@@ -10,13 +10,15 @@ use crate::spec::Replicas;
 
 /// Idempotency operations of a [`Store`](super::Store).
 ///
-/// A record is `{status, owner, fp, result}`; `status` is PROCESSING, SUCCESS or FAIL. Each
+/// A record is `{status, owner, fp, result}`; `status` is PROCESSING, SUCCESS, FAIL or
+/// UNKNOWN (the execution ended, but whether its effects happened is not known). Each
 /// transition is one atomic operation; `owner` (a random id per execution) guards `finish`, so
 /// an execution that lost its record cannot overwrite a newer one.
 #[async_trait]
 pub trait IdemOps {
-    /// Starts an execution: no record (or a FAIL one) → PROCESSING owned by `owner`, living
-    /// `ttl`. `fingerprint` (empty = none) must match the record's when both have one. With
+    /// Starts an execution: no record (or a FAIL one, whatever its fingerprint: a failure
+    /// releases the key) → PROCESSING owned by `owner` with `fingerprint`, living `ttl`.
+    /// Otherwise `fingerprint` (empty = none) must match the record's when both have one. With
     /// [`replicas`](Begin::replicas), a record begun but not confirmed in time is
     /// [`BackendError::Unconfirmed`](crate::BackendError::Unconfirmed) (and stays: the caller
     /// undoes it with [`idem_abandon`](IdemOps::idem_abandon)).
@@ -32,11 +34,16 @@ pub trait IdemOps {
     /// PROCESSING one, so a retry can run. Anything else is left alone.
     async fn idem_abandon(&self, key: &Key, owner: &str) -> Result<()>;
 
-    /// Ends the execution `owner` began: SUCCESS with `result`, or FAIL (a retry may run).
-    /// The record then lives `ttl` more. With [`replicas`](Finish::replicas), an outcome
+    /// Ends the execution `owner` began: SUCCESS with `result`, FAIL (a retry may run) or
+    /// UNKNOWN (retries are refused). The record then lives `ttl` more. With [`replicas`](Finish::replicas), an outcome
     /// recorded but not confirmed in time is
     /// [`BackendError::Unconfirmed`](crate::BackendError::Unconfirmed) (it stays recorded).
     async fn idem_finish(&self, finish: Finish<'_>) -> Result<IdemFinished>;
+
+    /// An operator's verdict on the record at `key` (`redguard resolve`): SUCCESS with a
+    /// result, or FAIL. Applies to an UNKNOWN or FAIL record; a PROCESSING or SUCCESS one only
+    /// when `force`. The record keeps its TTL and fingerprint.
+    async fn idem_resolve(&self, resolve: Resolve<'_>) -> Result<Resolved>;
 }
 
 /// An execution that begins: what [`IdemOps::idem_begin`] takes.
@@ -62,7 +69,7 @@ pub struct Finish<'a> {
     pub key: &'a Key,
     /// The owner id the execution began with.
     pub owner: &'a str,
-    /// SUCCESS with the result, or FAIL.
+    /// SUCCESS with the result, FAIL or UNKNOWN.
     pub outcome: IdemFinish<'a>,
     /// How long the record lives from now.
     pub ttl: Duration,
@@ -78,8 +85,10 @@ pub enum IdemBegin {
     Started,
     /// A FAIL record: this caller took it over and runs the body again.
     Retrying,
-    /// Another execution is PROCESSING (or its outcome is unknown).
+    /// Another execution is PROCESSING: running, or crashed and not expired yet.
     InProgress,
+    /// An UNKNOWN record: an earlier execution ended and its outcome is unknown.
+    Unknown,
     /// A SUCCESS record: its stored result.
     Done(Vec<u8>),
     /// The record's fingerprint differs from this request's.
@@ -93,6 +102,56 @@ pub enum IdemFinish<'a> {
     Success(&'a [u8]),
     /// The body returned a business error: a retry may run.
     Fail,
+    /// The body ended with an unknown outcome (an indeterminate error, a timeout, a panic,
+    /// its future dropped): retries are refused until an operator resolves it or it expires.
+    Unknown,
+}
+
+/// An operator's verdict: what [`IdemOps::idem_resolve`] takes.
+#[derive(Debug, Clone, Copy)]
+pub struct Resolve<'a> {
+    /// The record's key.
+    pub key: &'a Key,
+    /// SUCCESS with this result (a retry replays it), or `None`: FAIL (a retry runs).
+    pub result: Option<&'a [u8]>,
+    /// Also overwrite a PROCESSING or SUCCESS record.
+    pub force: bool,
+}
+
+/// A record's status, as [`IdemOps::idem_resolve`] found it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IdemStatus {
+    /// An execution began and has not ended (or crashed).
+    Processing,
+    /// Ended with a result.
+    Success,
+    /// Ended with a business error.
+    Fail,
+    /// Ended with an unknown outcome.
+    Unknown,
+}
+
+impl IdemStatus {
+    /// `processing`, `success`, `fail` or `unknown`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            IdemStatus::Processing => "processing",
+            IdemStatus::Success => "success",
+            IdemStatus::Fail => "fail",
+            IdemStatus::Unknown => "unknown",
+        }
+    }
+}
+
+/// What [`IdemOps::idem_resolve`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Resolved {
+    /// The verdict is recorded; the record was in this status.
+    Done(IdemStatus),
+    /// Nothing changed: the record is in this status and `force` was not given.
+    Refused(IdemStatus),
+    /// Nothing changed: there is no record.
+    Missing,
 }
 
 /// What [`IdemOps::idem_finish`] did.

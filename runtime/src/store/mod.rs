@@ -26,7 +26,9 @@ use async_trait::async_trait;
 use crate::error::Result;
 
 pub use self::admin::AdminOps;
-pub use self::idem::{Begin, Finish, IdemBegin, IdemFinish, IdemFinished, IdemOps};
+pub use self::idem::{
+    Begin, Finish, IdemBegin, IdemFinish, IdemFinished, IdemOps, IdemStatus, Resolve, Resolved,
+};
 pub use self::lock::{
     Acquire, FAIR_REGISTRATION, FENCE_TTL, LockAcquire, LockOps, LockRelease, LockWatch, Release,
     WRITER_INTENT, rw_readers,

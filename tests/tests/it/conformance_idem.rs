@@ -1,6 +1,6 @@
 //! `#[idempotent]` on every store: exactly-once, replay, retry after a business error, and
 //! the unknown outcomes (timeout, indeterminate error, panic, cancellation) that must block
-//! blind retries until the record expires.
+//! blind retries until an operator resolves them or the record expires.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -24,6 +24,9 @@ redguard_tests::conformance!(
     a_retried_token_submission_replays,
     derived_classify_sees_through_guard_errors,
     a_detached_body_finishes_after_its_caller_is_dropped,
+    a_body_that_blocks_its_thread_is_not_run_twice,
+    a_failed_request_releases_its_key_for_a_corrected_payload,
+    an_operator_resolves_an_unknown_outcome,
 );
 
 #[derive(Debug)]
@@ -67,6 +70,14 @@ enum Body {
 /// Counts runs of the body; `then` says how the body ends.
 #[idempotent(key = "order:{order}", expire = 1)]
 async fn place(order: &str, runs: Arc<AtomicUsize>, then: Body) -> Result<Receipt, OrderError> {
+    place_body(order, runs, then).await
+}
+
+async fn place_body(
+    order: &str,
+    runs: Arc<AtomicUsize>,
+    then: Body,
+) -> Result<Receipt, OrderError> {
     let run = runs.fetch_add(1, Ordering::SeqCst) + 1;
     match then {
         Body::Ok => {}
@@ -118,6 +129,10 @@ fn counter() -> Arc<AtomicUsize> {
 
 fn is_in_progress<T: std::fmt::Debug>(result: &Result<T, OrderError>) -> bool {
     matches!(result, Err(OrderError::Guard(Error::InProgress)))
+}
+
+fn is_unknown<T: std::fmt::Debug>(result: &Result<T, OrderError>) -> bool {
+    matches!(result, Err(OrderError::Guard(Error::OutcomeUnknown)))
 }
 
 async fn concurrent_calls_with_one_key_run_once(rg: Redguard) {
@@ -197,7 +212,7 @@ async fn retry_after_expiry(rg: &Redguard, order: &str, runs: &Arc<AtomicUsize>)
     let started = std::time::Instant::now();
     loop {
         let result = rg.scope(place(order, runs.clone(), Body::Ok)).await;
-        if !is_in_progress(&result) {
+        if !is_unknown(&result) {
             result.unwrap();
             return started.elapsed();
         }
@@ -206,6 +221,24 @@ async fn retry_after_expiry(rg: &Redguard, order: &str, runs: &Arc<AtomicUsize>)
             "record never expired"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The retry of an execution whose outcome is being recorded in a task of its own (its
+/// future was dropped, or it panicked): `InProgress` until that lands, then `OutcomeUnknown`.
+async fn unknown_once_recorded(rg: &Redguard, order: &str, runs: &Arc<AtomicUsize>) {
+    let started = std::time::Instant::now();
+    loop {
+        let blocked = rg.scope(place(order, runs.clone(), Body::Ok)).await;
+        if is_unknown(&blocked) {
+            return;
+        }
+        assert!(is_in_progress(&blocked), "{order}: {blocked:?}");
+        assert!(
+            started.elapsed() < Duration::from_millis(500),
+            "{order}: the unknown outcome was never recorded"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 
@@ -218,13 +251,12 @@ async fn unknown_outcomes_block_retries_until_expiry(rg: Redguard) {
         .await;
     assert!(matches!(unknown, Err(OrderError::GatewayTimeout)));
     let blocked = rg.scope(place("u-1", runs.clone(), Body::Ok)).await;
-    assert!(is_in_progress(&blocked), "{blocked:?}");
+    assert!(is_unknown(&blocked), "{blocked:?}");
 
     // A panic in the body.
     let panicked = tokio::spawn(rg.scope(place("u-2", runs.clone(), Body::Panic))).await;
     assert!(panicked.unwrap_err().is_panic());
-    let blocked = rg.scope(place("u-2", runs.clone(), Body::Ok)).await;
-    assert!(is_in_progress(&blocked), "{blocked:?}");
+    unknown_once_recorded(&rg, "u-2", &runs).await;
 
     // The caller's future dropped mid-body.
     let dropped = tokio::time::timeout(
@@ -233,8 +265,7 @@ async fn unknown_outcomes_block_retries_until_expiry(rg: Redguard) {
     )
     .await;
     assert!(dropped.is_err());
-    let blocked = rg.scope(place("u-3", runs.clone(), Body::Ok)).await;
-    assert!(is_in_progress(&blocked), "{blocked:?}");
+    unknown_once_recorded(&rg, "u-3", &runs).await;
 
     // The attribute's own timeout.
     let timed_out = rg.scope(pay(7, runs.clone(), 1_000)).await;
@@ -243,10 +274,7 @@ async fn unknown_outcomes_block_retries_until_expiry(rg: Redguard) {
         "{timed_out:?}"
     );
     let blocked = rg.scope(pay(7, runs.clone(), 0)).await;
-    assert!(
-        matches!(blocked, Err(OrderError::Guard(Error::InProgress))),
-        "{blocked:?}"
-    );
+    assert!(is_unknown(&blocked), "{blocked:?}");
     assert_eq!(
         runs.load(Ordering::SeqCst),
         4,
@@ -447,13 +475,13 @@ async fn measure(id: u64, runs: Arc<AtomicUsize>) -> Result<f64, OrderError> {
 
 /// A value that serializes but does not read back (NaN is written as `null`) is not
 /// recorded as a success that every replay would then fail on: the caller gets it, and the
-/// record stays PROCESSING (the outcome cannot be replayed, so retries must not re-run it).
+/// record is UNKNOWN (the outcome cannot be replayed, so retries must not re-run it).
 async fn an_unreplayable_result_is_not_recorded(rg: Redguard) {
     let runs = counter();
     let first = rg.scope(measure(0, runs.clone())).await.unwrap();
     assert!(first.is_nan());
     let retry = rg.scope(measure(0, runs.clone())).await;
-    assert!(is_in_progress(&retry), "{retry:?}");
+    assert!(is_unknown(&retry), "{retry:?}");
     assert_eq!(runs.load(Ordering::SeqCst), 1);
     assert_eq!(rg.scope(measure(1, runs.clone())).await.unwrap(), 1.5);
     assert_eq!(rg.scope(measure(1, runs.clone())).await.unwrap(), 1.5);
@@ -642,4 +670,170 @@ async fn invalid_key_parts_are_rejected_before_the_store(rg: Redguard) {
         }
     }
     assert_eq!(runs.load(Ordering::SeqCst), 0);
+}
+
+#[idempotent(key = "block:{id}", expire = 1)]
+async fn blocking(id: u64, runs: Arc<AtomicUsize>, block_ms: u64) -> Result<usize, OrderError> {
+    let run = runs.fetch_add(1, Ordering::SeqCst) + 1;
+    // A synchronous driver: the thread is blocked, nothing else of this task runs meanwhile.
+    std::thread::sleep(Duration::from_millis(block_ms));
+    Ok(run)
+}
+
+/// A body that blocks its thread past `expire` keeps its record: the keep-alive runs in a
+/// task of its own, which the blocked body cannot starve (issue 25, finding 5).
+async fn a_body_that_blocks_its_thread_is_not_run_twice(rg: Redguard) {
+    let runs = counter();
+    let first = tokio::spawn(rg.scope(blocking(1, runs.clone(), 2_500)));
+    tokio::time::sleep(Duration::from_millis(1_600)).await;
+    let retry = rg.scope(blocking(1, runs.clone(), 0)).await;
+    assert!(is_in_progress(&retry), "{retry:?}");
+    assert_eq!(first.await.unwrap().unwrap(), 1);
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the intent ran twice");
+    assert_eq!(rg.scope(blocking(1, runs.clone(), 0)).await.unwrap(), 1);
+}
+
+#[idempotent(key = "{user}:{request}", expire = 600, payload = req)]
+async fn submit_checked(
+    user: u64,
+    request: &str,
+    req: Submit,
+    runs: Arc<AtomicUsize>,
+) -> Result<String, OrderError> {
+    runs.fetch_add(1, Ordering::SeqCst);
+    if req.qty == 0 {
+        // Invalid input: a business failure, the client corrects it and retries.
+        return Err(OrderError::OutOfStock);
+    }
+    Ok(format!("{user}/{request}/{}x{}", req.qty, req.sku))
+}
+
+/// A FAIL record releases its key for any payload: the corrected retry of a refused request
+/// runs (README: "the record is released"), and from then on the key is bound to the payload
+/// that ran.
+async fn a_failed_request_releases_its_key_for_a_corrected_payload(rg: Redguard) {
+    let runs = counter();
+    let req = |qty| Submit {
+        sku: "SK-1".into(),
+        qty,
+    };
+    let refused = rg
+        .scope(submit_checked(9, "r-9", req(0), runs.clone()))
+        .await;
+    assert!(
+        matches!(refused, Err(OrderError::OutOfStock)),
+        "{refused:?}"
+    );
+    let corrected = rg
+        .scope(submit_checked(9, "r-9", req(2), runs.clone()))
+        .await;
+    assert_eq!(corrected.unwrap(), "9/r-9/2xSK-1");
+    let replay = rg
+        .scope(submit_checked(9, "r-9", req(2), runs.clone()))
+        .await;
+    assert_eq!(replay.unwrap(), "9/r-9/2xSK-1");
+    let reused = rg
+        .scope(submit_checked(9, "r-9", req(3), runs.clone()))
+        .await;
+    assert!(
+        matches!(reused, Err(OrderError::Guard(Error::KeyReuse))),
+        "{reused:?}"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+}
+
+/// `place`, with records that outlive the test.
+#[idempotent(key = "order:{order}", expire = 600, scope = "conf::resolve")]
+async fn settle(order: &str, runs: Arc<AtomicUsize>, then: Body) -> Result<Receipt, OrderError> {
+    place_body(order, runs, then).await
+}
+
+/// `Admin::resolve`: an UNKNOWN record marked failed lets the next retry run; one marked
+/// succeeded replays the operator's value; a live PROCESSING or a SUCCESS record is refused
+/// (nothing written) unless forced, and a missing one is refused.
+async fn an_operator_resolves_an_unknown_outcome(rg: Redguard) {
+    use redguard::admin::{Admin, Resolution};
+    let runs = counter();
+    let admin = Admin::new(rg.clone());
+    let key = |order: &str| {
+        admin
+            .key(
+                redguard::GuardKind::Idempotency,
+                "conf::resolve",
+                &format!("order:{order}"),
+            )
+            .unwrap()
+    };
+
+    // Failed: the next retry runs the body.
+    let _ = rg
+        .scope(settle("r-1", runs.clone(), Body::Indeterminate))
+        .await;
+    assert!(is_unknown(
+        &rg.scope(settle("r-1", runs.clone(), Body::Ok)).await
+    ));
+    let done = admin
+        .resolve(&key("r-1"), Resolution::Failed, false)
+        .await
+        .unwrap();
+    assert_eq!((done.was, done.now), ("unknown", "fail"));
+    let retried = rg
+        .scope(settle("r-1", runs.clone(), Body::Ok))
+        .await
+        .unwrap();
+    assert_eq!(retried.run, 2);
+
+    // Succeeded: retries replay the operator's value, the body does not run.
+    let _ = rg
+        .scope(settle("r-2", runs.clone(), Body::Indeterminate))
+        .await;
+    let value = serde_json::json!({"order": "r-2", "run": 99});
+    let done = admin
+        .resolve(&key("r-2"), Resolution::Succeeded(value), false)
+        .await
+        .unwrap();
+    assert_eq!((done.was, done.now), ("unknown", "success"));
+    let (replay, replayed) = rg
+        .scope(track_replay(settle("r-2", runs.clone(), Body::Ok)))
+        .await;
+    assert_eq!((replay.unwrap().run, replayed), (99, true));
+    let seen = admin.inspect(&key("r-2")).await.unwrap().record.unwrap();
+    assert!(seen.ttl_ms.is_some_and(|ttl| ttl <= 600_000), "{seen:?}");
+
+    // A SUCCESS record is refused without force, and kept.
+    let refused = admin.resolve(&key("r-2"), Resolution::Failed, false).await;
+    assert!(matches!(refused, Err(Error::Config(_))), "{refused:?}");
+    assert_eq!(
+        rg.scope(settle("r-2", runs.clone(), Body::Ok))
+            .await
+            .unwrap()
+            .run,
+        99
+    );
+
+    // A live PROCESSING record is refused without force; forced, its execution cannot
+    // overwrite the verdict.
+    let live = tokio::spawn(rg.scope(settle("r-3", runs.clone(), Body::Slow(300))));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let refused = admin.resolve(&key("r-3"), Resolution::Failed, false).await;
+    assert!(matches!(refused, Err(Error::Config(_))), "{refused:?}");
+    let forced = serde_json::json!({"order": "r-3", "run": 42});
+    let done = admin
+        .resolve(&key("r-3"), Resolution::Succeeded(forced), true)
+        .await
+        .unwrap();
+    assert_eq!(done.was, "processing");
+    live.await.unwrap().unwrap();
+    assert_eq!(
+        rg.scope(settle("r-3", runs.clone(), Body::Ok))
+            .await
+            .unwrap()
+            .run,
+        42
+    );
+
+    let missing = admin.resolve(&key("r-4"), Resolution::Failed, false).await;
+    assert!(matches!(missing, Err(Error::Config(_))), "{missing:?}");
+    assert!(admin.inspect(&key("r-4")).await.unwrap().record.is_none());
+    assert_eq!(runs.load(Ordering::SeqCst), 4);
 }

@@ -461,10 +461,11 @@ async fn business_failures_release_and_unknown_outcomes_keep_the_record(rg: Redg
     };
     let unknown = app.clone().oneshot(flaky("up-1")).await.unwrap();
     assert_eq!(unknown.status(), StatusCode::BAD_GATEWAY);
-    // Kept PROCESSING: the retry is refused, not run blindly.
+    // Recorded UNKNOWN: the retry is refused, not run blindly, and told it was not a twin.
     let refused = app.oneshot(flaky("up-1")).await.unwrap();
     assert_eq!(refused.status(), StatusCode::CONFLICT);
-    assert_eq!(body_json(refused).await["error"], "in_progress");
+    assert!(refused.headers().get("retry-after").is_none());
+    assert_eq!(body_json(refused).await["error"], "outcome_unknown");
 }
 
 async fn error_responses_never_show_keys(rg: Redguard) {
@@ -641,7 +642,7 @@ async fn anyhow_errors_are_classified(rg: Redguard) {
         assert!(charge(2, "timeout", &runs).await.is_err());
         let err = charge(2, "ok", &runs).await.unwrap_err();
         assert!(
-            matches!(err.downcast_ref::<Error>(), Some(Error::InProgress)),
+            matches!(err.downcast_ref::<Error>(), Some(Error::OutcomeUnknown)),
             "{err:?}"
         );
         assert_eq!(runs.load(Ordering::SeqCst), 3);

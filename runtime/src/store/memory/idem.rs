@@ -8,7 +8,9 @@ use super::MemoryStore;
 use crate::error::Result;
 use crate::key::Key;
 use crate::store::admin::Raw;
-use crate::store::{Begin, Finish, IdemBegin, IdemFinish, IdemFinished, IdemOps};
+use crate::store::{
+    Begin, Finish, IdemBegin, IdemFinish, IdemFinished, IdemOps, IdemStatus, Resolve, Resolved,
+};
 
 #[derive(Debug)]
 pub(super) struct Record {
@@ -26,6 +28,7 @@ impl Record {
             Status::Processing => ("P", None),
             Status::Success(result) => ("S", Some(result.len() as u64)),
             Status::Fail => ("F", None),
+            Status::Unknown => ("U", None),
         };
         let fields = vec![
             ("status".to_owned(), status.to_owned()),
@@ -42,6 +45,18 @@ enum Status {
     Processing,
     Success(Vec<u8>),
     Fail,
+    Unknown,
+}
+
+impl Status {
+    fn name(&self) -> IdemStatus {
+        match self {
+            Status::Processing => IdemStatus::Processing,
+            Status::Success(_) => IdemStatus::Success,
+            Status::Fail => IdemStatus::Fail,
+            Status::Unknown => IdemStatus::Unknown,
+        }
+    }
 }
 
 #[async_trait]
@@ -66,22 +81,23 @@ impl IdemOps for MemoryStore {
             records.put(key, record, now + ttl);
             return Ok(IdemBegin::Started);
         };
-        if !fingerprint.is_empty()
+        let reused = !fingerprint.is_empty()
             && !record.fingerprint.is_empty()
-            && record.fingerprint != fingerprint
-        {
-            return Ok(IdemBegin::KeyReuse);
-        }
+            && record.fingerprint != fingerprint;
         Ok(match &record.status {
-            Status::Processing => IdemBegin::InProgress,
-            Status::Success(result) => IdemBegin::Done(result.clone()),
+            // A failure releases the key for any payload: the retry's is the one that runs.
             Status::Fail => {
                 record.status = Status::Processing;
                 owner.clone_into(&mut record.owner);
+                fingerprint.clone_into(&mut record.fingerprint);
                 record.started = now;
                 records.set_expiry(key, now + ttl);
                 IdemBegin::Retrying
             }
+            _ if reused => IdemBegin::KeyReuse,
+            Status::Processing => IdemBegin::InProgress,
+            Status::Success(result) => IdemBegin::Done(result.clone()),
+            Status::Unknown => IdemBegin::Unknown,
         })
     }
 
@@ -125,8 +141,28 @@ impl IdemOps for MemoryStore {
         record.status = match outcome {
             IdemFinish::Success(result) => Status::Success(result.to_vec()),
             IdemFinish::Fail => Status::Fail,
+            IdemFinish::Unknown => Status::Unknown,
         };
         records.set_expiry(key, now + ttl);
         Ok(IdemFinished::Recorded)
+    }
+
+    async fn idem_resolve(&self, resolve: Resolve<'_>) -> Result<Resolved> {
+        let Resolve { key, result, force } = resolve;
+        let (mut records, _) = self.lock(&self.tables.idem);
+        let Some(record) = records.get_mut(key) else {
+            return Ok(Resolved::Missing);
+        };
+        let was = record.status.name();
+        if matches!(was, IdemStatus::Processing | IdemStatus::Success) && !force {
+            return Ok(Resolved::Refused(was));
+        }
+        // The expiry stays as it is: every record keeps its TTL.
+        record.status = match result {
+            Some(result) => Status::Success(result.to_vec()),
+            None => Status::Fail,
+        };
+        "resolved".clone_into(&mut record.owner);
+        Ok(Resolved::Done(was))
     }
 }

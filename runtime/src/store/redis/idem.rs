@@ -9,15 +9,40 @@ use super::RedisStore;
 use super::lua::{Lua, lua};
 use crate::error::{Error, Result};
 use crate::key::Key;
-use crate::store::{Begin, Finish, IdemBegin, IdemFinish, IdemFinished, IdemOps};
+use crate::store::{
+    Begin, Finish, IdemBegin, IdemFinish, IdemFinished, IdemOps, IdemStatus, Resolve, Resolved,
+};
 
 lua!(BEGIN = "idem_begin.lua");
 lua!(FINISH = "idem_finish.lua");
 lua!(RENEW = "idem_renew.lua");
 lua!(ABANDON = "idem_abandon.lua");
+lua!(RESOLVE = "idem_resolve.lua");
 
 pub(super) fn scripts() -> Vec<&'static Lua> {
-    vec![&BEGIN, &FINISH, &RENEW, &ABANDON]
+    vec![&BEGIN, &FINISH, &RENEW, &ABANDON, &RESOLVE]
+}
+
+fn status(value: Option<&Value>) -> Option<IdemStatus> {
+    match value.and_then(bytes).as_deref() {
+        Some(b"P") => Some(IdemStatus::Processing),
+        Some(b"S") => Some(IdemStatus::Success),
+        Some(b"F") => Some(IdemStatus::Fail),
+        Some(b"U") => Some(IdemStatus::Unknown),
+        _ => None,
+    }
+}
+
+fn unrecognised(key: &Key, status: Option<&Value>) -> Error {
+    corrupt(
+        key,
+        format!(
+            "not an idempotency record (status {:?})",
+            status
+                .and_then(bytes)
+                .map(|b| String::from_utf8_lossy(&b).into_owned())
+        ),
+    )
 }
 
 fn millis(ttl: Duration) -> u64 {
@@ -72,15 +97,8 @@ impl IdemOps for RedisStore {
                 .map(IdemBegin::Done)
                 .ok_or_else(|| corrupt(key, "the stored result is not a string")),
             (4, _) => Ok(IdemBegin::KeyReuse),
-            (5, status) => Err(corrupt(
-                key,
-                format!(
-                    "not an idempotency record (status {:?})",
-                    status
-                        .and_then(bytes)
-                        .map(|b| String::from_utf8_lossy(&b).into_owned())
-                ),
-            )),
+            (5, status) => Err(unrecognised(key, status)),
+            (6, _) => Ok(IdemBegin::Unknown),
             (other, _) => Err(corrupt(key, format!("idem_begin returned {other}"))),
         }
     }
@@ -110,6 +128,7 @@ impl IdemOps for RedisStore {
         let (status, result): (&str, &[u8]) = match outcome {
             IdemFinish::Success(result) => ("S", result),
             IdemFinish::Fail => ("F", b""),
+            IdemFinish::Unknown => ("U", b""),
         };
         let code: i64 = self
             .eval_confirmed(
@@ -125,5 +144,30 @@ impl IdemOps for RedisStore {
             1 => IdemFinished::Recorded,
             _ => IdemFinished::NotOwner,
         })
+    }
+
+    async fn idem_resolve(&self, resolve: Resolve<'_>) -> Result<Resolved> {
+        let Resolve { key, result, force } = resolve;
+        let (verdict, result) = match result {
+            Some(result) => ("S", result),
+            None => ("F", &b""[..]),
+        };
+        let force = if force { "1" } else { "0" };
+        let reply: Vec<Value> = self
+            .eval(
+                "idem_resolve",
+                &RESOLVE,
+                &[key],
+                &[&verdict, &result, &force],
+            )
+            .await?;
+        let found = || status(reply.get(1)).ok_or_else(|| unrecognised(key, reply.get(1)));
+        match reply.first() {
+            Some(Value::Int(0)) => Ok(Resolved::Done(found()?)),
+            Some(Value::Int(1)) => Ok(Resolved::Refused(found()?)),
+            Some(Value::Int(2)) => Ok(Resolved::Missing),
+            Some(Value::Int(3)) => Err(unrecognised(key, reply.get(1))),
+            other => Err(corrupt(key, format!("idem_resolve replied {other:?}"))),
+        }
     }
 }

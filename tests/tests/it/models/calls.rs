@@ -6,7 +6,7 @@
 //! progress, key reuse, token used / unknown / mismatch — comes from the record and token
 //! models, driven by README's rules (a token is consumed only when the body is about to
 //! run, given back after a business error; a record begun for a refused token goes; an
-//! unknown outcome leaves the record PROCESSING).
+//! unknown outcome, or a call dropped while its body runs, leaves the record UNKNOWN).
 //!
 //! On the memory store the runtime's timers run on paused Tokio time moved with the clock,
 //! so a held body's record is renewed every `expire`/3 as README says, and the model renews
@@ -319,6 +319,7 @@ impl Sut {
             {
                 Begin::Started | Begin::Retrying => {}
                 Begin::InProgress => return Some("InProgress".to_owned()),
+                Begin::Unknown => return Some("OutcomeUnknown".to_owned()),
                 Begin::KeyReuse => return Some("KeyReuse".to_owned()),
                 Begin::Done(bytes) => {
                     return Some(format!("Ok({})", String::from_utf8(bytes).unwrap()));
@@ -375,7 +376,10 @@ impl Sut {
                 }
                 "Business".to_owned()
             }
-            Outcome::Unknown => "Unknown".to_owned(),
+            Outcome::Unknown => {
+                record(&mut self.records, Finish::Unknown);
+                "Unknown".to_owned()
+            }
         }
     }
 
@@ -511,14 +515,23 @@ impl StateMachineTest for Machine {
                 sut.check(&op, got, expected);
             }
             Op::Cancel { slot } => {
-                // The record stays PROCESSING (no longer renewed), the token used.
+                // The record becomes UNKNOWN (recorded by a task the drop spawns), the token
+                // stays used.
                 let Some(held) = sut.slots[slot].take() else {
                     sut.log.push(format!("{op:?}: no call held there"));
                     return sut;
                 };
                 let runtime = sut.world.runtime.enter();
+                let (owner, intent) = (held.owner.clone(), held.intent);
                 drop(held);
                 drop(runtime);
+                sut.settle();
+                if let Some(i) = intent {
+                    let now = sut.world.now();
+                    let expire = sut.expire;
+                    sut.records
+                        .finish(INTENTS[i], &owner, Finish::Unknown, expire, now);
+                }
                 sut.log.push(format!("{op:?}"));
             }
             Op::CancelEarly { intent, token } => {
@@ -534,9 +547,17 @@ impl StateMachineTest for Machine {
                 // Whatever the runtime spawned to undo it has run.
                 sut.settle();
                 if sut.world.backend == Backend::Memory {
-                    // One poll runs the whole begin: the body had started (or the call was
-                    // refused); dropped, its record stays PROCESSING.
-                    let _ = sut.model_begin(&owner, Some(intent), 0, token);
+                    // One poll runs the whole begin (the token consumed), then waits for the
+                    // record's keep-alive task to start: dropped there, before its body, the
+                    // call's record and token are given back.
+                    if sut.model_begin(&owner, Some(intent), 0, token).is_none() {
+                        let now = sut.world.now();
+                        sut.records.abandon(INTENTS[intent], &owner, now);
+                        if let Some((t, s)) = token {
+                            let name = sut.token_name(t);
+                            sut.tokens.restore(&name, SCENES[s], &owner, now);
+                        }
+                    }
                 } else {
                     // The begin may not have left yet (the client queues it on a later poll);
                     // if it did, it is undone. Either way a record it would begin goes (or

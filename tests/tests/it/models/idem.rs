@@ -1,5 +1,6 @@
 //! Idempotency records and tokens at the store seam: random begins (with and without a
-//! fingerprint), renewals, abandons and finishes by three executions on two intents, and
+//! fingerprint), renewals, abandons, finishes (SUCCESS, FAIL, UNKNOWN) by three executions
+//! and operators' verdicts (forced or not) on two intents, and
 //! tokens issued, consumed and given back in two scenes, with clock advances across the
 //! records' and tokens' expiry; every answer compared with the models.
 
@@ -9,10 +10,11 @@ use std::time::Duration;
 use proptest::prelude::*;
 use proptest_state_machine::{ReferenceStateMachine, StateMachineTest};
 use redguard::store::{
-    Begin, Finish as StoreFinish, IdemBegin, IdemFinish, IdemFinished, TokenOutcome,
+    Begin, Finish as StoreFinish, IdemBegin, IdemFinish, IdemFinished, Resolve, Resolved,
+    TokenOutcome,
 };
 use redguard::{GuardKind, Key, KeyBuilder};
-use redguard_tests::model::idem::{Begin as Began, Finish, IdemModel};
+use redguard_tests::model::idem::{Begin as Began, Finish, IdemModel, Resolved as Verdict};
 use redguard_tests::model::token::{Consume, TokenModel};
 use redguard_tests::props::disagreement;
 use redguard_tests::vclock::{Expiry, World};
@@ -22,6 +24,14 @@ const INTENTS: [&str; 2] = ["i1", "i2"];
 const FINGERPRINTS: [&str; 3] = ["", "f1", "f2"];
 const TOKENS: [&str; 2] = ["t1", "t2"];
 const SCENES: [&str; 2] = ["submit", "refund"];
+
+/// How an execution ends.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum End {
+    Success(u8),
+    Fail,
+    Unknown,
+}
 
 #[derive(Clone)]
 pub(crate) enum Op {
@@ -40,12 +50,17 @@ pub(crate) enum Op {
         intent: usize,
         owner: usize,
     },
-    /// `Some(result)`: SUCCESS with it; `None`: FAIL.
     Finish {
         intent: usize,
         owner: usize,
-        result: Option<u8>,
+        end: End,
         ttl_ms: u64,
+    },
+    /// An operator's verdict: `Some(result)`: SUCCESS with it; `None`: FAIL.
+    Resolve {
+        intent: usize,
+        result: Option<u8>,
+        force: bool,
     },
     Issue {
         token: usize,
@@ -97,15 +112,28 @@ impl fmt::Debug for Op {
             Op::Finish {
                 intent,
                 owner,
-                result,
+                end,
                 ttl_ms,
             } => {
-                let how = result.map_or("FAIL".to_owned(), |r| format!("SUCCESS {r}"));
+                let how = match end {
+                    End::Success(r) => format!("SUCCESS {r}"),
+                    End::Fail => "FAIL".to_owned(),
+                    End::Unknown => "UNKNOWN".to_owned(),
+                };
                 write!(
                     f,
                     "{} finishes {} {how} (expire {ttl_ms} ms)",
                     OWNERS[*owner], INTENTS[*intent]
                 )
+            }
+            Op::Resolve {
+                intent,
+                result,
+                force,
+            } => {
+                let how = result.map_or("FAIL".to_owned(), |r| format!("SUCCESS {r}"));
+                let force = if *force { ", forced" } else { "" };
+                write!(f, "an operator resolves {} {how}{force}", INTENTS[*intent])
             }
             Op::Issue {
                 token,
@@ -147,6 +175,15 @@ impl fmt::Debug for Op {
 
 pub(crate) struct Machine;
 
+fn end() -> BoxedStrategy<End> {
+    prop_oneof![
+        2 => (0u8..3).prop_map(End::Success),
+        1 => Just(End::Fail),
+        1 => Just(End::Unknown),
+    ]
+    .boxed()
+}
+
 impl ReferenceStateMachine for Machine {
     /// Where the clock starts past the epoch (whole ms).
     type State = u64;
@@ -168,8 +205,10 @@ impl ReferenceStateMachine for Machine {
             1 => (intent.clone(), owner.clone(), ttl.clone())
                 .prop_map(|(intent, owner, ttl_ms)| Op::Renew { intent, owner, ttl_ms }),
             1 => (intent.clone(), owner.clone()).prop_map(|(intent, owner)| Op::Abandon { intent, owner }),
-            3 => (intent, owner.clone(), prop::option::of(0u8..3), ttl.clone())
-                .prop_map(|(intent, owner, result, ttl_ms)| Op::Finish { intent, owner, result, ttl_ms }),
+            3 => (intent.clone(), owner.clone(), end(), ttl.clone())
+                .prop_map(|(intent, owner, end, ttl_ms)| Op::Finish { intent, owner, end, ttl_ms }),
+            1 => (intent, prop::option::of(0u8..3), any::<bool>())
+                .prop_map(|(intent, result, force)| Op::Resolve { intent, result, force }),
             2 => (token.clone(), scene.clone(), ttl).prop_map(|(token, scene, ttl_ms)| Op::Issue { token, scene, ttl_ms }),
             3 => (token.clone(), scene.clone(), owner.clone())
                 .prop_map(|(token, scene, owner)| Op::Consume { token, scene, owner }),
@@ -219,6 +258,7 @@ fn begun(reply: IdemBegin) -> Began {
         IdemBegin::Started => Began::Started,
         IdemBegin::Retrying => Began::Retrying,
         IdemBegin::InProgress => Began::InProgress,
+        IdemBegin::Unknown => Began::Unknown,
         IdemBegin::Done(result) => Began::Done(result),
         IdemBegin::KeyReuse => Began::KeyReuse,
     }
@@ -318,14 +358,20 @@ impl StateMachineTest for Machine {
             Op::Finish {
                 intent,
                 owner,
-                result,
+                end,
                 ttl_ms,
             } => {
                 let key = &sut.intents[intent];
-                let bytes = result.map(|r| vec![b'0' + r]);
-                let outcome = match &bytes {
-                    Some(bytes) => IdemFinish::Success(bytes),
-                    None => IdemFinish::Fail,
+                let bytes = match end {
+                    End::Success(r) => vec![b'0' + r],
+                    End::Fail | End::Unknown => Vec::new(),
+                };
+                let (outcome, finish) = match end {
+                    End::Success(_) => {
+                        (IdemFinish::Success(&bytes), Finish::Success(bytes.clone()))
+                    }
+                    End::Fail => (IdemFinish::Fail, Finish::Fail),
+                    End::Unknown => (IdemFinish::Unknown, Finish::Unknown),
                 };
                 let got = sut
                     .world
@@ -337,10 +383,31 @@ impl StateMachineTest for Machine {
                         replicas: None,
                     }))
                     .map(|f| f == IdemFinished::Recorded);
-                let finish = bytes.map_or(Finish::Fail, Finish::Success);
                 let expected =
                     sut.records
                         .finish(INTENTS[intent], OWNERS[owner], finish, ttl_ms * 1000, now);
+                (format!("{got:?}"), ok(expected))
+            }
+            Op::Resolve {
+                intent,
+                result,
+                force,
+            } => {
+                let key = &sut.intents[intent];
+                let bytes = result.map(|r| vec![b'0' + r]);
+                let got = sut
+                    .world
+                    .block_on(store.idem_resolve(Resolve {
+                        key,
+                        result: bytes.as_deref(),
+                        force,
+                    }))
+                    .map(|resolved| match resolved {
+                        Resolved::Done(was) => Verdict::Done(was.as_str()),
+                        Resolved::Refused(was) => Verdict::Refused(was.as_str()),
+                        Resolved::Missing => Verdict::Missing,
+                    });
+                let expected = sut.records.resolve(INTENTS[intent], bytes, force, now);
                 (format!("{got:?}"), ok(expected))
             }
             Op::Issue {

@@ -1,7 +1,7 @@
 -- Begin an idempotent execution.
 -- KEYS[1] record (hash); ARGV[1] owner, ARGV[2] fingerprint ('' = none), ARGV[3] ttl ms.
 -- Returns {0} started, {1} retrying a FAIL, {2} in progress, {3, result} done,
--- {4} fingerprint mismatch, {5, status} unrecognised record.
+-- {4} fingerprint mismatch, {5, status} unrecognised record, {6} outcome unknown.
 local rec = redis.call('HMGET', KEYS[1], 'status', 'fp', 'result')
 local status = rec[1]
 local now = redis.call('TIME')
@@ -14,6 +14,13 @@ if not status then
   redis.call('PEXPIRE', KEYS[1], ARGV[3])
   return {0}
 end
+-- A failure releases the key for any payload: the retry's payload is the one that runs.
+if status == 'F' then
+  redis.call('HSET', KEYS[1], 'status', 'P', 'owner', ARGV[1], 'fp', ARGV[2], 'started', now_ms)
+  redis.call('HDEL', KEYS[1], 'result', 'finished')
+  redis.call('PEXPIRE', KEYS[1], ARGV[3])
+  return {1}
+end
 local fp = rec[2]
 if ARGV[2] ~= '' and fp and fp ~= '' and fp ~= ARGV[2] then
   return {4}
@@ -22,10 +29,7 @@ if status == 'P' then
   return {2}
 elseif status == 'S' then
   return {3, rec[3] or ''}
-elseif status == 'F' then
-  redis.call('HSET', KEYS[1], 'status', 'P', 'owner', ARGV[1], 'started', now_ms)
-  redis.call('HDEL', KEYS[1], 'result', 'finished')
-  redis.call('PEXPIRE', KEYS[1], ARGV[3])
-  return {1}
+elseif status == 'U' then
+  return {6}
 end
 return {5, status}

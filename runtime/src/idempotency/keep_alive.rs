@@ -1,0 +1,108 @@
+//! The renewal of a PROCESSING record while its body runs.
+//!
+//! A task of its own rather than a branch of the body's `select!`: a body that blocks its
+//! thread (a synchronous driver, a CPU-bound step) would starve a branch polled with it, its
+//! record would expire mid-body and a retry would run the intent a second time. Spawning it
+//! is not enough on a multi-thread runtime: spawned from the worker that then blocks, it
+//! waits in that worker's LIFO slot (which no other worker steals) and wakes no idle worker,
+//! and while every other worker sleeps on its condition variable none drives the timers, so
+//! its first renewal never comes. It is spawned from a blocking-pool thread instead: that
+//! puts it in the runtime's shared queue and wakes an idle worker, which runs it up to its
+//! first sleep before the body starts and, idle again, parks on the runtime's driver (free
+//! while the body's worker runs), so the timers keep firing. Starving it needs every worker
+//! blocked.
+
+use std::time::Duration;
+
+use tokio::runtime::RuntimeFlavor;
+use tokio::sync::oneshot;
+// Tokio's, so a test on paused Tokio time sees renewals at expire/3 of its clock.
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use crate::handle::Redguard;
+use crate::key::Key;
+use crate::lock::Live;
+
+/// Renews a record every `expire`/3 until dropped; dropping it ends the task (the execution
+/// ended, panicked or was dropped) on the runtime's next turn.
+#[derive(Debug)]
+pub(super) struct KeepAlive {
+    _stop: oneshot::Sender<std::convert::Infallible>,
+}
+
+impl KeepAlive {
+    /// Starts renewing `key` for `owner`; returns once the task has run up to its first
+    /// sleep. Counted in [`Redguard::live_watchdogs`] while it lives.
+    pub(super) async fn start(
+        handle: &Redguard,
+        scope: &str,
+        key: &Key,
+        owner: &str,
+        expire: Duration,
+    ) -> KeepAlive {
+        let (stop, stopped) = oneshot::channel();
+        let (armed, armed_rx) = oneshot::channel();
+        let live = Live::new(handle.clone());
+        let (handle, scope, key, owner) = (
+            handle.clone(),
+            scope.to_owned(),
+            key.clone(),
+            owner.to_owned(),
+        );
+        let task = async move {
+            let _live = live;
+            let first = Instant::now() + expire / 3;
+            let _ = armed.send(());
+            tokio::select! {
+                _ = stopped => {}
+                () = renew(&handle, &scope, &key, &owner, expire, first) => {}
+            }
+        }
+        .in_current_span();
+        let runtime = tokio::runtime::Handle::current();
+        match runtime.runtime_flavor() {
+            // One thread: nothing else runs while the body blocks it anyway.
+            RuntimeFlavor::CurrentThread => drop(runtime.spawn(task)),
+            _ => drop(tokio::task::spawn_blocking(move || {
+                drop(runtime.spawn(task))
+            })),
+        }
+        // Made before the await, so a caller dropped meanwhile ends the task.
+        let keep_alive = KeepAlive { _stop: stop };
+        // An error is a task dropped unstarted (its runtime shutting down): nothing to wait for.
+        let _ = armed_rx.await;
+        keep_alive
+    }
+}
+
+/// Returns when the record is no longer `owner`'s PROCESSING one.
+async fn renew(
+    handle: &Redguard,
+    scope: &str,
+    key: &Key,
+    owner: &str,
+    expire: Duration,
+    first: Instant,
+) {
+    let period = expire / 3;
+    // After a failed call, retry sooner: the record keeps running out meanwhile.
+    let retry = (expire / 10).max(Duration::from_millis(50));
+    let mut next = first;
+    loop {
+        tokio::time::sleep_until(next).await;
+        match handle.store().idem_renew(key, owner, expire).await {
+            Ok(true) => next = Instant::now() + period,
+            Ok(false) => {
+                metrics::counter!("redguard_idempotency_lost_total", "scope" => scope.to_owned())
+                    .increment(1);
+                tracing::warn!(guard = "idem", %key, "record expired or was taken over while the body ran; a retry may run the intent again");
+                return;
+            }
+            Err(err) => {
+                tracing::warn!(guard = "idem", %key, error = %err, "could not renew the record; retrying");
+                next = Instant::now() + retry;
+            }
+        }
+    }
+}
