@@ -44,7 +44,8 @@
 //! | a malformed key, or one breaking the key rules | `400` |
 //! | a body over [`max_body`](IdempotencyBuilder::max_body) | `413` |
 //! | the first with its key | runs; the response is recorded as its class or status says (below) |
-//! | a retry while the first runs, or after an unknown outcome | `409` `in_progress` |
+//! | a retry while the first runs | `409` `in_progress`, `Retry-After: 1` |
+//! | a retry after an unknown outcome | `409` `outcome_unknown` (until an operator resolves it, or it expires) |
 //! | the same key with another method, path or body | `422` `key_reuse` |
 //! | a retry after a recorded success | the recorded response, with `Idempotent-Replayed: true` |
 //! | the store cannot answer | `503` (the idempotency [`FailMode`](crate::FailMode) is closed by default) |
@@ -371,7 +372,7 @@ impl IdempotencyBuilder {
     }
 
     /// Bounds the handler: past it the request is answered `503` and the outcome is unknown
-    /// (the record stays PROCESSING until it expires).
+    /// (the record is UNKNOWN until an operator resolves it, or it expires).
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.config.timeout = Some(timeout);
         self

@@ -34,12 +34,10 @@ pub enum Outcome {
 pub enum Record {
     /// A recorded success: what a replay sends.
     Success { fingerprint: u8, reply: Reply },
-    /// An unknown outcome (or a run in progress): retries are refused.
+    /// An unknown outcome: retries are refused until an operator resolves it.
     Unknown { fingerprint: u8 },
-    /// A business failure: released, a retry runs. The fingerprint stays (the core keeps it
-    /// on FAIL, so a retry with another payload is `422`, although README says "released":
-    /// reported with issue 25, for the core's owners).
-    Released { fingerprint: u8 },
+    /// A business failure: released, a retry runs, with this payload or a corrected one.
+    Released,
 }
 
 /// A response, as far as the contract fixes it.
@@ -204,16 +202,14 @@ impl HttpModel {
     /// A request with `key` and `payload` whose handler would do `outcome`, once admitted.
     pub fn request(&mut self, key: u8, payload: u8, outcome: Outcome) -> Expect {
         match self.records.get(&key) {
-            Some(
-                Record::Success { fingerprint, .. }
-                | Record::Unknown { fingerprint }
-                | Record::Released { fingerprint },
-            ) if *fingerprint != payload => {
+            Some(Record::Success { fingerprint, .. } | Record::Unknown { fingerprint })
+                if *fingerprint != payload =>
+            {
                 return Expect::Answer(refusal(422, "key_reuse"));
             }
             Some(Record::Success { reply, .. }) => return Expect::Answer(replay_of(reply)),
-            Some(Record::Unknown { .. }) => return Expect::Answer(refusal(409, "in_progress")),
-            Some(Record::Released { .. }) | None => {}
+            Some(Record::Unknown { .. }) => return Expect::Answer(refusal(409, "outcome_unknown")),
+            Some(Record::Released) | None => {}
         }
         self.runs += 1;
         let run = self.runs;
@@ -223,9 +219,7 @@ impl HttpModel {
                 fingerprint: payload,
                 reply: reply.clone(),
             },
-            Outcome::Rejected(_) | Outcome::Shed | Outcome::LockBusy => Record::Released {
-                fingerprint: payload,
-            },
+            Outcome::Rejected(_) | Outcome::Shed | Outcome::LockBusy => Record::Released,
             Outcome::ServerError(_) | Outcome::Streamed | Outcome::TooLarge | Outcome::Panics => {
                 Record::Unknown {
                     fingerprint: payload,

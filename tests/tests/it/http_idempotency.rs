@@ -51,6 +51,7 @@ on_memory_and_redis!(
     a_body_over_max_response_streams_whole_and_is_not_replayed,
     a_record_of_the_first_format_is_answered_not_panicked_on,
     the_5xx_policy_is_the_classifiers,
+    a_corrected_retry_after_a_business_failure_runs,
 );
 
 fn post_with_key(path: &str, key: &str, body: &'static [u8]) -> Request<Body> {
@@ -273,8 +274,50 @@ async fn a_handler_can_mark_its_response_business(rg: Redguard) {
         .await
         .unwrap();
     assert_eq!(refused.status(), StatusCode::CONFLICT);
-    assert_ne!(code_of(refused).await, "");
+    assert!(refused.headers().get(header::RETRY_AFTER).is_none());
+    assert_eq!(code_of(refused).await, "outcome_unknown");
     assert_eq!(runs.load(Ordering::SeqCst), 2);
+}
+
+/// README: a business failure releases the record, so the client corrects its request and
+/// retries with the same key (the failed attempt's fingerprint does not hold the key).
+async fn a_corrected_retry_after_a_business_failure_runs(rg: Redguard) {
+    let app = Router::new()
+        .route(
+            "/orders",
+            post(|body: String| async move {
+                if body == "bad" {
+                    (StatusCode::BAD_REQUEST, "fix the sku").into_response()
+                } else {
+                    (StatusCode::CREATED, "ordered").into_response()
+                }
+            }),
+        )
+        .layer(IdempotencyLayer::builder().on(&rg).build().unwrap());
+    let rejected = app
+        .clone()
+        .oneshot(post_with_key("/orders", "fix-1", b"bad"))
+        .await
+        .unwrap();
+    assert_eq!(rejected.status(), StatusCode::BAD_REQUEST);
+    let corrected = app
+        .clone()
+        .oneshot(post_with_key("/orders", "fix-1", b"good"))
+        .await
+        .unwrap();
+    assert_eq!(corrected.status(), StatusCode::CREATED);
+    // Recorded now: the corrected payload's replay, and the first payload is a reuse.
+    let replay = app
+        .clone()
+        .oneshot(post_with_key("/orders", "fix-1", b"good"))
+        .await
+        .unwrap();
+    assert_eq!(replay.headers()["idempotent-replayed"], "true");
+    let reuse = app
+        .oneshot(post_with_key("/orders", "fix-1", b"bad"))
+        .await
+        .unwrap();
+    assert_eq!(reuse.status(), StatusCode::UNPROCESSABLE_ENTITY);
 }
 
 /// An event stream: one event at once, then nothing for a minute.
