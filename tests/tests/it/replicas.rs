@@ -676,6 +676,36 @@ async fn a_replica_confirms_every_write() {
     rg.tokens().consume("signup", &token).await.unwrap();
 }
 
+/// A lock with `.replicas` runs on the handle's twin connection, and its watchdog counts
+/// in the handle's `live_watchdogs()` like any other (it lived on the twin's own state, which
+/// nobody can ask: the count said 0 while the lock was being renewed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_watchdogs_of_confirmed_locks_are_counted() {
+    let (master, _replica) = master_and_replica();
+    let rg = connect(&master).await;
+    let guards = futures_util::future::try_join_all(
+        (0..3).map(|i| rg.lock(format!("counted:{i}")).replicas(1, WAIT).acquire()),
+    )
+    .await
+    .unwrap();
+    assert_eq!(rg.live_watchdogs(), 3);
+    let plain = rg.lock("counted:plain").acquire().await.unwrap();
+    assert_eq!(rg.live_watchdogs(), 4);
+    for guard in guards {
+        guard.release().await.unwrap();
+    }
+    plain.release().await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while rg.live_watchdogs() > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "{} watchdogs outlived their guards",
+            rg.live_watchdogs()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 /// A master and a replica of it, synced.
 pub(crate) fn master_and_replica() -> (RedisServer, RedisServer) {
     let master = RedisServer::start();
