@@ -425,7 +425,8 @@ impl RedisStore {
     /// write's compensating call, on this connection, so applied after the write) is
     /// answered, or the call's bound from `started` ran out: a retry sent right after the
     /// refusal then finds the write undone. An undo that fails or runs out of time is left to
-    /// the guard's own undo, which the error arms.
+    /// the guard's own undo, which the error arms (an idempotency begin), or to the key's TTL
+    /// (a token nobody was given).
     pub(crate) async fn undo_unconfirmed<T>(
         &self,
         result: Result<T>,
