@@ -89,7 +89,9 @@ pub struct Redguard {
 struct Inner {
     store: Arc<dyn Store>,
     settings: Settings,
-    state: State,
+    /// Shared with the twin: it is this handle on another connection (its locks' queues and
+    /// watchdogs are this handle's).
+    state: Arc<State>,
     /// This handle on the store's [`Store::twin`], opened on first use; `Some(None)` when
     /// the store has no twin, or this is a twin.
     twin: tokio::sync::OnceCell<Option<Redguard>>,
@@ -362,7 +364,7 @@ impl Redguard {
             inner: Arc::new(Inner {
                 store,
                 settings,
-                state: State::default(),
+                state: Arc::default(),
                 twin: tokio::sync::OnceCell::new(),
             }),
         }
@@ -488,7 +490,7 @@ impl Redguard {
                     inner: Arc::new(Inner {
                         store,
                         settings: self.inner.settings.clone(),
-                        state: State::default(),
+                        state: Arc::clone(&self.inner.state),
                         twin: tokio::sync::OnceCell::new_with(Some(None)),
                     }),
                 }))

@@ -2,7 +2,8 @@
 //! local rate tier's recent rejections, and a count of lock renewal tasks.
 //!
 //! It lives in the handle (not in process globals keyed by the store's address), so two
-//! handles never interact and nothing outlives its handle. The guards decide what to do with
+//! handles never interact and nothing outlives its handle. A handle's twin (the same handle on
+//! the connection for replica-confirmed writes) shares it. The guards decide what to do with
 //! it; here are only the containers.
 
 use std::collections::HashMap;

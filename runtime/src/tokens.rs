@@ -78,7 +78,7 @@ impl Tokens {
     /// can be replaced by a replica without the token, and its submit is refused as unknown.
     /// When too few confirm, [`issue`](Tokens::issue) returns [`Error::Backend`] with
     /// [`BackendError::Unconfirmed`](crate::BackendError::Unconfirmed) (the stored token was
-    /// given to nobody and expires unused). Consuming is not confirmed. `count` is 1 to 16;
+    /// given to nobody and is deleted again). Consuming is not confirmed. `count` is 1 to 16;
     /// `timeout` 1 ms to 10 s and at most half the handle's
     /// [`timeout`](crate::Builder::timeout). The memory store counts every issue as
     /// confirmed.

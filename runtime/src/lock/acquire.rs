@@ -9,7 +9,7 @@ use super::context::{new_owner, owner_for};
 use super::guard::LockGuard;
 use super::ops;
 use crate::degrade::Degrade;
-use crate::error::{Error, Result};
+use crate::error::{BackendError, Error, Result};
 use crate::handle::Redguard;
 use crate::key::{GuardKind, Key};
 use crate::spec::{LockKind, Replicas};
@@ -33,6 +33,26 @@ pub(crate) struct Spec {
 /// spawns [`ops::undo`].
 struct InFlight {
     undo: Option<(Redguard, Key, String, LockKind, u32)>,
+}
+
+impl InFlight {
+    /// Undoes now, by `deadline`, and disarms once the store acknowledged it; still armed
+    /// (so undone again from `Drop`) if it failed or ran out of time.
+    async fn undo_by(&mut self, deadline: Instant) {
+        let Some((handle, key, owner, kind, level)) = &self.undo else {
+            return;
+        };
+        let undo = ops::undo(*kind, handle.store().as_ref(), key, owner, *level);
+        match tokio::time::timeout_at(deadline.into(), undo).await {
+            Ok(Ok(())) => self.undo = None,
+            Ok(Err(err)) => {
+                tracing::debug!(%key, error = %err, "could not undo an unconfirmed acquisition; sent again");
+            }
+            Err(_) => {
+                tracing::debug!(%key, "undoing an unconfirmed acquisition ran out of time; sent again")
+            }
+        }
+    }
 }
 
 impl Drop for InFlight {
@@ -174,8 +194,15 @@ async fn acquire_traced(handle: Redguard, key: Key, spec: Spec) -> Result<LockGu
         };
         // Only a reply says what happened; after an error (a timeout above all) the script
         // may have run, or may still run when the store resumes: `in_flight` undoes it.
-        if outcome.is_ok() {
-            in_flight.undo = None;
+        match &outcome {
+            Ok(_) => in_flight.undo = None,
+            // The lock is ours on the master, but too few replicas have it: undone before the
+            // refusal (or the degraded guard) is returned, within the call's bound, so a retry
+            // right after it finds the lock free.
+            Err(Error::Backend(BackendError::Unconfirmed { .. })) => {
+                in_flight.undo_by(attempt_at + handle.timeout()).await;
+            }
+            Err(_) => {}
         }
         let outcome = outcome.or_degrade(&handle, GuardKind::Lock, "lock_acquire", &key);
         let ttl = match outcome? {

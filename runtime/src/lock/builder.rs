@@ -319,7 +319,8 @@ impl<K: Kind> LockBuilder<K> {
     /// [`Replicas`](crate::Replicas)). Without it a master that fails right after granting
     /// the lock can be replaced by a replica that never saw it, and a second holder gets it.
     ///
-    /// When fewer confirm in time, the acquisition is released again and the lock's
+    /// When fewer confirm in time, the acquisition is released again (acknowledged before this
+    /// returns, so a retry right after finds the lock free) and the lock's
     /// [`FailMode`](crate::FailMode) applies as for a store that cannot answer: closed (the
     /// default) is [`Error::Backend`] with
     /// [`BackendError::Unconfirmed`](crate::BackendError::Unconfirmed), open is a degraded

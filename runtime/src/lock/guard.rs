@@ -66,11 +66,13 @@ impl LockGuard {
         acquired_at: Instant,
         spec: Spec,
     ) -> Self {
-        // The lease is counted from before the acquiring call was sent.
+        // The lease is counted from before the acquiring call was sent, and so are its
+        // renewals: counted from the reply, a reply that came late within the lease put the
+        // first renewal past the lease's end (at once if the reply came after lease/3).
         let tenure = Tenure {
             acquired_at,
             valid_until: acquired_at + spec.lease,
-            renew_at: Instant::now() + spec.lease / 3,
+            renew_at: acquired_at + spec.lease / 3,
         };
         Self::held(handle, key, owner, fence, level, tenure, spec)
     }

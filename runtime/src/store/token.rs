@@ -13,7 +13,8 @@ use crate::spec::Replicas;
 pub trait TokenOps {
     /// Stores a fresh token for `scene`, living `ttl`. With `replicas`, a token stored but not
     /// confirmed in time is [`BackendError::Unconfirmed`](crate::BackendError::Unconfirmed)
-    /// (nobody knows it: it expires unused); a store without replicas treats it as confirmed.
+    /// (nobody knows it: deleted before this returns, or it expires unused); a store without
+    /// replicas treats it as confirmed.
     async fn token_issue(
         &self,
         key: &Key,

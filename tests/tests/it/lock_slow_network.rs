@@ -78,3 +78,72 @@ async fn an_acquisition_answered_after_its_lease_is_not_held() {
     );
     assert!(slow_result.is_err());
 }
+
+/// An acquisition answered late but within its lease is held and renewed while Redis holds
+/// it (issue 25, finding 6). The lease counts from when the acquisition was sent, so the
+/// renewals must too: the first one was scheduled a third of a lease after the *reply*, here
+/// past the guard's own deadline, and the guard reported the lock lost while Redis still held
+/// it. The proxy holds the reply (the script runs at once, as on a slow return path).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquisition_answered_late_within_its_lease_is_renewed() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port());
+    let lease = Duration::from_millis(1500);
+    let slow = Redguard::redis(proxy.url())
+        .timeout(Duration::from_secs(3))
+        .connect()
+        .await
+        .unwrap();
+    let mut conn = server.connection();
+    // On a loaded machine the reply may come later than asked: try again until one came
+    // within the lease with room for its renewal to reach Redis.
+    for attempt in 1.. {
+        let name = format!("late:{attempt}");
+        proxy.set(Fault::HalfOpen);
+        let sent = Instant::now();
+        let acquiring = {
+            let (slow, name) = (slow.clone(), name.clone());
+            tokio::spawn(async move { slow.lock(name).lease(lease).acquire().await })
+        };
+        tokio::time::sleep_until((sent + lease * 3 / 4).into()).await;
+        proxy.set(Fault::Pass);
+        let guard = acquiring.await.unwrap().unwrap();
+        let answered = sent.elapsed();
+        if answered > lease * 7 / 8 {
+            assert!(
+                attempt < 5,
+                "no reply came within 7/8 of the lease in 5 attempts"
+            );
+            drop(guard);
+            continue;
+        }
+        let key = format!("redguard:lock:{{lock:{name}}}");
+        let until = Instant::now() + lease * 2;
+        while Instant::now() < until {
+            let (fence, pttl): (Option<u64>, i64) = redis::pipe()
+                .cmd("HGET")
+                .arg(&key)
+                .arg("fence")
+                .cmd("PTTL")
+                .arg(&key)
+                .query(&mut conn)
+                .unwrap();
+            let at = sent.elapsed();
+            assert!(
+                !guard.is_lost(),
+                "answered after {answered:?} of a {lease:?} lease, the guard was lost at {at:?} \
+                 (Redis: fence {fence:?}, PTTL {pttl} ms; ours {})",
+                guard.fence()
+            );
+            assert_eq!(
+                fence,
+                Some(guard.fence()),
+                "answered after {answered:?}, Redis no longer held the lock at {at:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        guard.release().await.unwrap();
+        println!("answered after {answered:?}: renewed for two leases");
+        break;
+    }
+}

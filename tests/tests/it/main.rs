@@ -39,6 +39,7 @@ mod rate_precision;
 mod rate_sliding_log;
 mod rate_throughput;
 mod redis_store;
+mod renewal_timing;
 mod replicas;
 mod scopes;
 mod security;

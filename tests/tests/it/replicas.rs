@@ -14,7 +14,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use redguard::{
-    BackendError, Error, FailMode, GuardKind, Idempotency, KeyBuilder, LockGuard, Redguard,
+    BackendError, Error, FailMode, GuardKind, Idempotency, KeyBuilder, LockGuard, LockKind,
+    Redguard,
 };
 use redguard_tests::{RedisCluster, RedisSentinel, RedisServer, after_failover, connect};
 
@@ -471,7 +472,7 @@ async fn confirmed_writes_survive_a_sentinel_failover() {
 
 /// A single node has no replica: `WAIT 1` confirms nothing, so with `.replicas(1, ..)` every
 /// guarded write fails as the guard's `FailMode` says — closed (the default): `Unconfirmed`,
-/// undone (the lock free again, the intent runnable, no token handed out); open: the lock
+/// undone before it returns (the lock free again, the intent runnable, no token left); open: the lock
 /// guard is degraded. A `WAIT` timeout that does not fit in the call timeout is refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_single_node_confirms_nothing() {
@@ -486,30 +487,20 @@ async fn a_single_node_confirms_nothing() {
         .unwrap_err();
     assert!(unconfirmed(&err), "expected Unconfirmed, got {err:?}");
     assert!(started.elapsed() >= WAIT, "WAIT did not wait");
-    // The acquisition was undone (by a release spawned after it).
-    let deadline = Instant::now() + Duration::from_secs(2);
-    while rg.lock("solo").try_acquire().await.unwrap().is_none() {
-        assert!(
-            Instant::now() < deadline,
-            "the unconfirmed lock was not released"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    // The acquisition was undone before the refusal returned.
+    assert!(
+        rg.lock("solo").try_acquire().await.unwrap().is_some(),
+        "the unconfirmed lock was not released"
+    );
 
     let runs = Arc::new(AtomicU32::new(0));
     let err = idempotent(&rg, "solo:1", true, &runs).await.unwrap_err();
     assert!(unconfirmed(&err), "expected Unconfirmed, got {err:?}");
     assert_eq!(runs.load(Ordering::SeqCst), 0);
     // The begin was undone: the retry without the option runs, once.
-    let deadline = Instant::now() + Duration::from_secs(2);
-    loop {
-        match idempotent(&rg, "solo:1", false, &runs).await {
-            Ok(run) => break assert_eq!(run, 1),
-            Err(Error::InProgress) if Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-            Err(other) => panic!("the unconfirmed begin was not undone: {other:?}"),
-        }
+    match idempotent(&rg, "solo:1", false, &runs).await {
+        Ok(run) => assert_eq!(run, 1),
+        Err(other) => panic!("the unconfirmed begin was not undone: {other:?}"),
     }
 
     let err = rg
@@ -519,6 +510,13 @@ async fn a_single_node_confirms_nothing() {
         .await
         .unwrap_err();
     assert!(unconfirmed(&err), "expected Unconfirmed, got {err:?}");
+    assert!(
+        !server
+            .keys()
+            .iter()
+            .any(|key| key.starts_with("redguard:token:")),
+        "the unconfirmed token was not deleted"
+    );
 
     // WAIT must end within the call's own bound (250 ms by default): at most half of it.
     let err = rg
@@ -548,6 +546,98 @@ async fn a_single_node_confirms_nothing() {
         .await
         .unwrap();
     assert!(guard.is_degraded());
+}
+
+/// A refused write is undone before the refusal returns (issue 25, finding 10): a retry sent
+/// right after it, on another connection, finds the lock free, the intent runnable and no
+/// token left behind. The undo used to be spawned as the refusal returned, so the retry raced
+/// it (7 of 35 rounds found the lock still held, 4 of 35 got `InProgress`). Every lock kind,
+/// many rounds; the replica is cut off, so `WAIT` confirms nothing. On one thread, so a
+/// spawned undo cannot run ahead of the retry by luck.
+#[tokio::test(flavor = "current_thread")]
+async fn an_unconfirmed_write_is_undone_before_its_refusal_returns() {
+    let (master, replica) = master_and_replica();
+    let rg = connect(&master).await;
+    replica.pause();
+    let _: u64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("replica")
+        .query(&mut master.connection())
+        .unwrap();
+    const ROUNDS: usize = 40;
+    let kinds = [
+        LockKind::Exclusive,
+        LockKind::Fair,
+        LockKind::Semaphore { permits: 1 },
+        LockKind::Read,
+        LockKind::Write,
+    ];
+    let (mut held, mut in_progress, mut tokens_left) = (Vec::new(), Vec::new(), 0);
+    let runs = Arc::new(AtomicU32::new(0));
+    for round in 0..ROUNDS {
+        let kind = kinds[round % kinds.len()];
+        let name = format!("undone:{round}");
+        let err = rg
+            .lock(&name)
+            .kind(kind)
+            .replicas(1, WAIT)
+            .acquire()
+            .await
+            .unwrap_err();
+        assert!(unconfirmed(&err), "expected Unconfirmed, got {err:?}");
+        // A reader would share the lock with a reader left behind: ask as a writer.
+        let retry = if kind == LockKind::Read {
+            LockKind::Write
+        } else {
+            kind
+        };
+        match rg.lock(&name).kind(retry).try_acquire().await.unwrap() {
+            Some(guard) => guard.release().await.unwrap(),
+            None => held.push(format!("{kind:?} {name}")),
+        }
+
+        let id = format!("undone:{round}");
+        let err = idempotent(&rg, &id, true, &runs).await.unwrap_err();
+        assert!(unconfirmed(&err), "expected Unconfirmed, got {err:?}");
+        match idempotent(&rg, &id, false, &runs).await {
+            Ok(_) => {}
+            Err(Error::InProgress) => in_progress.push(id),
+            Err(other) => panic!("the retry of {id} failed: {other:?}"),
+        }
+
+        let err = rg
+            .tokens()
+            .replicas(1, WAIT)
+            .issue("signup", Duration::from_secs(60))
+            .await
+            .unwrap_err();
+        assert!(unconfirmed(&err), "expected Unconfirmed, got {err:?}");
+        tokens_left = master
+            .keys()
+            .iter()
+            .filter(|key| key.starts_with("redguard:token:"))
+            .count();
+    }
+    println!(
+        "{ROUNDS} rounds: lock still held after its refusal {}, InProgress after a refused \
+         begin {}, tokens left {tokens_left}",
+        held.len(),
+        in_progress.len()
+    );
+    assert!(
+        held.is_empty(),
+        "still held right after the refusal: {held:?}"
+    );
+    assert!(
+        in_progress.is_empty(),
+        "InProgress right after the refused begin: {in_progress:?}"
+    );
+    assert_eq!(
+        tokens_left, 0,
+        "refused token issues left their tokens stored"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), ROUNDS as u32);
 }
 
 /// One master and one replica: every write is confirmed, and the replica has it when the
@@ -584,6 +674,36 @@ async fn a_replica_confirms_every_write() {
         .await
         .unwrap();
     rg.tokens().consume("signup", &token).await.unwrap();
+}
+
+/// A lock with `.replicas` runs on the handle's twin connection, and its watchdog counts
+/// in the handle's `live_watchdogs()` like any other (it lived on the twin's own state, which
+/// nobody can ask: the count said 0 while the lock was being renewed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_watchdogs_of_confirmed_locks_are_counted() {
+    let (master, _replica) = master_and_replica();
+    let rg = connect(&master).await;
+    let guards = futures_util::future::try_join_all(
+        (0..3).map(|i| rg.lock(format!("counted:{i}")).replicas(1, WAIT).acquire()),
+    )
+    .await
+    .unwrap();
+    assert_eq!(rg.live_watchdogs(), 3);
+    let plain = rg.lock("counted:plain").acquire().await.unwrap();
+    assert_eq!(rg.live_watchdogs(), 4);
+    for guard in guards {
+        guard.release().await.unwrap();
+    }
+    plain.release().await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while rg.live_watchdogs() > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "{} watchdogs outlived their guards",
+            rg.live_watchdogs()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
 }
 
 /// A master and a replica of it, synced.

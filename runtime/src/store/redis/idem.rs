@@ -1,6 +1,6 @@
 //! Idempotency records on Redis: a hash per record, one script per transition.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use redis::Value;
@@ -75,7 +75,8 @@ impl IdemOps for RedisStore {
             replicas,
         } = begin;
         // Only a begin that took the record (0: started, 1: retrying) wrote it.
-        let reply: Vec<Value> = self
+        let started = Instant::now();
+        let reply: Result<Vec<Value>> = self
             .eval_confirmed(
                 "idem_begin",
                 &BEGIN,
@@ -84,6 +85,9 @@ impl IdemOps for RedisStore {
                 replicas,
                 |reply: &Vec<Value>| matches!(reply.first(), Some(Value::Int(0 | 1))),
             )
+            .await;
+        let reply = self
+            .undo_unconfirmed(reply, started, self.idem_abandon(key, owner))
             .await?;
         let code = match reply.first() {
             Some(Value::Int(code)) => *code,

@@ -17,7 +17,7 @@ mod token;
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -419,6 +419,34 @@ impl RedisStore {
             confirmed_by(op, replicas, confirmed)?;
         }
         Ok(reply)
+    }
+
+    /// Passes `result` on; when it is [`BackendError::Unconfirmed`], only once `undo` (the
+    /// write's compensating call, on this connection, so applied after the write) is
+    /// answered, or the call's bound from `started` ran out: a retry sent right after the
+    /// refusal then finds the write undone. An undo that fails or runs out of time is left to
+    /// the guard's own undo, which the error arms (an idempotency begin), or to the key's TTL
+    /// (a token nobody was given).
+    pub(crate) async fn undo_unconfirmed<T>(
+        &self,
+        result: Result<T>,
+        started: Instant,
+        undo: impl Future<Output = Result<()>>,
+    ) -> Result<T> {
+        if !matches!(
+            result,
+            Err(Error::Backend(BackendError::Unconfirmed { .. }))
+        ) {
+            return result;
+        }
+        match tokio::time::timeout_at((started + self.timeout).into(), undo).await {
+            Ok(Ok(())) => {}
+            Ok(Err(err)) => {
+                tracing::debug!(error = %err, "could not undo an unconfirmed write");
+            }
+            Err(_) => tracing::debug!("undoing an unconfirmed write ran out of time"),
+        }
+        result
     }
 
     /// `WAIT`'s timeout must leave room in the call's own for the write and the round trip:

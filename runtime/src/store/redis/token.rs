@@ -1,6 +1,6 @@
 //! Token operations on Redis.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 
@@ -44,6 +44,8 @@ impl TokenOps for RedisStore {
             }
             Some(replicas) => {
                 self.check_replicas(replicas)?;
+                let started = Instant::now();
+                let mut undo_conn = conn.clone();
                 // `WAIT` in the same pipeline: same connection, same node (see
                 // `RedisStore::eval_confirmed`).
                 let mut pipe = redis::pipe();
@@ -55,9 +57,22 @@ impl TokenOps for RedisStore {
                     })
                     .await
                     .map_err(|err| corrupt_or(err, key))?;
-                if created.is_some() {
-                    confirmed_by("token_issue", replicas, confirmed)?;
-                }
+                let confirmed = match created {
+                    Some(_) => confirmed_by("token_issue", replicas, confirmed),
+                    None => Ok(()),
+                };
+                // A token too few replicas have is handed to nobody: deleted before the
+                // refusal returns, on the connection that stored it.
+                let delete = async {
+                    let mut del = redis::cmd("DEL");
+                    del.arg(key.as_str());
+                    bounded("token_discard", self.timeout(), async move {
+                        del.query_async::<i64>(&mut undo_conn).await
+                    })
+                    .await
+                    .map(drop)
+                };
+                self.undo_unconfirmed(confirmed, started, delete).await?;
                 Ok(created)
             }
         }

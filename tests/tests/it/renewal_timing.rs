@@ -1,0 +1,360 @@
+//! Renewal timing: a lock whose acquisition is answered late, at a grid of points over and
+//! past its lease, is renewed exactly when Redis still holds it.
+//!
+//! The lease (and so the guard's own deadline) counts from when the acquisition was sent.
+//! Two ways of being late: the proxy holds the *reply* (the script ran at once, Redis holds
+//! the key until about send + lease), or `CLIENT PAUSE` holds the *request* (the script runs
+//! late, Redis holds the key longer than the guard may assume). For each point, classified by
+//! when the reply actually came (a loaded machine delivers it later than asked):
+//!
+//! - answered within the lease (less [`MARGIN`]): the guard is renewed — live at every
+//!   sample over two leases, and Redis holds the key with its fence at every sample;
+//! - answered after the lease (plus [`MARGIN`]): lost from the start (`run` never enters the
+//!   body and returns `LockLost`), and nothing renews the key;
+//! - in between: either, but at the end a live guard ⇔ Redis holds its key.
+//!
+//! A body that blocks its thread is checked against README's promise: under `run` the renewal
+//! starts when polled, so a body blocked past the lease loses the lock (another owner may
+//! take it meanwhile); the same wait in `spawn_blocking` keeps it.
+//!
+//! `REDGUARD_RENEWAL_POINTS=<n>` runs `n` points evenly over 0 to 1.5 leases instead of the
+//! short grid (TESTING.md, *Renewal timing*).
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures_util::future::join_all;
+use redguard::{Error, Redguard};
+use redguard_tests::RedisServer;
+use redguard_tests::proxy::{Fault, Proxy};
+
+const LEASE: Duration = Duration::from_secs(2);
+/// How close to the end of the lease a reply may go either way: the renewal it triggers must
+/// still be sent, and reach Redis, before the lease ends on a machine busy with other tests.
+const MARGIN: Duration = Duration::from_millis(400);
+/// How often the observer samples the guard and Redis.
+const SAMPLE: Duration = Duration::from_millis(100);
+const KEY: &str = "redguard:lock:{lock:timing}";
+
+/// The delays, as fractions of the lease.
+fn grid() -> Vec<f64> {
+    match std::env::var("REDGUARD_RENEWAL_POINTS") {
+        Ok(points) => {
+            let points: u32 = points
+                .parse()
+                .expect("REDGUARD_RENEWAL_POINTS is a number of points");
+            (0..points)
+                .map(|i| 1.5 * f64::from(i) / f64::from(points))
+                .collect()
+        }
+        // Around a third of the lease (where the first renewal falls due), past two thirds
+        // (where renewals counted from the reply came after the lease: finding 6), and
+        // after the lease.
+        Err(_) => vec![0.0, 0.3, 0.55, 0.7, 0.8, 1.25, 1.45],
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Late {
+    /// The proxy holds the reply: the script runs at once.
+    Reply,
+    /// `CLIENT PAUSE` holds the request: the script runs late.
+    Request,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Class {
+    Within,
+    Boundary,
+    After,
+}
+
+impl Class {
+    fn of(answered: Duration) -> Class {
+        if answered + MARGIN <= LEASE {
+            Class::Within
+        } else if answered >= LEASE + MARGIN {
+            Class::After
+        } else {
+            Class::Boundary
+        }
+    }
+}
+
+/// A Redis of its own (a paused one holds up every client), behind a proxy, and a handle
+/// through the proxy with a call timeout longer than any delay of the grid.
+struct Point {
+    server: RedisServer,
+    proxy: Proxy,
+    rg: Redguard,
+}
+
+impl Point {
+    async fn start() -> Point {
+        let server = RedisServer::start();
+        let proxy = Proxy::start(server.port());
+        let rg = Redguard::redis(proxy.url())
+            .timeout(Duration::from_secs(5))
+            .connect()
+            .await
+            .unwrap();
+        Point { server, proxy, rg }
+    }
+
+    /// Makes what is sent next late by `delay` (`late`), and returns when it was sent.
+    fn hold(&self, late: Late, delay: Duration) -> Instant {
+        if !delay.is_zero() {
+            match late {
+                Late::Reply => self.proxy.set(Fault::HalfOpen),
+                Late::Request => {
+                    let _: () = redis::cmd("CLIENT")
+                        .arg("PAUSE")
+                        .arg(delay.as_millis().to_string())
+                        .arg("ALL")
+                        .query(&mut self.server.connection())
+                        .unwrap();
+                }
+            }
+        }
+        Instant::now()
+    }
+
+    /// Ends the hold on the reply at `sent + delay` (a paused Redis resumes by itself).
+    async fn release_hold(&self, late: Late, sent: Instant, delay: Duration) {
+        if late == Late::Reply && !delay.is_zero() {
+            tokio::time::sleep_until((sent + delay).into()).await;
+            self.proxy.set(Fault::Pass);
+        }
+    }
+}
+
+/// Whether Redis holds the lock with `fence` (its acquisition's).
+fn holds(conn: &mut redis::Connection, fence: u64) -> bool {
+    let stored: Option<u64> = redis::cmd("HGET")
+        .arg(KEY)
+        .arg("fence")
+        .query(conn)
+        .unwrap();
+    stored == Some(fence)
+}
+
+/// One point for a guard from `acquire()`: what was seen, or the violation.
+async fn acquired(late: Late, fraction: f64) -> Result<String, String> {
+    let point = Point::start().await;
+    let delay = LEASE.mul_f64(fraction);
+    let sent = point.hold(late, delay);
+    let acquiring = {
+        let rg = point.rg.clone();
+        tokio::spawn(async move { rg.lock("timing").lease(LEASE).acquire().await })
+    };
+    point.release_hold(late, sent, delay).await;
+    let guard = acquiring
+        .await
+        .unwrap()
+        .map_err(|err| format!("the acquisition failed: {err:?}"))?;
+    let answered = sent.elapsed();
+    let class = Class::of(answered);
+    let at = format!("{late:?} late {delay:?}, answered after {answered:?} ({class:?})");
+    if class == Class::After && !guard.is_lost() {
+        return Err(format!("{at}: answered after its lease, yet held"));
+    }
+    let mut conn = point.server.connection();
+    let until = sent + delay + LEASE * 2;
+    while Instant::now() < until {
+        let live = !guard.is_lost();
+        let held = holds(&mut conn, guard.fence());
+        if class == Class::Within && !(live && held) {
+            return Err(format!(
+                "{at}: at {:?} the guard was {}, Redis {} it",
+                sent.elapsed(),
+                if live { "live" } else { "lost" },
+                if held { "held" } else { "no longer held" },
+            ));
+        }
+        tokio::time::sleep(SAMPLE).await;
+    }
+    let (live, held) = (!guard.is_lost(), holds(&mut conn, guard.fence()));
+    if live != held {
+        return Err(format!(
+            "{at}: at the end the guard was {}, but Redis {} it",
+            if live { "live" } else { "lost" },
+            if held { "held" } else { "no longer held" },
+        ));
+    }
+    Ok(format!("{at}: {}", if live { "renewed" } else { "lost" }))
+}
+
+/// One point for a section under `run`, whose body awaits for two leases.
+async fn section(late: Late, fraction: f64) -> Result<String, String> {
+    let point = Point::start().await;
+    let delay = LEASE.mul_f64(fraction);
+    let entered: Arc<Mutex<Option<(Instant, u64)>>> = Arc::default();
+    let sent = point.hold(late, delay);
+    let running = {
+        let (rg, entered) = (point.rg.clone(), Arc::clone(&entered));
+        let until = sent + delay + LEASE * 2;
+        tokio::spawn(async move {
+            rg.lock("timing")
+                .lease(LEASE)
+                .run(async move {
+                    let fence = redguard::fence().expect("a fence inside run");
+                    *entered.lock().unwrap() = Some((Instant::now(), fence));
+                    tokio::time::sleep_until(until.into()).await;
+                    Ok::<_, Error>(())
+                })
+                .await
+        })
+    };
+    point.release_hold(late, sent, delay).await;
+    let mut conn = point.server.connection();
+    let mut unheld = None;
+    while !running.is_finished() {
+        let inside = *entered.lock().unwrap();
+        if let Some((_, fence)) = inside
+            && unheld.is_none()
+            && !holds(&mut conn, fence)
+        {
+            unheld = Some(sent.elapsed());
+        }
+        tokio::time::sleep(SAMPLE / 2).await;
+    }
+    let result = running.await.unwrap();
+    let inside = *entered.lock().unwrap();
+    let answered = inside.map_or_else(|| sent.elapsed(), |(at, _)| at - sent);
+    let class = Class::of(answered);
+    let at = format!("{late:?} late {delay:?}, answered after {answered:?} ({class:?})");
+    match (class, inside, &result) {
+        (Class::After, Some(_), _) => Err(format!("{at}: the body ran")),
+        (Class::After, None, Err(Error::LockLost { .. })) => Ok(format!("{at}: not entered")),
+        (Class::Within, _, Err(err)) => Err(format!("{at}: {err:?}")),
+        (_, _, Ok(())) if unheld.is_some() => Err(format!(
+            "{at}: the section returned Ok, but Redis no longer held it at {unheld:?}"
+        )),
+        (_, Some(_), Ok(())) => Ok(format!("{at}: renewed")),
+        (Class::Boundary, _, Err(Error::LockLost { .. })) => Ok(format!("{at}: lost")),
+        (_, _, other) => Err(format!("{at}: unexpected {other:?}")),
+    }
+}
+
+/// Runs `point` for every delay of the grid (a batch at a time, each point on its own Redis)
+/// and fails with every violation.
+async fn over_the_grid<F, Fut>(late: Late, point: F)
+where
+    F: Fn(Late, f64) -> Fut,
+    Fut: Future<Output = Result<String, String>>,
+{
+    let mut violations = Vec::new();
+    for batch in grid().chunks(8) {
+        for seen in join_all(batch.iter().map(|&fraction| point(late, fraction))).await {
+            match seen {
+                Ok(seen) => println!("{seen}"),
+                Err(violation) => violations.push(violation),
+            }
+        }
+    }
+    assert!(violations.is_empty(), "{}", violations.join("\n"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guard_answered_late_is_renewed_exactly_while_redis_holds_it() {
+    over_the_grid(Late::Reply, acquired).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guard_whose_request_ran_late_is_renewed_exactly_while_redis_holds_it() {
+    over_the_grid(Late::Request, acquired).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_section_answered_late_is_renewed_exactly_while_redis_holds_it() {
+    over_the_grid(Late::Reply, section).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_section_whose_request_ran_late_is_renewed_exactly_while_redis_holds_it() {
+    over_the_grid(Late::Request, section).await;
+}
+
+/// README: a section's renewal starts when polled, so a body that blocks its thread past the
+/// lease finds the lock lost — Redis dropped the key meanwhile, free for another owner — while
+/// the same wait in `spawn_blocking` keeps the lock renewed throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_blocking_its_thread_loses_the_lock_and_spawn_blocking_keeps_it() {
+    let server = RedisServer::start();
+    let rg = redguard_tests::connect(&server).await;
+    let block = LEASE * 3 / 2;
+
+    let fence: Arc<Mutex<Option<u64>>> = Arc::default();
+    let started = Instant::now();
+    let kept = {
+        let (rg, fence) = (rg.clone(), Arc::clone(&fence));
+        tokio::spawn(async move {
+            rg.lock("blocking:kept")
+                .lease(LEASE)
+                .run(async move {
+                    *fence.lock().unwrap() = redguard::fence();
+                    tokio::task::spawn_blocking(move || std::thread::sleep(block))
+                        .await
+                        .unwrap();
+                    Ok::<_, Error>(())
+                })
+                .await
+        })
+    };
+    let mut conn = server.connection();
+    let key = "redguard:lock:{lock:blocking:kept}";
+    while !kept.is_finished() {
+        if let Some(fence) = *fence.lock().unwrap()
+            && started.elapsed() < block
+        {
+            let stored: Option<u64> = redis::cmd("HGET")
+                .arg(key)
+                .arg("fence")
+                .query(&mut conn)
+                .unwrap();
+            assert_eq!(
+                stored,
+                Some(fence),
+                "under spawn_blocking, Redis no longer held the lock at {:?}",
+                started.elapsed()
+            );
+        }
+        tokio::time::sleep(SAMPLE).await;
+    }
+    kept.await.unwrap().unwrap();
+
+    let started = Instant::now();
+    let blocked = {
+        let rg = rg.clone();
+        tokio::spawn(async move {
+            rg.lock("blocking:lost")
+                .lease(LEASE)
+                .run(async move {
+                    std::thread::sleep(block);
+                    Ok::<_, Error>(())
+                })
+                .await
+        })
+    };
+    // Waited for and checked without the runtime: a worker blocked in the body can stall its
+    // timers and its I/O for every task (the other worker may not be the one driving them).
+    std::thread::sleep(LEASE + MARGIN);
+    assert!(
+        !blocked.is_finished(),
+        "the blocked section ended before its body"
+    );
+    let exists: bool = redis::cmd("EXISTS")
+        .arg("redguard:lock:{lock:blocking:lost}")
+        .query(&mut conn)
+        .unwrap();
+    assert!(
+        !exists,
+        "the lock of a body blocked past its lease was still held at {:?}",
+        started.elapsed()
+    );
+    let result = blocked.await.unwrap();
+    assert!(
+        matches!(result, Err(Error::LockLost { .. })),
+        "a body blocked past its lease returned {result:?}"
+    );
+}
