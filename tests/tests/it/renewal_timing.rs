@@ -20,11 +20,12 @@
 //! `REDGUARD_RENEWAL_POINTS=<n>` runs `n` points evenly over 0 to 1.5 leases instead of the
 //! short grid (TESTING.md, *Renewal timing*).
 
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
-use redguard::{Error, Redguard};
+use redguard::{Error, Idempotency, Redguard};
 use redguard_tests::RedisServer;
 use redguard_tests::proxy::{Fault, Proxy};
 
@@ -357,4 +358,130 @@ async fn a_body_blocking_its_thread_loses_the_lock_and_spawn_blocking_keeps_it()
         matches!(result, Err(Error::LockLost { .. })),
         "a body blocked past its lease returned {result:?}"
     );
+}
+
+/// The idempotency record's `expire`: renewed every third of it, like a lock's lease.
+const EXPIRE: Duration = LEASE;
+const RECORD: &str = "redguard:idem:{timing:timing}";
+
+fn record_key() -> redguard::KeyBody {
+    redguard::KeyBuilder::new().text("timing").finish().unwrap()
+}
+
+fn status(conn: &mut redis::Connection) -> Option<String> {
+    redis::cmd("HGET")
+        .arg(RECORD)
+        .arg("status")
+        .query(conn)
+        .unwrap()
+}
+
+/// One point for an idempotency record whose begin is late, with a body that awaits for two
+/// expires while a twin retries every sample: a record begun within its expire stays
+/// PROCESSING throughout, and the intent never runs twice.
+async fn record(late: Late, fraction: f64) -> Result<String, String> {
+    let point = Point::start().await;
+    let twin = redguard_tests::connect(&point.server).await;
+    let delay = EXPIRE.mul_f64(fraction);
+    let runs = Arc::new(AtomicU32::new(0));
+    let entered: Arc<Mutex<Option<Instant>>> = Arc::default();
+    let sent = point.hold(late, delay);
+    let running =
+        {
+            let (rg, runs, entered) = (point.rg.clone(), runs.clone(), Arc::clone(&entered));
+            let until = sent + delay + EXPIRE * 2;
+            tokio::spawn(
+                rg.clone()
+                    .scope(Idempotency::new("timing", record_key()).expire(EXPIRE).run(
+                        async move {
+                            *entered.lock().unwrap() = Some(Instant::now());
+                            runs.fetch_add(1, Ordering::SeqCst);
+                            tokio::time::sleep_until(until.into()).await;
+                            Ok::<_, Error>(1)
+                        },
+                    )),
+            )
+        };
+    point.release_hold(late, sent, delay).await;
+    let mut conn = point.server.connection();
+    let mut lapsed = None;
+    while !running.is_finished() {
+        if entered.lock().unwrap().is_some() {
+            if lapsed.is_none() && status(&mut conn).as_deref() != Some("P") {
+                lapsed = Some(sent.elapsed());
+            }
+            let runs = runs.clone();
+            let retried =
+                twin.scope(Idempotency::new("timing", record_key()).expire(EXPIRE).run(
+                    async move {
+                        runs.fetch_add(1, Ordering::SeqCst);
+                        Ok::<_, Error>(2)
+                    },
+                ))
+                .await;
+            if !matches!(retried, Err(Error::InProgress)) && lapsed.is_none() {
+                lapsed = Some(sent.elapsed());
+            }
+        }
+        tokio::time::sleep(SAMPLE).await;
+    }
+    let result = running.await.unwrap();
+    let answered = entered
+        .lock()
+        .unwrap()
+        .map_or_else(|| sent.elapsed(), |at| at - sent);
+    let class = Class::of(answered);
+    let at = format!("{late:?} late {delay:?}, begin answered after {answered:?} ({class:?})");
+    let runs = runs.load(Ordering::SeqCst);
+    if runs > 1 {
+        return Err(format!(
+            "{at}: the intent ran {runs} times (the record lapsed at {lapsed:?})"
+        ));
+    }
+    match (class, lapsed, result) {
+        (Class::Within, Some(lapsed), _) => Err(format!(
+            "{at}: the record was no longer PROCESSING at {lapsed:?} while the body ran"
+        )),
+        (Class::Within, None, Err(err)) => Err(format!("{at}: {err:?}")),
+        (_, _, result) => Ok(format!("{at}: ran {runs} time(s), {result:?}")),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_begun_late_is_kept_exactly_while_its_body_runs() {
+    over_the_grid(Late::Reply, record).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_whose_begin_ran_late_is_kept_exactly_while_its_body_runs() {
+    over_the_grid(Late::Request, record).await;
+}
+
+/// README: "a slow body is never run twice" — also one that blocks its thread: the record
+/// must stay PROCESSING past its first `expire` while the body is blocked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_stays_processing_while_its_body_blocks_its_thread() {
+    let server = RedisServer::start();
+    let rg = redguard_tests::connect(&server).await;
+    let block = EXPIRE * 3 / 2;
+    let running = tokio::spawn(
+        rg.clone().scope(
+            Idempotency::new("timing", record_key())
+                .expire(EXPIRE)
+                .run(async move {
+                    std::thread::sleep(block);
+                    Ok::<_, Error>(1)
+                }),
+        ),
+    );
+    // Checked without the runtime, which the blocked worker may stall.
+    std::thread::sleep(EXPIRE + MARGIN);
+    let mut conn = server.connection();
+    assert_eq!(
+        status(&mut conn).as_deref(),
+        Some("P"),
+        "the record of a body blocking its thread lapsed before the body ended"
+    );
+    assert_eq!(running.await.unwrap().unwrap(), 1);
+    assert_eq!(status(&mut conn).as_deref(), Some("S"));
 }
