@@ -32,13 +32,15 @@ pub(super) struct KeepAlive {
 }
 
 impl KeepAlive {
-    /// Starts renewing `key` for `owner`; returns once the task has run up to its first
-    /// sleep. Counted in [`Redguard::live_watchdogs`] while it lives.
+    /// Starts renewing `key` for `owner`, whose begin was sent at `sent`; returns once the
+    /// task has run up to its first sleep. Counted in [`Redguard::live_watchdogs`] while it
+    /// lives.
     pub(super) async fn start(
         handle: &Redguard,
         scope: &str,
         key: &Key,
         owner: &str,
+        sent: Instant,
         expire: Duration,
     ) -> KeepAlive {
         let (stop, stopped) = oneshot::channel();
@@ -52,7 +54,9 @@ impl KeepAlive {
         );
         let task = async move {
             let _live = live;
-            let first = Instant::now() + expire / 3;
+            // From the begin's send, not its reply: a reply late within the expire would put
+            // the first renewal past the record's end (at once if it came after expire/3).
+            let first = sent + expire / 3;
             let _ = armed.send(());
             tokio::select! {
                 _ = stopped => {}
@@ -91,8 +95,10 @@ async fn renew(
     let mut next = first;
     loop {
         tokio::time::sleep_until(next).await;
+        // Each renewal's expire counts from its own send.
+        let sent = Instant::now();
         match handle.store().idem_renew(key, owner, expire).await {
-            Ok(true) => next = Instant::now() + period,
+            Ok(true) => next = sent + period,
             Ok(false) => {
                 metrics::counter!("redguard_idempotency_lost_total", "scope" => scope.to_owned())
                     .increment(1);

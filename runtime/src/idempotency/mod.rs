@@ -267,6 +267,9 @@ impl Idempotency {
             token: None,
         };
         let mut record = None;
+        // The record's expire counts from before the begin was sent, as a lock's lease does:
+        // the only origin that is never later than Redis's.
+        let sent = tokio::time::Instant::now();
         if let Some(key) = key {
             // Armed before the call: a begin that fails or is dropped may still have run.
             undo.record = Some(key.clone());
@@ -296,6 +299,15 @@ impl Idempotency {
                 // The store is down and the policy is fail-open: run without a record (the
                 // begin, which may still run, is undone).
                 None => {}
+                // Answered after its expire: the record may have lapsed and been begun by a
+                // twin meanwhile, so the body must not run on it (the begin is undone).
+                Some(IdemBegin::Started | IdemBegin::Retrying) if sent.elapsed() >= self.expire => {
+                    return Err(Error::Backend(BackendError::Timeout {
+                        op: "idem_begin",
+                        after: self.expire,
+                    })
+                    .into());
+                }
                 Some(IdemBegin::Started | IdemBegin::Retrying) => record = Some(key),
                 Some(IdemBegin::InProgress) => {
                     undo.record = None;
@@ -354,6 +366,7 @@ impl Idempotency {
             owner,
             record,
             token,
+            sent,
             expire: self.expire,
             timeout: self.timeout,
             replicas,
@@ -468,6 +481,8 @@ struct Execution {
     owner: String,
     /// The PROCESSING record, or `None` (token-only mode, or a fail-open begin).
     record: Option<Key>,
+    /// When the begin was sent: the origin of the record's expire and of its renewals.
+    sent: tokio::time::Instant,
     token: Option<tokens::Token>,
     expire: Duration,
     timeout: Option<Duration>,
@@ -493,7 +508,15 @@ impl Execution {
                 token: self.token.clone(),
             };
             keep_alive = Some(
-                KeepAlive::start(&self.handle, &self.scope, key, &self.owner, self.expire).await,
+                KeepAlive::start(
+                    &self.handle,
+                    &self.scope,
+                    key,
+                    &self.owner,
+                    self.sent,
+                    self.expire,
+                )
+                .await,
             );
             undo.disarm();
             // From here on a panic or a drop leaves the outcome unknown.
