@@ -39,5 +39,6 @@ mod replicas;
 mod scopes;
 mod security;
 mod sentinel;
+mod servers;
 mod spans;
 mod stacking;
