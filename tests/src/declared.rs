@@ -6,7 +6,8 @@
 //! themselves: every `redis.call`/`redis.pcall` is routed through a wrapper that looks its key
 //! up in `KEYS` and, for one that is not there, records the command and key in the list
 //! [`UNDECLARED`] (written without a TTL, so the conformance runs' TTL check fails on it too)
-//! and raises `UNDECLARED`. The `conformance!` macro's `declared::<case>` runs every case so.
+//! and raises an error saying `UNDECLARED`. The `conformance!` macro's `declared::<case>`
+//! runs every case so.
 
 /// Where a script that touched an undeclared key records it (a Redis list).
 pub const UNDECLARED: &str = "redguard-tests:undeclared";
@@ -24,7 +25,7 @@ pub fn declared_keys_only(source: &str) -> String {
          local function __check(name, key)\n\
            if not __unkeyed[string.upper(name)] and not __declared[key] then\n\
              redis.call('RPUSH', '{UNDECLARED}', name .. ' ' .. tostring(key))\n\
-             error({{ err = 'UNDECLARED ' .. tostring(key) .. ' (' .. name .. ')' }})\n\
+             error('UNDECLARED ' .. tostring(key) .. ' (' .. name .. ')')\n\
            end\n\
          end\n\
          local function __call(name, ...)\n\
