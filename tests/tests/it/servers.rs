@@ -59,3 +59,37 @@ fn the_undeclared_key_check_catches_a_key_outside_keys() {
         .unwrap();
     assert_eq!(recorded, ["GET a:other"]);
 }
+
+/// Statically, over every shipped script: the key of each Redis call is `KEYS[…]` or a name
+/// that only ever holds one (a local assigned from `KEYS`, a function parameter every call
+/// passes one, an entry of a list whose every entry leads with one). The run-time check
+/// (`declared::`) covers the paths the conformance cases take; this one every path.
+#[test]
+fn every_key_a_script_touches_is_declared() {
+    use redguard_tests::declared::undeclared_keys;
+    // The check can fail: a literal key, one derived from KEYS, a parameter given a non-key.
+    assert_eq!(
+        undeclared_keys(
+            "local k = KEYS[1]\nredis.call('GET', k)\nredis.call('SET', 'x', 1)\n\
+             redis.pcall('DEL', KEYS[1] .. ':other')\nlocal function f(key)\n\
+             return redis.call('TYPE', key)\nend\nf(KEYS[2])\nf(ARGV[1])\n\
+             local t = redis.call('TIME')\n\
+             local function g(c)\nreturn redis.call('GET', c)\nend\ng(c)\n\
+             for _, k2 in ipairs(KEYS) do\nredis.call('GET', k2)\nend"
+        ),
+        ["SET 'x'", "TYPE key", "GET c", "DEL KEYS[1] .. ':other'"]
+    );
+    let admin = redguard_tests::declared::ADMIN_SCRIPTS;
+    for (name, source) in redguard_tests::mutate::SCRIPTS.iter().chain(admin) {
+        let code: String = source
+            .lines()
+            .map(|line| line.split("--").next().unwrap_or(""))
+            .collect::<Vec<_>>()
+            .join("\n");
+        let undeclared = undeclared_keys(&code);
+        assert!(
+            undeclared.is_empty(),
+            "{name}.lua: calls on keys not from KEYS: {undeclared:?}"
+        );
+    }
+}
