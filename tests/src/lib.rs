@@ -357,8 +357,9 @@ pub async fn connect(server: &RedisServer) -> redguard::Redguard {
 /// Runs each listed case (an `async fn(Redguard)` in the calling module) once per store:
 /// `memory::<case>` on a fresh in-memory store, `redis::<case>` on its own `redis-server`,
 /// `declared::<case>` there with every script checking it touches only keys in `KEYS`
-/// ([`declared`]), `cluster::<case>` on its own 3-master, 3-replica Redis Cluster, `sentinel::<case>` through
-/// a sentinel to its master; after the Redis runs every key the case wrote must have a TTL.
+/// ([`declared`]), `cluster::<case>` on its own 3-master, 3-replica Redis Cluster,
+/// `sentinel::<case>` through a sentinel to its master; after the Redis runs every key the
+/// case wrote must have a TTL.
 #[macro_export]
 macro_rules! conformance {
     ($($case:ident),* $(,)?) => {
