@@ -262,9 +262,16 @@ impl StoreFailure {
 
     /// An error reply or connection failure of the Redis client.
     pub(crate) fn redis(err: redis::RedisError) -> Self {
+        let (code, detail) = match (err.code(), err.detail()) {
+            (Some(code), Some(detail)) => {
+                let (code, detail) = unwrap_script_error(code, detail);
+                (Some(code.to_owned()), Some(detail.to_owned()))
+            }
+            (code, detail) => (code.map(str::to_owned), detail.map(str::to_owned)),
+        };
         StoreFailure {
-            code: err.code().map(str::to_owned),
-            detail: err.detail().map(str::to_owned),
+            code,
+            detail,
             source: Box::new(err),
         }
     }
@@ -289,6 +296,31 @@ impl StoreFailure {
     }
 }
 
+/// Redis 6.2 reports an error a command raised inside a script as `ERR Error running script
+/// (call to f_<sha>): @user_script:<line>: [@user_script: <line>: -]<CODE> <message>`, where
+/// 7.0+ sends `<CODE> <message> script: …`: the inner code and message, so that `WRONGTYPE`,
+/// `OOM` or `NOPERM` read the same on every server.
+fn unwrap_script_error<'a>(code: &'a str, detail: &'a str) -> (&'a str, &'a str) {
+    let Some(mut rest) = (code == "ERR")
+        .then(|| detail.strip_prefix("Error running script (call to "))
+        .flatten()
+        .and_then(|rest| rest.split_once("): ").map(|(_, rest)| rest))
+    else {
+        return (code, detail);
+    };
+    while let Some(inner) = rest.strip_prefix("@user_script:") {
+        rest = inner.split_once(": ").map_or("", |(_, inner)| inner);
+    }
+    match rest.trim_start_matches('-').split_once(' ') {
+        Some((inner, message))
+            if !inner.is_empty() && inner.bytes().all(|b| b.is_ascii_uppercase()) =>
+        {
+            (inner, message)
+        }
+        _ => (code, detail),
+    }
+}
+
 impl std::fmt::Display for StoreFailure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         std::fmt::Display::fmt(&self.source, f)
@@ -310,3 +342,39 @@ impl BackendError {
 
 /// Shorthand used throughout the crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod script_error_tests {
+    use super::unwrap_script_error;
+
+    // Replies of Redis 6.2.14 to a script whose command failed.
+    #[test]
+    fn redis_6_2_script_errors_read_as_their_inner_code() {
+        let wrongtype = "Error running script (call to f_d3c21d0c2b9ca22f82737626a27bcaf5d288f99f): \
+            @user_script:1: WRONGTYPE Operation against a key holding the wrong kind of value";
+        assert_eq!(
+            unwrap_script_error("ERR", wrongtype),
+            (
+                "WRONGTYPE",
+                "Operation against a key holding the wrong kind of value"
+            )
+        );
+        let oom = "Error running script (call to f_bd6f3018b28bbdb36260f19d3c44afed740db987): \
+            @user_script:1: @user_script: 1: -OOM command not allowed when used memory > 'maxmemory'.";
+        assert_eq!(
+            unwrap_script_error("ERR", oom),
+            ("OOM", "command not allowed when used memory > 'maxmemory'.")
+        );
+        // Anything else is left as it came.
+        let lua = "Error running script (call to f_0): @user_script:3: attempt to compare nil";
+        assert_eq!(unwrap_script_error("ERR", lua), ("ERR", lua));
+        assert_eq!(
+            unwrap_script_error("ERR", "unknown command"),
+            ("ERR", "unknown command")
+        );
+        assert_eq!(
+            unwrap_script_error("WRONGTYPE", "Operation against a key"),
+            ("WRONGTYPE", "Operation against a key")
+        );
+    }
+}

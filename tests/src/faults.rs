@@ -394,8 +394,12 @@ pub fn used_memory(server: &RedisServer) -> u64 {
 /// How many times scripts were loaded (`SCRIPT LOAD`, what the client sends on `NOSCRIPT`).
 pub fn script_loads(server: &RedisServer) -> u64 {
     let info: String = redis_cmd(server, &["INFO", "commandstats"]);
+    // Redis 6.2 counts `SCRIPT` as a whole: redguard sends no other subcommand.
     info.lines()
-        .find_map(|line| line.strip_prefix("cmdstat_script|load:calls="))
+        .find_map(|line| {
+            line.strip_prefix("cmdstat_script|load:calls=")
+                .or_else(|| line.strip_prefix("cmdstat_script:calls="))
+        })
         .and_then(|rest| rest.split(',').next())
         .and_then(|n| n.parse().ok())
         .unwrap_or(0)

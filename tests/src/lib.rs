@@ -19,6 +19,7 @@
 pub struct ReadmeDoctests;
 
 pub mod cancel;
+pub mod declared;
 pub mod faults;
 pub mod history;
 pub mod metrics;
@@ -37,7 +38,19 @@ use std::time::{Duration, Instant};
 /// What to tell someone whose machine lacks Redis.
 const INSTALL_HINT: &str = "redis-server was not found on PATH. The integration tests start \
     their own Redis: install it (Debian/Ubuntu: `sudo apt-get install redis-server`; macOS: \
-    `brew install redis`) or run `scripts/test`, which installs it when apt-get is available";
+    `brew install redis`) or run `scripts/test`, which installs it when apt-get is available; \
+    or name another server binary in REDGUARD_TEST_SERVER";
+
+/// The server binary every harness process runs: `$REDGUARD_TEST_SERVER` (a path to a
+/// `redis-server` or `valkey-server`, as `scripts/servers` installs them for the
+/// compatibility matrix), else `redis-server` from `PATH`. Sentinels run the same binary with
+/// `--sentinel`, so one setting picks the server of every topology.
+pub fn server_binary() -> String {
+    std::env::var("REDGUARD_TEST_SERVER")
+        .ok()
+        .filter(|path| !path.is_empty())
+        .unwrap_or_else(|| "redis-server".to_owned())
+}
 
 /// A `redis-server` child process on a free loopback port, in its own temp dir, with
 /// persistence off. Killed on drop.
@@ -137,10 +150,10 @@ impl RedisServer {
         let mut command = match &self.core {
             Some(core) => {
                 let mut taskset = Command::new("taskset");
-                taskset.args(["-c", core, "redis-server"]);
+                taskset.args(["-c", core]).arg(server_binary());
                 taskset
             }
-            None => Command::new("redis-server"),
+            None => Command::new(server_binary()),
         };
         let child = command
             .args(["--port", &self.port.to_string()])
@@ -350,8 +363,10 @@ pub async fn connect(server: &RedisServer) -> redguard::Redguard {
 
 /// Runs each listed case (an `async fn(Redguard)` in the calling module) once per store:
 /// `memory::<case>` on a fresh in-memory store, `redis::<case>` on its own `redis-server`,
-/// `cluster::<case>` on its own 3-master, 3-replica Redis Cluster, `sentinel::<case>` through
-/// a sentinel to its master; after the Redis runs every key the case wrote must have a TTL.
+/// `declared::<case>` there with every script checking it touches only keys in `KEYS`
+/// ([`declared`]), `cluster::<case>` on its own 3-master, 3-replica Redis Cluster,
+/// `sentinel::<case>` through a sentinel to its master; after the Redis runs every key the
+/// case wrote must have a TTL.
 #[macro_export]
 macro_rules! conformance {
     ($($case:ident),* $(,)?) => {
@@ -371,6 +386,17 @@ macro_rules! conformance {
                     let rg = $crate::connect(&server).await;
                     super::$case(rg).await;
                     server.assert_every_key_has_ttl();
+                }
+            )*
+        }
+        mod declared {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    let server = $crate::RedisServer::start();
+                    let rg = $crate::declared::connect(&server).await;
+                    super::$case(rg).await;
+                    $crate::declared::assert_none_undeclared(&server);
                 }
             )*
         }

@@ -28,9 +28,10 @@ pub const DOWN_AFTER_MS: u64 = 1000;
 /// this before failing the same master over again).
 const FAILOVER_TIMEOUT_MS: u64 = 3000;
 
-const INSTALL_HINT: &str = "redis-sentinel was not found on PATH. The Sentinel tests start \
-    their own sentinels: install it (Debian/Ubuntu: `sudo apt-get install redis-sentinel`; \
-    macOS: `brew install redis`, which includes it) or run `scripts/test`";
+const INSTALL_HINT: &str = "redis-server was not found on PATH. The Sentinel tests start \
+    their own sentinels (`redis-server --sentinel`): install it (Debian/Ubuntu: `sudo apt-get \
+    install redis-server`; macOS: `brew install redis`) or run `scripts/test`; or name another \
+    server binary in REDGUARD_TEST_SERVER";
 
 /// One master, two replicas, three sentinels.
 #[derive(Debug)]
@@ -391,8 +392,9 @@ impl SentinelProcess {
                 ),
             )
             .expect("write sentinel.conf");
-            let child = Command::new("redis-sentinel")
+            let child = Command::new(crate::server_binary())
                 .arg(&config)
+                .arg("--sentinel")
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
                 .spawn();

@@ -23,6 +23,14 @@
 //! drops state that no longer counts — unless a TTL is too short, which is what the rule
 //! checks.
 
+/// The runtime's `expiry.lua`: `pexpiretime(key)`, `PEXPIRETIME` on Redis 7.0+ and its
+/// equivalent on 6.2.
+macro_rules! expiry_prelude {
+    () => {
+        include_str!("../../runtime/src/store/redis/scripts/expiry.lua")
+    };
+}
+
 use std::cell::RefCell;
 use std::future::Future;
 use std::time::Duration;
@@ -182,10 +190,12 @@ impl World {
             let mut conn = connection(node);
             let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut conn).expect("KEYS");
             for key in keys {
-                let at: i64 = redis::cmd("PEXPIRETIME")
+                let at: i64 = redis::cmd("EVAL")
+                    .arg(concat!(expiry_prelude!(), "return pexpiretime(KEYS[1])"))
+                    .arg(1)
                     .arg(&key)
                     .query(&mut conn)
-                    .expect("PEXPIRETIME");
+                    .expect("the key's expiry");
                 assert!(
                     at != -1,
                     "{key} has no TTL: every key redguard writes must expire"
@@ -279,17 +289,21 @@ pub fn on_virtual_expiry(source: &str, at: &ManualClock) -> String {
         );
     }
     let now_ms = at.now().as_millis();
+    // The runtime's `pexpiretime` (absolute expiries, on every supported server) goes in the
+    // header, outside the rewrite, and the script's own copy of it is dropped.
     let mut out = format!(
-        "local __vms = {now_ms}\n\
+        "{}local __vms = {now_ms}\n\
          local function __vat(ms) return string.format('%.0f', __vms + tonumber(ms)) end\n\
          local function __pexpire(key, ms) return redis.call('PEXPIREAT', key, __vat(ms)) end\n\
          local function __pttl(key)\n\
-           local at = redis.call('PEXPIRETIME', key)\n\
+           local at = pexpiretime(key)\n\
            if at < 0 then return at end\n\
            return at - __vms\n\
-         end\n"
+         end\n",
+        expiry_prelude!()
     );
     let body = source
+        .replacen(expiry_prelude!(), "", 1)
         .replace("redis.call('PEXPIRE', ", "__pexpire(")
         .replace("redis.call('PTTL', ", "__pttl(");
     // `'PX', <ms>)` → `'PXAT', __vat(<ms>))`: the argument runs to the call's closing paren.

@@ -3,5 +3,6 @@
 //! a process with the rest (`tests/it/`), where no test installs either.
 
 mod acl;
+mod disabled_commands;
 mod install;
 mod rate_faults;

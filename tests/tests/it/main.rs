@@ -44,4 +44,5 @@ mod replicas;
 mod scopes;
 mod security;
 mod sentinel;
+mod servers;
 mod stacking;

@@ -20,9 +20,9 @@ use crate::store::admin::{
 };
 use crate::store::lock::FENCE_TTL;
 
-lua!(READ = "admin_read.lua");
+lua!(READ = "admin_read.lua" after "expiry.lua");
 lua!(UNLOCK = "admin_unlock.lua" after "fence.lua");
-lua!(REFUND = "admin_refund.lua");
+lua!(REFUND = "admin_refund.lua" after "expiry.lua");
 
 pub(super) fn scripts() -> Vec<&'static Lua> {
     vec![&READ, &UNLOCK, &REFUND]

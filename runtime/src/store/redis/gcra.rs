@@ -20,7 +20,7 @@ use crate::error::{BackendError, Error, Result, StoreFailure};
 use crate::key::Key;
 use crate::store::{RateCheck, RateMode, RateOutcome};
 
-lua!(GCRA = "rate_gcra.lua");
+lua!(GCRA = "rate_gcra.lua" after "expiry.lua");
 
 pub(super) fn scripts() -> Vec<&'static Lua> {
     vec![&GCRA]

@@ -517,7 +517,14 @@ impl Bus {
                     self.waiters.notify_all();
                     tracing::warn!("lock release subscription lost; waiters poll until it is back");
                 }
-                Ok(Err(err)) if err.kind() == redis::ErrorKind::Server(ServerErrorKind::NoPerm) => {
+                // Refused by an ACL, or disabled (a managed service's `rename-command
+                // PSUBSCRIBE ""` answers `unknown command`).
+                Ok(Err(err))
+                    if err.kind() == redis::ErrorKind::Server(ServerErrorKind::NoPerm)
+                        || err
+                            .detail()
+                            .is_some_and(|detail| detail.starts_with("unknown command")) =>
+                {
                     self.down.store(true, Ordering::SeqCst);
                     metrics::counter!("redguard_lock_subscription_refused_total").increment(1);
                     // Once per refusal streak: the ACL will not change by itself every 500 ms.
@@ -526,8 +533,9 @@ impl Bus {
                         tracing::warn!(
                             pattern = %self.pattern,
                             error = %err,
-                            "the Redis user may not subscribe to lock release notifications; \
-                             waiters poll instead (grant the channels with `&<prefix>:*`)"
+                            "the server refuses lock release notifications to this user; \
+                             waiters poll instead (grant the channels with `&<prefix>:*`, or \
+                             enable PSUBSCRIBE)"
                         );
                     }
                 }

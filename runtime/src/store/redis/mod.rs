@@ -10,6 +10,7 @@ mod lua;
 mod rate;
 #[cfg(feature = "sentinel")]
 mod sentinel;
+mod server;
 #[cfg(feature = "test-util")]
 pub(crate) mod test_util;
 mod token;
@@ -257,7 +258,9 @@ impl RedisStore {
         store.load_scripts(connect_timeout).await
     }
 
+    /// Refuses an unsupported server (`server.rs`), then loads every script.
     async fn load_scripts(self, connect_timeout: Duration) -> Result<Self> {
+        server::check(self.conn.clone(), connect_timeout).await?;
         for script in all_scripts() {
             let mut conn = self.conn.clone();
             bounded("script_load", connect_timeout, async move {

@@ -11,7 +11,7 @@ use crate::key::Key;
 use crate::spec::{Decision, micros};
 use crate::store::{RateCheck, RateMode, RateOps, RateOutcome, Store as _};
 
-lua!(CHECK = "rate_check.lua");
+lua!(CHECK = "rate_check.lua" after "expiry.lua");
 
 pub(super) fn scripts() -> Vec<&'static Lua> {
     vec![&CHECK]

@@ -13,7 +13,7 @@ for _, key in ipairs(KEYS) do
   local at = -2
   local v = {}
   if ty ~= 'none' then
-    at = redis.call('PEXPIRETIME', key)
+    at = pexpiretime(key)
   end
   if ty == 'string' then
     v = { redis.call('GET', key) }

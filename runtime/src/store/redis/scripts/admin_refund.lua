@@ -20,7 +20,7 @@ local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 if ty == 'string' then
   -- GCRA: the debt (TAT - now) in the state's unit, relative to the current millisecond.
   local v = redis.call('GET', key)
-  local at = redis.call('PEXPIRETIME', key)
+  local at = pexpiretime(key)
   local fine = string.match(v, '^%-(%d%d%d%d%d%d%d+)$')
   local T, debt, per_ms
   if fine then

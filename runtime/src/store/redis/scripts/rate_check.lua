@@ -167,12 +167,12 @@ for i = 1, n do
       if n then
         n = tonumber(n)
         old_t, old_fine = math.floor(n / 1000000), true
-        d = (redis.call('PEXPIRETIME', key) * 1000 - now) * 1000 - n % 1000000
+        d = (pexpiretime(key) * 1000 - now) * 1000 - n % 1000000
       else
         local t_digits, r = string.match(v, '^(%d+)(%d%d%d)$')
         if t_digits then
           old_t = tonumber(t_digits)
-          d = redis.call('PEXPIRETIME', key) * 1000 - tonumber(r) - now
+          d = pexpiretime(key) * 1000 - tonumber(r) - now
         else
           local a
           a, old_t = string.match(v, '^(%d+):(%d+)$')

@@ -37,12 +37,12 @@ for i = 1, #KEYS do
       local n = string.match(v, '^%-(%d%d%d%d%d%d%d+)$')
       n = n and tonumber(n)
       if n and math.floor(n / 1000000) == interval then
-        d = (redis.call('PEXPIRETIME', key) * 1000 - now) * 1000 - n % 1000000
+        d = (pexpiretime(key) * 1000 - now) * 1000 - n % 1000000
       end
     else
       local t_digits, r = string.match(v, '^(%d+)(%d%d%d)$')
       if t_digits and tonumber(t_digits) == unit_t then
-        d = redis.call('PEXPIRETIME', key) * 1000 - tonumber(r) - now
+        d = pexpiretime(key) * 1000 - tonumber(r) - now
       end
     end
     if not d then
