@@ -1,100 +1,158 @@
-//! Reading a service's Prometheus endpoint: a plain HTTP/1.1 GET, enough for `/metrics`.
+//! Reading a service's Prometheus endpoint: one bounded GET (reqwest) and the `redguard_*`
+//! samples of the text exposition format.
+
+use std::time::Duration;
 
 use serde::Serialize;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// The largest page read: a service's `/metrics` is kilobytes; anything near this is not one.
+pub(crate) const MAX_PAGE: usize = 16 * 1024 * 1024;
+
+/// The whole request, connecting included.
+const TIMEOUT: Duration = Duration::from_secs(5);
 
 /// One sample of a redguard metric.
-#[derive(Debug, Serialize)]
+#[derive(Debug, PartialEq, Serialize)]
 pub(crate) struct Sample {
     pub(crate) name: String,
+    /// The label set as written between the braces (`scope="shop",guard="lock"`).
     pub(crate) labels: String,
     pub(crate) value: String,
 }
 
 /// The `redguard_*` samples at `url` (`http://host:port/path`).
 pub(crate) async fn fetch(url: &str) -> Result<Vec<Sample>, crate::Failure> {
-    let rest = url
-        .strip_prefix("http://")
-        .ok_or("--metrics-url must be an http:// URL")?;
-    let (host, path) = rest.split_once('/').unwrap_or((rest, ""));
-    let request = format!("GET /{path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
-    let read = async {
-        let mut stream = tokio::net::TcpStream::connect(host).await?;
-        stream.write_all(request.as_bytes()).await?;
-        let mut response = Vec::new();
-        stream.read_to_end(&mut response).await?;
-        Ok::<_, std::io::Error>(response)
-    };
-    let response = tokio::time::timeout(std::time::Duration::from_secs(5), read)
-        .await
-        .map_err(|_| format!("{url}: no answer within 5 s"))??;
-    let response = String::from_utf8_lossy(&response);
-    let (head, body) = response
-        .split_once("\r\n\r\n")
-        .ok_or_else(|| format!("{url}: not an HTTP response"))?;
-    if !head.starts_with("HTTP/1.1 200") && !head.starts_with("HTTP/1.0 200") {
-        let status = head.lines().next().unwrap_or_default();
-        return Err(format!("{url}: {status}").into());
+    if !url.starts_with("http://") {
+        return Err("--metrics-url must be an http:// URL".into());
     }
-    let body = if head
-        .to_ascii_lowercase()
-        .contains("transfer-encoding: chunked")
-    {
-        dechunk(body)
-    } else {
-        body.to_owned()
-    };
-    Ok(parse(&body))
-}
-
-/// A chunked body's data.
-fn dechunk(mut body: &str) -> String {
-    let mut out = String::new();
-    while let Some((size, rest)) = body.split_once("\r\n") {
-        let Ok(size) = usize::from_str_radix(size.trim(), 16) else {
-            break;
-        };
-        if size == 0 || rest.len() < size {
-            break;
+    let client = reqwest::Client::builder()
+        .timeout(TIMEOUT)
+        .connect_timeout(TIMEOUT)
+        .build()?;
+    let failed = |err: reqwest::Error| {
+        if err.is_timeout() {
+            format!("{url}: no answer within {} s", TIMEOUT.as_secs())
+        } else {
+            // Without the URL: reqwest's message already names it.
+            format!("reading metrics: {err}")
         }
-        out.push_str(&rest[..size]);
-        body = rest[size..].trim_start_matches("\r\n");
+    };
+    let mut response = client.get(url).send().await.map_err(failed)?;
+    if response.status() != reqwest::StatusCode::OK {
+        return Err(format!("{url}: HTTP {}", response.status()).into());
     }
-    out
+    let too_large = || format!("{url}: the page is larger than {} MiB", MAX_PAGE >> 20);
+    if response
+        .content_length()
+        .is_some_and(|length| length > MAX_PAGE as u64)
+    {
+        return Err(too_large().into());
+    }
+    let mut page = Vec::new();
+    while let Some(chunk) = response.chunk().await.map_err(failed)? {
+        if page.len() + chunk.len() > MAX_PAGE {
+            return Err(too_large().into());
+        }
+        page.extend_from_slice(&chunk);
+    }
+    Ok(parse(&String::from_utf8_lossy(&page)))
 }
 
-/// The `redguard_*` samples of a Prometheus text exposition.
-fn parse(body: &str) -> Vec<Sample> {
-    body.lines()
+/// The `redguard_*` samples of a Prometheus text exposition; lines that are not a
+/// well-formed sample are skipped.
+pub(crate) fn parse(page: &str) -> Vec<Sample> {
+    page.lines()
         .filter(|line| line.starts_with("redguard_"))
-        .filter_map(|line| {
-            let (series, value) = line.rsplit_once(' ')?;
-            let (name, labels) = match series.split_once('{') {
-                Some((name, labels)) => (name, labels.trim_end_matches('}')),
-                None => (series, ""),
-            };
-            Some(Sample {
-                name: name.to_owned(),
-                labels: labels.to_owned(),
-                value: value.to_owned(),
-            })
-        })
+        .filter_map(sample)
         .collect()
+}
+
+/// `name{label="value",...} value [timestamp]`, label values with `\\`, `\"` and `\n`
+/// escapes (so a `}` or a space inside quotes is part of the value).
+fn sample(line: &str) -> Option<Sample> {
+    let name_end = line
+        .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':'))
+        .unwrap_or(line.len());
+    let (name, mut rest) = line.split_at(name_end);
+    let mut labels = "";
+    if let Some(inner) = rest.strip_prefix('{') {
+        let end = label_set_end(inner)?;
+        labels = &inner[..end];
+        rest = &inner[end + 1..];
+    }
+    let mut fields = rest.split_ascii_whitespace();
+    let value = fields.next()?;
+    value.parse::<f64>().ok()?;
+    if let Some(timestamp) = fields.next() {
+        timestamp.parse::<i64>().ok()?;
+    }
+    if fields.next().is_some() || !rest.starts_with([' ', '\t']) {
+        return None;
+    }
+    Some(Sample {
+        name: name.to_owned(),
+        labels: labels.to_owned(),
+        value: value.to_owned(),
+    })
+}
+
+/// Where the `}` closing a label set is in `inner` (the text after `{`).
+fn label_set_end(inner: &str) -> Option<usize> {
+    let mut quoted = false;
+    let mut escaped = false;
+    for (at, c) in inner.char_indices() {
+        match (quoted, escaped, c) {
+            (true, true, _) => escaped = false,
+            (true, false, '\\') => escaped = true,
+            (_, false, '"') => quoted = !quoted,
+            (false, _, '}') => return Some(at),
+            _ => {}
+        }
+    }
+    None
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn one(line: &str) -> Option<(String, String, String)> {
+        sample(line).map(|s| (s.name, s.labels, s.value))
+    }
+
     #[test]
-    fn samples_and_chunks() {
-        let body = "# HELP redguard_x x\nredguard_x{guard=\"lock\"} 3\nother 1\nredguard_y 2\n";
-        let samples = parse(body);
+    fn samples() {
+        let page = "# HELP redguard_x x\nredguard_x{guard=\"lock\"} 3\nother 1\nredguard_y 2\n";
+        let samples = parse(page);
         assert_eq!(samples.len(), 2);
         assert_eq!(samples[0].labels, "guard=\"lock\"");
+        assert_eq!(samples[1].value, "2");
+    }
+
+    #[test]
+    fn label_values_and_timestamps() {
+        let own = |s: &str| s.to_owned();
         assert_eq!(
-            dechunk("5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n"),
-            "hello world"
+            one(r#"redguard_a{scope="x} y",k="a\"b"} 1.5 1700000000000"#),
+            Some((
+                own("redguard_a"),
+                own(r#"scope="x} y",k="a\"b""#),
+                own("1.5")
+            ))
         );
+        assert_eq!(
+            one("redguard_b +Inf"),
+            Some((own("redguard_b"), own(""), own("+Inf")))
+        );
+        for bad in [
+            "redguard_c",
+            "redguard_c{scope=\"x\" 1",
+            "redguard_c{} one",
+            "redguard_c 1 2 3",
+            "redguard_c1",
+            "redguard_c 1 now",
+        ] {
+            assert_eq!(one(bad), None, "{bad}");
+        }
     }
 }
