@@ -237,12 +237,15 @@ impl Admin {
         }
     }
 
-    /// Frees the lock at `key` whoever holds it (`owner`: only that holder — a semaphore's
-    /// slot, a reader, or the lock if that owner holds it), for every kind held there (or
-    /// the kind a raw key names). The fencing counter is raised past every token handed out,
-    /// so storage that checks tokens refuses the old holder's writes; its watchdog finds
-    /// the lock gone at its next renewal and reports it lost. Waiters are woken. Logged at
-    /// warn.
+    /// Frees the lock at `key` from the holders it has now (`owner`: only that holder — a
+    /// semaphore's slot, a reader, or the lock if that owner holds it), for every kind held
+    /// there (or the kind a raw key names). The fencing counter is raised past every token
+    /// handed out, so storage that checks tokens refuses the old holder's writes; its
+    /// watchdog finds the lock gone at its next renewal and reports it lost. Waiters are
+    /// woken. Logged at warn.
+    ///
+    /// Only the holders read first (listed in [`Unlock::before`]) are freed, in the same
+    /// script that checks them: one that took the lock in between is left holding it.
     pub async fn unlock(&self, key: &AdminKey, owner: Option<&str>) -> Result<Unlock> {
         self.expect(key, GuardKind::Lock)?;
         let before = self.inspect(key).await?.locks;
@@ -256,6 +259,15 @@ impl Admin {
             let lock = lock_key(key, state.kind);
             let fence = lock.companion("fence");
             let readers = lock.companion("readers");
+            let seen: Vec<&str> = match owner {
+                Some(owner) => vec![owner],
+                None => state
+                    .owner
+                    .iter()
+                    .map(String::as_str)
+                    .chain(state.holders.iter().map(|h| h.owner.as_str()))
+                    .collect(),
+            };
             let unlocked = self
                 .handle
                 .store()
@@ -263,7 +275,7 @@ impl Admin {
                     lock: &lock,
                     fence: &fence,
                     readers: (state.kind == LockKindName::ReadWrite).then_some(&readers),
-                    owner,
+                    owners: &seen,
                     semaphore: state.kind == LockKindName::Semaphore,
                 })
                 .await?;
@@ -324,6 +336,10 @@ impl Admin {
     /// Deletes the rate-limit state at `key` and its penalty: the next call starts afresh.
     /// Returns how many keys existed. Logged at warn.
     ///
+    /// A limit with `local = true` repeats refusals in each instance without asking the
+    /// store, but for at most a second: every instance admits again within a second of the
+    /// reset (this handle's own tier at once).
+    ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> redguard::Result<()> {
     /// use redguard::{GuardKind, Redguard};
@@ -345,6 +361,9 @@ impl Admin {
             .store()
             .admin_delete(&[key.base.clone(), key.at("block")])
             .await?;
+        // This handle's in-process tier at once; other instances' within a second (they
+        // ask the store again by then, see `rate::local`).
+        self.handle.state().rejections.remove(&key.base);
         tracing::warn!(key = %key.base, deleted, "redguard admin: rate limit reset");
         Ok(deleted)
     }
@@ -370,6 +389,7 @@ impl Admin {
     pub async fn refund(&self, key: &AdminKey, units: u64) -> Result<u64> {
         self.expect(key, GuardKind::RateLimit)?;
         let back = self.handle.store().admin_refund(&key.base, units).await?;
+        self.handle.state().rejections.remove(&key.base);
         tracing::warn!(key = %key.base, units, back, "redguard admin: rate units refunded");
         Ok(back)
     }

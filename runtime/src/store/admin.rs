@@ -107,8 +107,9 @@ pub struct ForceUnlock<'a> {
     pub fence: &'a Key,
     /// The readers of a read/write lock.
     pub readers: Option<&'a Key>,
-    /// Only this holder; `None`: every holder.
-    pub owner: Option<&'a str>,
+    /// The holders to free, as the caller read them (an owner of `""` is a lock kept for
+    /// `hold_at_least`): one that took the lock since is left alone.
+    pub owners: &'a [&'a str],
     /// Whether `lock` is a semaphore's sorted set.
     pub semaphore: bool,
 }

@@ -95,13 +95,15 @@ impl AdminOps for RedisStore {
     async fn admin_unlock(&self, unlock: ForceUnlock<'_>) -> Result<Unlocked> {
         let mut keys = vec![unlock.lock, unlock.fence];
         keys.extend(unlock.readers);
-        let mut cmd = evalsha(&UNLOCK, keys.len(), 3);
+        let mut cmd = evalsha(&UNLOCK, keys.len(), 2 + unlock.owners.len());
         for key in &keys {
             cmd.arg(key.as_str());
         }
         cmd.arg(if unlock.semaphore { "z" } else { "h" })
-            .arg(unlock.owner.unwrap_or(""))
             .arg(FENCE_TTL.as_millis().to_string());
+        for owner in unlock.owners {
+            cmd.arg(*owner);
+        }
         let (removed, fence): (i64, u64) = self
             .run_script("admin_unlock", &UNLOCK, cmd, Some(unlock.lock))
             .await?;
