@@ -18,21 +18,33 @@ fn rounds(short: usize) -> usize {
         .unwrap_or(short)
 }
 
-mod memory {
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn unlock_never_frees_a_later_holder() {
-        super::unlock_never_frees_a_later_holder(redguard::Redguard::memory()).await;
-    }
+macro_rules! races {
+    ($($case:ident),* $(,)?) => {
+        mod memory {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    super::$case(redguard::Redguard::memory()).await;
+                }
+            )*
+        }
+        mod redis {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    let server = redguard_tests::RedisServer::start();
+                    super::$case(redguard_tests::connect(&server).await).await;
+                    server.assert_every_key_has_ttl();
+                }
+            )*
+        }
+    };
 }
 
-mod redis {
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn unlock_never_frees_a_later_holder() {
-        let server = redguard_tests::RedisServer::start();
-        super::unlock_never_frees_a_later_holder(redguard_tests::connect(&server).await).await;
-        server.assert_every_key_has_ttl();
-    }
-}
+races!(
+    unlock_never_frees_a_later_holder,
+    refunds_racing_checks_give_back_only_what_was_charged,
+);
 
 /// Holders take the lock in turn, as fast as they can, while an operator runs `unlock`
 /// without `--owner` over and over. Every holder that finds its lock freed by force must be
@@ -108,5 +120,66 @@ async fn unlock_never_frees_a_later_holder(rg: Redguard) {
         "{} of {} forced releases freed a holder the operator had not read: {violations:?}",
         violations.len(),
         freed.len()
+    );
+}
+
+/// Callers charge a limit while an operator refunds one unit at a time: every unit given back
+/// was charged (never more back than admitted), and what the store holds at the end is
+/// exactly the admitted calls less the units given back.
+async fn refunds_racing_checks_give_back_only_what_was_charged(rg: Redguard) {
+    const BURST: u64 = 10_000;
+    let admin = Admin::new(rg.clone());
+    let key = admin.key(GuardKind::RateLimit, SCOPE, "sms:u-1").unwrap();
+    let limiter = |rg: &Redguard| {
+        redguard::limiter("sms:u-1")
+            .scope(SCOPE)
+            .rate("1/h")
+            .burst(BURST)
+            .on(rg)
+    };
+    let checks = rounds(300);
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut callers = Vec::new();
+    for _ in 0..3 {
+        let rg = rg.clone();
+        callers.push(tokio::spawn(async move {
+            let mut admitted = 0u64;
+            for _ in 0..checks / 3 {
+                if limiter(&rg).decide().await.expect("decide").allowed {
+                    admitted += 1;
+                }
+                tokio::task::yield_now().await;
+            }
+            admitted
+        }));
+    }
+    let operator = {
+        let done = Arc::clone(&done);
+        tokio::spawn(async move {
+            let mut back = 0u64;
+            while !done.load(std::sync::atomic::Ordering::SeqCst) {
+                tokio::task::yield_now().await;
+                back += admin.refund(&key, 1).await.expect("refund");
+            }
+            back
+        })
+    };
+    let mut admitted = 0;
+    for caller in callers {
+        admitted += caller.await.unwrap();
+    }
+    done.store(true, std::sync::atomic::Ordering::SeqCst);
+    let back = operator.await.unwrap();
+    assert!(back > 0, "no refund landed: the race did not run");
+    assert!(
+        back <= admitted,
+        "{back} units given back for {admitted} charged"
+    );
+    let left = limiter(&rg).peek().await.unwrap().remaining;
+    let used = BURST - 1 - left;
+    assert_eq!(
+        used,
+        admitted - back,
+        "{admitted} admitted, {back} given back, the store holds {used}"
     );
 }
