@@ -53,7 +53,7 @@ use crate::error::{Error, Result};
 use crate::handle::Redguard;
 use crate::key::{GuardKind, Key};
 use crate::spec::Limit;
-use crate::store::admin::ForceUnlock;
+use crate::store::admin::{ForceUnlock, Raw};
 use crate::store::{RateCheck, RateMode};
 
 /// The operator's tools on a handle's store and prefix. Cheap to clone.
@@ -300,6 +300,11 @@ impl Admin {
     /// retry runs); returns it as it was. A running execution that still owns it can no
     /// longer record its outcome. Logged at warn.
     ///
+    /// What is returned is what was deleted: the record is deleted only if it is still as
+    /// read (same status, owner, start), else read again ([`Error::InProgress`] when it
+    /// keeps changing), so a SUCCESS written just after the read is never deleted as the
+    /// PROCESSING it replaced.
+    ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> redguard::Result<()> {
     /// use redguard::{GuardKind, KeyBuilder, Redguard};
@@ -317,12 +322,29 @@ impl Admin {
     /// ```
     pub async fn forget(&self, key: &AdminKey) -> Result<Option<RecordState>> {
         self.expect(key, GuardKind::Idempotency)?;
-        let before = self.inspect(key).await?.record;
-        let deleted = self
-            .handle
-            .store()
-            .admin_delete(std::slice::from_ref(&key.base))
-            .await?;
+        let store = self.handle.store();
+        let keys = std::slice::from_ref(&key.base);
+        let mut attempts = 0;
+        let (before, deleted) = loop {
+            let snapshot = store.admin_read(keys).await?;
+            let before = View::new(&snapshot).record(key.as_str());
+            let deleted = match (&before, snapshot.entries.first().map(|e| &e.value)) {
+                (Some(_), Some(Raw::Hash { fields, .. })) => {
+                    u64::from(store.admin_forget(&key.base, fields).await?)
+                }
+                // Nothing there: nothing to delete (a begin may be writing one right now).
+                (_, None | Some(Raw::Absent)) => 0,
+                // Not a record redguard writes: no guard can be changing it.
+                _ => store.admin_delete(keys).await?,
+            };
+            attempts += 1;
+            if deleted > 0 || before.is_none() {
+                break (before, deleted);
+            }
+            if attempts == 8 {
+                return Err(Error::InProgress);
+            }
+        };
         tracing::warn!(
             key = %key.base,
             status = before.as_ref().map(|r| r.status.as_str()),

@@ -28,14 +28,18 @@ pub trait AdminOps {
     /// may exist.
     async fn admin_scan(&self, prefix: &str, limit: usize) -> Result<ScanKeys>;
 
-    /// Frees the lock at `lock` whoever holds it (`owner` given: only that holder's slot of
-    /// a semaphore or read lock, or the lock if that owner holds it), raises its fencing
+    /// Frees the lock at `lock` from the holders [`ForceUnlock::owners`] names (a semaphore's
+    /// or read lock's slots, or the lock if one of them holds it), raises its fencing
     /// counter at `fence` so every token handed out before is stale, and wakes waiters.
     /// `readers` is the readers' set of a read/write lock, freed too.
     async fn admin_unlock(&self, unlock: ForceUnlock<'_>) -> Result<Unlocked>;
 
     /// Deletes `keys` (one hash tag); returns how many existed.
     async fn admin_delete(&self, keys: &[Key]) -> Result<u64>;
+
+    /// Deletes the idempotency record at `key` if every one of `fields` still has the value
+    /// [`admin_read`](AdminOps::admin_read) saw; true when deleted.
+    async fn admin_forget(&self, key: &Key, fields: &[(String, String)]) -> Result<bool>;
 
     /// Gives back up to `units` units charged to the rate-limit state at `key`; returns the
     /// units given back (a sliding log gives back whole calls only).

@@ -43,6 +43,7 @@ macro_rules! races {
 
 races!(
     unlock_never_frees_a_later_holder,
+    forget_deletes_only_the_record_it_read,
     refunds_racing_checks_give_back_only_what_was_charged,
 );
 
@@ -181,5 +182,98 @@ async fn refunds_racing_checks_give_back_only_what_was_charged(rg: Redguard) {
         used,
         admitted - back,
         "{admitted} admitted, {back} given back, the store holds {used}"
+    );
+}
+
+/// Executions of one key begin and succeed in turn while an operator runs `forget` over and
+/// over. A record an execution loses (its SUCCESS gone right after it was recorded, or its
+/// PROCESSING gone before it finished) must have been reported by a forget in that very
+/// state: a forget that read a PROCESSING record and then deleted the SUCCESS written
+/// meanwhile would let a retry run a finished operation again.
+async fn forget_deletes_only_the_record_it_read(rg: Redguard) {
+    use redguard::store::{Begin, Finish, IdemBegin, IdemFinish, IdemFinished};
+    let admin = Admin::new(rg.clone());
+    let key = admin.key(GuardKind::Idempotency, SCOPE, "order:9").unwrap();
+    let body = redguard::KeyBuilder::new()
+        .text("order:9")
+        .finish()
+        .unwrap();
+    let full = rg.key(GuardKind::Idempotency, SCOPE, &body).unwrap();
+    let executions = rounds(300);
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let executor = {
+        let rg = rg.clone();
+        tokio::spawn(async move {
+            let ttl = Duration::from_secs(60);
+            let mut lost = Vec::new();
+            // The last SUCCESS recorded: a begin that then starts afresh finds it deleted.
+            let mut succeeded: Option<String> = None;
+            for i in 0..executions {
+                let owner = format!("exec-{i}");
+                let begin = Begin {
+                    key: &full,
+                    owner: &owner,
+                    fingerprint: "",
+                    ttl,
+                    replicas: None,
+                };
+                match rg.store().idem_begin(begin).await.expect("begin") {
+                    IdemBegin::Started => {
+                        if let Some(owner) = succeeded.take() {
+                            lost.push(("success".to_owned(), owner));
+                        }
+                    }
+                    _ => {
+                        // The SUCCESS not yet forgotten: let the operator run.
+                        tokio::task::yield_now().await;
+                        continue;
+                    }
+                }
+                tokio::task::yield_now().await;
+                let finish = Finish {
+                    key: &full,
+                    owner: &owner,
+                    outcome: IdemFinish::Success(b"1"),
+                    ttl,
+                    replicas: None,
+                };
+                match rg.store().idem_finish(finish).await.expect("finish") {
+                    IdemFinished::Recorded => succeeded = Some(owner),
+                    _ => {
+                        lost.push(("processing".to_owned(), owner));
+                        continue;
+                    }
+                }
+                tokio::task::yield_now().await;
+            }
+            lost
+        })
+    };
+    let operator = {
+        let done = Arc::clone(&done);
+        tokio::spawn(async move {
+            let mut seen = HashSet::new();
+            while !done.load(std::sync::atomic::Ordering::SeqCst) {
+                tokio::task::yield_now().await;
+                if let Some(before) = admin.forget(&key).await.expect("forget") {
+                    seen.insert((before.status, before.owner));
+                }
+            }
+            seen
+        })
+    };
+    let lost = executor.await.unwrap();
+    done.store(true, std::sync::atomic::Ordering::SeqCst);
+    let seen = operator.await.unwrap();
+    assert!(
+        !seen.is_empty(),
+        "no forget found a record: the race did not run"
+    );
+    let wrong: Vec<_> = lost.iter().filter(|l| !seen.contains(*l)).collect();
+    assert!(
+        wrong.is_empty(),
+        "{} of {} executions lost a record no forget had read: {wrong:?}",
+        wrong.len(),
+        lost.len()
     );
 }

@@ -188,6 +188,18 @@ impl AdminOps for MemoryStore {
         }
     }
 
+    async fn admin_forget(&self, key: &Key, fields: &[(String, String)]) -> Result<bool> {
+        let (mut records, _) = self.lock(&self.tables.idem);
+        let unchanged = records.get(key).is_some_and(|record| match record.raw() {
+            Raw::Hash { fields: now, .. } => fields.iter().all(|seen| now.contains(seen)),
+            _ => false,
+        });
+        if unchanged {
+            records.remove(key);
+        }
+        Ok(unchanged)
+    }
+
     async fn admin_delete(&self, keys: &[Key]) -> Result<u64> {
         let mut deleted = 0;
         for key in keys {

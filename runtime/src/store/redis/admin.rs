@@ -23,9 +23,10 @@ use crate::store::lock::FENCE_TTL;
 lua!(READ = "admin_read.lua");
 lua!(UNLOCK = "admin_unlock.lua" after "fence.lua");
 lua!(REFUND = "admin_refund.lua");
+lua!(FORGET = "admin_forget.lua");
 
 pub(super) fn scripts() -> Vec<&'static Lua> {
-    vec![&READ, &UNLOCK, &REFUND]
+    vec![&READ, &UNLOCK, &REFUND, &FORGET]
 }
 
 /// Keys asked for per `SCAN` call.
@@ -140,6 +141,18 @@ impl AdminOps for RedisStore {
 
     async fn admin_refund(&self, key: &Key, units: u64) -> Result<u64> {
         self.eval("admin_refund", &REFUND, &[key], &[&units]).await
+    }
+
+    async fn admin_forget(&self, key: &Key, fields: &[(String, String)]) -> Result<bool> {
+        let mut cmd = evalsha(&FORGET, 1, 2 * fields.len());
+        cmd.arg(key.as_str());
+        for (field, value) in fields {
+            cmd.arg(field).arg(value);
+        }
+        let deleted: i64 = self
+            .run_script("admin_forget", &FORGET, cmd, Some(key))
+            .await?;
+        Ok(deleted == 1)
     }
 }
 
