@@ -10,12 +10,12 @@
 //! Only on a single node: a Cluster routes by key, and the keys of unrelated callers are in
 //! different slots, so there each check is its own call.
 //!
-//! A coalesced call that fails (an error reply, a dropped connection; not a timeout, which
-//! spends its checks' time) does not fail its checks: each is sent once more alone, within
-//! what is left of its caller's time. Otherwise one transient error would admit up to
-//! [`MAX_BATCH`] checks uncounted under fail-open. A call that failed after Redis ran it (its
-//! reply lost with the connection) has then charged its checks twice: the error is on the
-//! strict side.
+//! A coalesced call that Redis answered with an error reply (`LOADING`, `BUSY`, `READONLY`
+//! during a failover, …) does not fail its checks: each is sent once more alone, within what
+//! is left of its caller's time. Otherwise one transient error would admit up to
+//! [`MAX_BATCH`] checks uncounted under fail-open. A call whose reply never came (a timeout,
+//! a lost connection) is not sent again: Redis may have run it, and a check is charged at most
+//! once (README, *Failure behaviour*).
 
 use std::sync::{Mutex, PoisonError};
 
@@ -157,7 +157,9 @@ impl RedisStore {
                 })
             };
             return match tokio::time::timeout_at(deadline, answer).await {
-                Ok(Ok(Err(Error::Backend(BackendError::Failed { .. })))) => {
+                Ok(Ok(Err(Error::Backend(BackendError::Failed { source, .. }))))
+                    if source.code().is_some() =>
+                {
                     let alone = [item];
                     let call = self.gcra_call(&alone, RateMode::Consume);
                     let (now, mut figures) = tokio::time::timeout_at(deadline, call)
