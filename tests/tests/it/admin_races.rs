@@ -45,6 +45,7 @@ races!(
     unlock_never_frees_a_later_holder,
     forget_deletes_only_the_record_it_read,
     refunds_racing_checks_give_back_only_what_was_charged,
+    resets_racing_checks_leave_only_later_calls,
 );
 
 /// Holders take the lock in turn, as fast as they can, while an operator runs `unlock`
@@ -275,5 +276,82 @@ async fn forget_deletes_only_the_record_it_read(rg: Redguard) {
         "{} of {} executions lost a record no forget had read: {wrong:?}",
         wrong.len(),
         lost.len()
+    );
+}
+
+/// Callers charge a limit while an operator resets it over and over. At the end the store
+/// holds the calls charged after the last reset: at least those that started after it
+/// returned, at most those that ended after it started.
+async fn resets_racing_checks_leave_only_later_calls(rg: Redguard) {
+    use std::time::Instant;
+    const BURST: u64 = 10_000;
+    let admin = Admin::new(rg.clone());
+    let key = admin
+        .key(GuardKind::RateLimit, SCOPE, "export:u-2")
+        .unwrap();
+    let limiter = |rg: &Redguard| {
+        redguard::limiter("export:u-2")
+            .scope(SCOPE)
+            .rate("1/h")
+            .burst(BURST)
+            .on(rg)
+    };
+    let checks = rounds(300);
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut callers = Vec::new();
+    for _ in 0..3 {
+        let (rg, done) = (rg.clone(), Arc::clone(&done));
+        callers.push(tokio::spawn(async move {
+            let mut admitted = Vec::new();
+            // Charging until the resets stop, then some more: the last reset lands among
+            // the calls.
+            let mut after = 0;
+            while after < 10 {
+                if done.load(std::sync::atomic::Ordering::SeqCst) {
+                    after += 1;
+                }
+                let start = Instant::now();
+                let allowed = limiter(&rg).decide().await.expect("decide").allowed;
+                assert!(allowed, "a limit of {BURST} refused");
+                admitted.push((start, Instant::now()));
+                tokio::task::yield_now().await;
+            }
+            admitted
+        }));
+    }
+    let operator = {
+        let done = Arc::clone(&done);
+        tokio::spawn(async move {
+            let mut last = None;
+            for _ in 0..checks / 10 {
+                tokio::task::yield_now().await;
+                let start = Instant::now();
+                admin.reset(&key).await.expect("reset");
+                last = Some((start, Instant::now()));
+            }
+            done.store(true, std::sync::atomic::Ordering::SeqCst);
+            last
+        })
+    };
+    let mut admitted = Vec::new();
+    for caller in callers {
+        admitted.extend(caller.await.unwrap());
+    }
+    let (reset_start, reset_end) = operator
+        .await
+        .unwrap()
+        .expect("no reset ran: the race did not run");
+    let used = BURST - 1 - limiter(&rg).peek().await.unwrap().remaining;
+    let surely = admitted
+        .iter()
+        .filter(|(start, _)| *start > reset_end)
+        .count() as u64;
+    let maybe = admitted
+        .iter()
+        .filter(|(_, end)| *end > reset_start)
+        .count() as u64;
+    assert!(
+        (surely..=maybe).contains(&used),
+        "the store holds {used} calls; between {surely} and {maybe} came after the last reset"
     );
 }
