@@ -359,8 +359,9 @@ impl Admin {
     /// Returns how many keys existed. Logged at warn.
     ///
     /// A limit with `local = true` repeats refusals in each instance without asking the
-    /// store, but for at most a second: every instance admits again within a second of the
-    /// reset (this handle's own tier at once).
+    /// store: the reset is announced to every handle on the store (Redis pub/sub on the
+    /// key), whose tiers forget the key when it arrives, and a tier asks the store again
+    /// after a second in any case (a user without `PUBLISH`/`PSUBSCRIBE`, a lost message).
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> redguard::Result<()> {
@@ -383,9 +384,7 @@ impl Admin {
             .store()
             .admin_delete(&[key.base.clone(), key.at("block")])
             .await?;
-        // This handle's in-process tier at once; other instances' within a second (they
-        // ask the store again by then, see `rate::local`).
-        self.handle.state().rejections.remove(&key.base);
+        self.forget_locally(&key.base).await;
         tracing::warn!(key = %key.base, deleted, "redguard admin: rate limit reset");
         Ok(deleted)
     }
@@ -411,9 +410,22 @@ impl Admin {
     pub async fn refund(&self, key: &AdminKey, units: u64) -> Result<u64> {
         self.expect(key, GuardKind::RateLimit)?;
         let back = self.handle.store().admin_refund(&key.base, units).await?;
-        self.handle.state().rejections.remove(&key.base);
+        self.forget_locally(&key.base).await;
         tracing::warn!(key = %key.base, units, back, "redguard admin: rate units refunded");
         Ok(back)
+    }
+}
+
+impl Admin {
+    /// Makes the local rate tiers forget `key`: this handle's at once, every other handle's
+    /// on the store when the announcement reaches it. An announcement that fails is logged:
+    /// those tiers ask the store again within a second anyway.
+    async fn forget_locally(&self, key: &Key) {
+        self.handle.state().rejections.remove(key);
+        if let Err(err) = self.handle.store().admin_announce_reset(key).await {
+            tracing::warn!(%key, error = %err, "redguard admin: the reset could not be announced; \
+                local tiers see it within a second");
+        }
     }
 }
 

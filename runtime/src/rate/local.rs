@@ -8,10 +8,12 @@
 //! through that the store would refuse, and at worst refuses for one round trip longer).
 //! What is known is kept per handle ([`crate::state::Rejections`]).
 //!
-//! A refusal is repeated for at most [`RECHECK_AFTER`] before the store is asked again, even
-//! when the store's `retry_after` is longer (a `block = "15m"` penalty): an operator's
-//! `reset` or `refund` elsewhere reaches every instance's tier within that time, and the
-//! handle the repair goes through forgets the key at once.
+//! An operator's `reset` or `refund` reaches every instance's tier: the handle it goes
+//! through forgets the key at once, the others when the store's notification arrives (on
+//! Redis, pub/sub on the limit's key), and in any case a refusal is repeated for at most
+//! [`RECHECK_AFTER`] before the store is asked again, even when the store's `retry_after` is
+//! longer (a `block = "15m"` penalty), so a lost notification or a user who may not
+//! subscribe delays a repair by a second at most.
 
 use std::time::{Duration, Instant};
 
@@ -29,6 +31,13 @@ pub(super) fn rejected(handle: &Redguard, key: &Key, cost: u64) -> Option<Decisi
     let now = Instant::now();
     let entry = handle.state().rejections.get(key)?;
     if entry.until <= now || entry.recheck <= now || cost < entry.cost {
+        return None;
+    }
+    if handle
+        .store()
+        .rate_reset_after(key, entry.recheck - RECHECK_AFTER)
+    {
+        forget(handle, key);
         return None;
     }
     let mut decision = entry.decision;
@@ -50,6 +59,7 @@ pub(super) fn remember(handle: &Redguard, key: &Key, cost: u64, decision: Decisi
         decision,
     };
     handle.state().rejections.insert(key, rejection);
+    handle.store().listen_rate_resets();
 }
 
 /// Forgets what is known about `key` (the store admitted it again).

@@ -37,6 +37,13 @@ pub trait AdminOps {
     /// Deletes `keys` (one hash tag); returns how many existed.
     async fn admin_delete(&self, keys: &[Key]) -> Result<u64>;
 
+    /// Tells every handle on this store that the rate limit at `key` was reset or refunded,
+    /// so their local tiers forget it ([`Store::rate_reset_after`](crate::store::Store::rate_reset_after)).
+    /// The default does nothing: a store shared only in-process has no other tiers.
+    async fn admin_announce_reset(&self, _key: &Key) -> Result<()> {
+        Ok(())
+    }
+
     /// Deletes the idempotency record at `key` if every one of `fields` still has the value
     /// [`admin_read`](AdminOps::admin_read) saw; true when deleted.
     async fn admin_forget(&self, key: &Key, fields: &[(String, String)]) -> Result<bool>;

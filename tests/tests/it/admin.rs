@@ -433,14 +433,42 @@ async fn reset_reaches_another_instances_local_tier() {
         "{refused:?}"
     );
 
+    // The refusing instance listens for resets (pub/sub) from its first kept refusal on.
+    let mut direct = server.connection();
+    let subscribed = std::time::Instant::now();
+    while ::redis::cmd("PUBSUB")
+        .arg("NUMPAT")
+        .query::<i64>(&mut direct)
+        .unwrap()
+        < 1
+    {
+        assert!(
+            subscribed.elapsed() < Duration::from_secs(10),
+            "never subscribed"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
     let admin = Admin::new(operator.clone());
     let key = admin
         .key(GuardKind::RateLimit, "limiter", "export:u-1")
         .unwrap();
+    let before_reset = std::time::Instant::now();
     assert_eq!(admin.reset(&key).await.unwrap(), 2, "state and penalty");
     assert!(limiter(&operator).peek().await.unwrap().allowed);
+    // The announcement reaches the refusing instance's store.
+    let body = KeyBuilder::new().text("export:u-1").finish().unwrap();
+    let full = service.key(GuardKind::RateLimit, "limiter", &body).unwrap();
+    while !service.store().rate_reset_after(&full, before_reset) {
+        assert!(
+            before_reset.elapsed() < Duration::from_secs(10),
+            "the reset was never announced to the other instance"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
 
-    // Within a second (the local tier's recheck), with a margin for a loaded machine.
+    // At once now; within a second in any case (the local tier's recheck), with a margin for
+    // a loaded machine.
     let reset_at = std::time::Instant::now();
     let admitted = loop {
         let decision = limiter(&service).decide().await.unwrap();

@@ -139,6 +139,17 @@ impl AdminOps for RedisStore {
         .await
     }
 
+    async fn admin_announce_reset(&self, key: &Key) -> Result<()> {
+        let mut conn = self.conn();
+        let mut cmd = redis::cmd("PUBLISH");
+        cmd.arg(key.as_str()).arg(super::lock::RESET);
+        bounded("admin_announce_reset", self.timeout, async move {
+            cmd.query_async::<i64>(&mut conn).await
+        })
+        .await?;
+        Ok(())
+    }
+
     async fn admin_refund(&self, key: &Key, units: u64) -> Result<u64> {
         self.eval("admin_refund", &REFUND, &[key], &[&units]).await
     }
