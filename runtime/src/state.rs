@@ -62,6 +62,9 @@ pub(crate) struct Rejections {
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Rejection {
     pub(crate) until: Instant,
+    /// When the store is asked again although `until` is later: a repair (`reset`,
+    /// `refund`) on another instance reaches this tier by then.
+    pub(crate) recheck: Instant,
     pub(crate) cost: u64,
     pub(crate) decision: Decision,
 }

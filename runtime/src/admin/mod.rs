@@ -54,7 +54,7 @@ use crate::error::{Error, Result};
 use crate::handle::Redguard;
 use crate::key::{GuardKind, Key};
 use crate::spec::Limit;
-use crate::store::admin::ForceUnlock;
+use crate::store::admin::{ForceUnlock, Raw};
 use crate::store::{self, IdemStatus, RateCheck, RateMode};
 
 /// An operator's verdict on an idempotency record, for [`Admin::resolve`].
@@ -260,12 +260,15 @@ impl Admin {
         }
     }
 
-    /// Frees the lock at `key` whoever holds it (`owner`: only that holder — a semaphore's
-    /// slot, a reader, or the lock if that owner holds it), for every kind held there (or
-    /// the kind a raw key names). The fencing counter is raised past every token handed out,
-    /// so storage that checks tokens refuses the old holder's writes; its watchdog finds
-    /// the lock gone at its next renewal and reports it lost. Waiters are woken. Logged at
-    /// warn.
+    /// Frees the lock at `key` from the holders it has now (`owner`: only that holder — a
+    /// semaphore's slot, a reader, or the lock if that owner holds it), for every kind held
+    /// there (or the kind a raw key names). The fencing counter is raised past every token
+    /// handed out, so storage that checks tokens refuses the old holder's writes; its
+    /// watchdog finds the lock gone at its next renewal and reports it lost. Waiters are
+    /// woken. Logged at warn.
+    ///
+    /// Only the holders read first (listed in [`Unlock::before`]) are freed, in the same
+    /// script that checks them: one that took the lock in between is left holding it.
     pub async fn unlock(&self, key: &AdminKey, owner: Option<&str>) -> Result<Unlock> {
         self.expect(key, GuardKind::Lock)?;
         let before = self.inspect(key).await?.locks;
@@ -279,6 +282,15 @@ impl Admin {
             let lock = lock_key(key, state.kind);
             let fence = lock.companion("fence");
             let readers = lock.companion("readers");
+            let seen: Vec<&str> = match owner {
+                Some(owner) => vec![owner],
+                None => state
+                    .owner
+                    .iter()
+                    .map(String::as_str)
+                    .chain(state.holders.iter().map(|h| h.owner.as_str()))
+                    .collect(),
+            };
             let unlocked = self
                 .handle
                 .store()
@@ -286,7 +298,7 @@ impl Admin {
                     lock: &lock,
                     fence: &fence,
                     readers: (state.kind == LockKindName::ReadWrite).then_some(&readers),
-                    owner,
+                    owners: &seen,
                     semaphore: state.kind == LockKindName::Semaphore,
                 })
                 .await?;
@@ -311,6 +323,11 @@ impl Admin {
     /// retry runs); returns it as it was. A running execution that still owns it can no
     /// longer record its outcome. Logged at warn.
     ///
+    /// What is returned is what was deleted: the record is deleted only if it is still as
+    /// read (same status, owner, start), else read again ([`Error::InProgress`] when it
+    /// keeps changing), so a SUCCESS written just after the read is never deleted as the
+    /// PROCESSING it replaced.
+    ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> redguard::Result<()> {
     /// use redguard::{GuardKind, KeyBuilder, Redguard};
@@ -328,12 +345,29 @@ impl Admin {
     /// ```
     pub async fn forget(&self, key: &AdminKey) -> Result<Option<RecordState>> {
         self.expect(key, GuardKind::Idempotency)?;
-        let before = self.inspect(key).await?.record;
-        let deleted = self
-            .handle
-            .store()
-            .admin_delete(std::slice::from_ref(&key.base))
-            .await?;
+        let store = self.handle.store();
+        let keys = std::slice::from_ref(&key.base);
+        let mut attempts = 0;
+        let (before, deleted) = loop {
+            let snapshot = store.admin_read(keys).await?;
+            let before = View::new(&snapshot).record(key.as_str());
+            let deleted = match (&before, snapshot.entries.first().map(|e| &e.value)) {
+                (Some(_), Some(Raw::Hash { fields, .. })) => {
+                    u64::from(store.admin_forget(&key.base, fields).await?)
+                }
+                // Nothing there: nothing to delete (a begin may be writing one right now).
+                (_, None | Some(Raw::Absent)) => 0,
+                // Not a record redguard writes: no guard can be changing it.
+                _ => store.admin_delete(keys).await?,
+            };
+            attempts += 1;
+            if deleted > 0 || before.is_none() {
+                break (before, deleted);
+            }
+            if attempts == 8 {
+                return Err(Error::InProgress);
+            }
+        };
         tracing::warn!(
             key = %key.base,
             status = before.as_ref().map(|r| r.status.as_str()),
@@ -439,6 +473,11 @@ impl Admin {
     /// Deletes the rate-limit state at `key` and its penalty: the next call starts afresh.
     /// Returns how many keys existed. Logged at warn.
     ///
+    /// A limit with `local = true` repeats refusals in each instance without asking the
+    /// store: the reset is announced to every handle on the store (Redis pub/sub on the
+    /// key), whose tiers forget the key when it arrives, and a tier asks the store again
+    /// after a second in any case (a user without `PUBLISH`/`PSUBSCRIBE`, a lost message).
+    ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> redguard::Result<()> {
     /// use redguard::{GuardKind, Redguard};
@@ -460,6 +499,7 @@ impl Admin {
             .store()
             .admin_delete(&[key.base.clone(), key.at("block")])
             .await?;
+        self.forget_locally(&key.base).await;
         tracing::warn!(key = %key.base, deleted, "redguard admin: rate limit reset");
         Ok(deleted)
     }
@@ -485,8 +525,22 @@ impl Admin {
     pub async fn refund(&self, key: &AdminKey, units: u64) -> Result<u64> {
         self.expect(key, GuardKind::RateLimit)?;
         let back = self.handle.store().admin_refund(&key.base, units).await?;
+        self.forget_locally(&key.base).await;
         tracing::warn!(key = %key.base, units, back, "redguard admin: rate units refunded");
         Ok(back)
+    }
+}
+
+impl Admin {
+    /// Makes the local rate tiers forget `key`: this handle's at once, every other handle's
+    /// on the store when the announcement reaches it. An announcement that fails is logged:
+    /// those tiers ask the store again within a second anyway.
+    async fn forget_locally(&self, key: &Key) {
+        self.handle.state().rejections.remove(key);
+        if let Err(err) = self.handle.store().admin_announce_reset(key).await {
+            tracing::warn!(%key, error = %err, "redguard admin: the reset could not be announced; \
+                local tiers see it within a second");
+        }
     }
 }
 

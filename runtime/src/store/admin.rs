@@ -28,14 +28,25 @@ pub trait AdminOps {
     /// may exist.
     async fn admin_scan(&self, prefix: &str, limit: usize) -> Result<ScanKeys>;
 
-    /// Frees the lock at `lock` whoever holds it (`owner` given: only that holder's slot of
-    /// a semaphore or read lock, or the lock if that owner holds it), raises its fencing
+    /// Frees the lock at `lock` from the holders [`ForceUnlock::owners`] names (a semaphore's
+    /// or read lock's slots, or the lock if one of them holds it), raises its fencing
     /// counter at `fence` so every token handed out before is stale, and wakes waiters.
     /// `readers` is the readers' set of a read/write lock, freed too.
     async fn admin_unlock(&self, unlock: ForceUnlock<'_>) -> Result<Unlocked>;
 
     /// Deletes `keys` (one hash tag); returns how many existed.
     async fn admin_delete(&self, keys: &[Key]) -> Result<u64>;
+
+    /// Tells every handle on this store that the rate limit at `key` was reset or refunded,
+    /// so their local tiers forget it ([`Store::rate_reset_after`](crate::store::Store::rate_reset_after)).
+    /// The default does nothing: a store shared only in-process has no other tiers.
+    async fn admin_announce_reset(&self, _key: &Key) -> Result<()> {
+        Ok(())
+    }
+
+    /// Deletes the idempotency record at `key` if every one of `fields` still has the value
+    /// [`admin_read`](AdminOps::admin_read) saw; true when deleted.
+    async fn admin_forget(&self, key: &Key, fields: &[(String, String)]) -> Result<bool>;
 
     /// Gives back up to `units` units charged to the rate-limit state at `key`; returns the
     /// units given back (a sliding log gives back whole calls only).
@@ -107,8 +118,9 @@ pub struct ForceUnlock<'a> {
     pub fence: &'a Key,
     /// The readers of a read/write lock.
     pub readers: Option<&'a Key>,
-    /// Only this holder; `None`: every holder.
-    pub owner: Option<&'a str>,
+    /// The holders to free, as the caller read them (an owner of `""` is a lock kept for
+    /// `hold_at_least`): one that took the lock since is left alone.
+    pub owners: &'a [&'a str],
     /// Whether `lock` is a semaphore's sorted set.
     pub semaphore: bool,
 }

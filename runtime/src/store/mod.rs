@@ -76,6 +76,17 @@ pub trait Store:
     async fn twin(&self) -> Result<Option<std::sync::Arc<dyn Store>>> {
         Ok(None)
     }
+
+    /// Whether an operator's reset of the rate limit at `key` reached this store after
+    /// `since` (announced by [`AdminOps::admin_announce_reset`]); the local tier then forgets
+    /// the key. `false` (the default) when the store has no such notifications.
+    fn rate_reset_after(&self, _key: &crate::key::Key, _since: std::time::Instant) -> bool {
+        false
+    }
+
+    /// Starts listening for [`rate_reset_after`](Store::rate_reset_after)'s notifications
+    /// (the default: there are none).
+    fn listen_rate_resets(&self) {}
 }
 
 /// Which [`Store`] implementation is behind a handle.

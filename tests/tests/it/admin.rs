@@ -409,3 +409,81 @@ async fn foreign_keys_refused(rg: Redguard) {
     assert!(admin.forget(&lock).await.is_err());
     assert!(admin.reset(&lock).await.is_err());
 }
+
+/// Issue 25, finding 7: `reset` of a limit with `local = true` and a 15-minute penalty, made
+/// through the operator's own handle, must reach the instance that refused the key. It used
+/// to keep refusing locally for the penalty's 900 s while the store said allowed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reset_reaches_another_instances_local_tier() {
+    let server = redguard_tests::RedisServer::start();
+    let service = redguard_tests::connect(&server).await;
+    let operator = redguard_tests::connect(&server).await;
+    let limiter = |rg: &Redguard| {
+        redguard::limiter("export:")
+            .part("user", "u-1")
+            .rate("1/h")
+            .block(Duration::from_secs(15 * 60))
+            .local(true)
+            .on(rg)
+    };
+    assert!(limiter(&service).decide().await.unwrap().allowed);
+    let refused = limiter(&service).decide().await.unwrap();
+    assert!(
+        !refused.allowed && refused.retry_after > Duration::from_secs(800),
+        "{refused:?}"
+    );
+
+    // The refusing instance listens for resets (pub/sub) from its first kept refusal on.
+    let mut direct = server.connection();
+    let subscribed = std::time::Instant::now();
+    while ::redis::cmd("PUBSUB")
+        .arg("NUMPAT")
+        .query::<i64>(&mut direct)
+        .unwrap()
+        < 1
+    {
+        assert!(
+            subscribed.elapsed() < Duration::from_secs(10),
+            "never subscribed"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    let admin = Admin::new(operator.clone());
+    let key = admin
+        .key(GuardKind::RateLimit, "limiter", "export:u-1")
+        .unwrap();
+    let before_reset = std::time::Instant::now();
+    assert_eq!(admin.reset(&key).await.unwrap(), 2, "state and penalty");
+    assert!(limiter(&operator).peek().await.unwrap().allowed);
+    // The announcement reaches the refusing instance's store.
+    let body = KeyBuilder::new().text("export:u-1").finish().unwrap();
+    let full = service.key(GuardKind::RateLimit, "limiter", &body).unwrap();
+    while !service.store().rate_reset_after(&full, before_reset) {
+        assert!(
+            before_reset.elapsed() < Duration::from_secs(10),
+            "the reset was never announced to the other instance"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+
+    // At once now; within a second in any case (the local tier's recheck), with a margin for
+    // a loaded machine.
+    let reset_at = std::time::Instant::now();
+    let admitted = loop {
+        let decision = limiter(&service).decide().await.unwrap();
+        if decision.allowed {
+            break reset_at.elapsed();
+        }
+        assert!(
+            reset_at.elapsed() < Duration::from_secs(10),
+            "the refusing instance still refuses {:?} after the reset: {decision:?}",
+            reset_at.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    // Admitted once, then refused by the store again (1/h): the reset did not lift the limit.
+    assert!(!limiter(&service).decide().await.unwrap().allowed);
+    eprintln!("admitted {admitted:?} after the reset");
+    server.assert_every_key_has_ttl();
+}

@@ -3,6 +3,7 @@
 //! handle, the global metrics recorder) are in `tests/global/`, a binary of their own.
 
 mod admin;
+mod admin_races;
 mod cancellation_guards;
 mod cancellation_layers;
 mod cancellation_locks;

@@ -90,3 +90,69 @@ async fn a_queued_check_whose_caller_gave_up_is_not_sent_and_a_dropped_driver_ha
         assert_eq!(charged(&server, key).await, 1, "key {key}");
     }
 }
+
+/// Issue 25 (suspected, confirmed): a coalesced call carries up to 128 checks, and when it
+/// failed every one of them was admitted uncounted under fail-open (the rate limits'
+/// default) — one transient error, 128 free calls. Here every call deciding more than one
+/// key fails (an error reply injected into `rate_gcra.lua`), calls of one key pass, and
+/// replies are slowed so that checks queue. Each check must still be counted: a failed
+/// batch's checks are each sent once more alone, within their own time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_coalesced_call_does_not_admit_its_checks_uncounted() {
+    const CHECKS: u64 = 120;
+    const BIG_BURST: u64 = 1_000;
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port());
+    let rg = Redguard::redis(proxy.url())
+        .timeout(Duration::from_secs(10))
+        .script_transform(|source| {
+            if source.contains("one state key per check") {
+                format!(
+                    "if #KEYS > 1 then return redis.error_reply('INJECTED batch failure') end\n{source}"
+                )
+            } else {
+                source.to_owned()
+            }
+        })
+        .connect()
+        .await
+        .unwrap();
+    let on = |rg: &Redguard| {
+        redguard::limiter("batch")
+            .on(rg)
+            .rate(Rate::per_hour(1))
+            .burst(BIG_BURST)
+    };
+    on(&rg).check().await.unwrap();
+    proxy.set(Fault::Latency(Duration::from_millis(30)));
+    let calls: Vec<_> = (0..CHECKS - 1)
+        .map(|_| {
+            let limiter = on(&rg);
+            tokio::spawn(async move { limiter.check().await })
+        })
+        .collect();
+    for call in calls {
+        assert!(call.await.unwrap().unwrap().allowed);
+    }
+    proxy.set(Fault::Pass);
+    let mut direct = server.connection();
+    let errors: String = redis::cmd("INFO")
+        .arg("errorstats")
+        .query(&mut direct)
+        .unwrap();
+    assert!(
+        errors.contains("errorstat_INJECTED"),
+        "no coalesced call was made: the test did not run ({errors})"
+    );
+    let peeked = on(&redguard_tests::connect(&server).await)
+        .peek()
+        .await
+        .unwrap();
+    let charged = BIG_BURST - 1 - peeked.remaining;
+    assert_eq!(
+        charged,
+        CHECKS,
+        "{} of {CHECKS} checks were admitted uncounted",
+        CHECKS - charged
+    );
+}

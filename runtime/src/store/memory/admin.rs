@@ -134,7 +134,7 @@ impl AdminOps for MemoryStore {
     }
 
     async fn admin_unlock(&self, unlock: ForceUnlock<'_>) -> Result<Unlocked> {
-        let everyone = unlock.owner.is_none();
+        let freed = |owner: &str| unlock.owners.contains(&owner);
         let mut removed = 0u64;
         {
             // Same order as the lock operations: locks, then semaphores, then fences.
@@ -143,7 +143,7 @@ impl AdminOps for MemoryStore {
             let mut drop_holders = |key: &Key| {
                 if let Some(holders) = sems.get_mut(key) {
                     let before = holders.len();
-                    holders.retain(|owner, _| !everyone && Some(owner.as_str()) != unlock.owner);
+                    holders.retain(|owner, _| !freed(owner));
                     removed += (before - holders.len()) as u64;
                     if holders.is_empty() {
                         sems.remove(key);
@@ -158,7 +158,7 @@ impl AdminOps for MemoryStore {
                 }
                 if locks
                     .get(unlock.lock)
-                    .is_some_and(|state| everyone || Some(state.owner()) == unlock.owner)
+                    .is_some_and(|state| freed(state.owner()))
                 {
                     locks.remove(unlock.lock);
                     removed += 1;
@@ -186,6 +186,18 @@ impl AdminOps for MemoryStore {
                 fence: Some(fence),
             })
         }
+    }
+
+    async fn admin_forget(&self, key: &Key, fields: &[(String, String)]) -> Result<bool> {
+        let (mut records, _) = self.lock(&self.tables.idem);
+        let unchanged = records.get(key).is_some_and(|record| match record.raw() {
+            Raw::Hash { fields: now, .. } => fields.iter().all(|seen| now.contains(seen)),
+            _ => false,
+        });
+        if unchanged {
+            records.remove(key);
+        }
+        Ok(unchanged)
     }
 
     async fn admin_delete(&self, keys: &[Key]) -> Result<u64> {

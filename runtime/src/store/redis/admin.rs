@@ -23,9 +23,10 @@ use crate::store::lock::FENCE_TTL;
 lua!(READ = "admin_read.lua" after "expiry.lua");
 lua!(UNLOCK = "admin_unlock.lua" after "fence.lua");
 lua!(REFUND = "admin_refund.lua" after "expiry.lua");
+lua!(FORGET = "admin_forget.lua");
 
 pub(super) fn scripts() -> Vec<&'static Lua> {
-    vec![&READ, &UNLOCK, &REFUND]
+    vec![&READ, &UNLOCK, &REFUND, &FORGET]
 }
 
 /// Keys asked for per `SCAN` call.
@@ -95,13 +96,15 @@ impl AdminOps for RedisStore {
     async fn admin_unlock(&self, unlock: ForceUnlock<'_>) -> Result<Unlocked> {
         let mut keys = vec![unlock.lock, unlock.fence];
         keys.extend(unlock.readers);
-        let mut cmd = evalsha(&UNLOCK, keys.len(), 3);
+        let mut cmd = evalsha(&UNLOCK, keys.len(), 2 + unlock.owners.len());
         for key in &keys {
             cmd.arg(key.as_str());
         }
         cmd.arg(if unlock.semaphore { "z" } else { "h" })
-            .arg(unlock.owner.unwrap_or(""))
             .arg(FENCE_TTL.as_millis().to_string());
+        for owner in unlock.owners {
+            cmd.arg(*owner);
+        }
         let (removed, fence): (i64, u64) = self
             .run_script("admin_unlock", &UNLOCK, cmd, Some(unlock.lock))
             .await?;
@@ -136,8 +139,31 @@ impl AdminOps for RedisStore {
         .await
     }
 
+    async fn admin_announce_reset(&self, key: &Key) -> Result<()> {
+        let mut conn = self.conn();
+        let mut cmd = redis::cmd("PUBLISH");
+        cmd.arg(key.as_str()).arg(super::lock::RESET);
+        bounded("admin_announce_reset", self.timeout, async move {
+            cmd.query_async::<i64>(&mut conn).await
+        })
+        .await?;
+        Ok(())
+    }
+
     async fn admin_refund(&self, key: &Key, units: u64) -> Result<u64> {
         self.eval("admin_refund", &REFUND, &[key], &[&units]).await
+    }
+
+    async fn admin_forget(&self, key: &Key, fields: &[(String, String)]) -> Result<bool> {
+        let mut cmd = evalsha(&FORGET, 1, 2 * fields.len());
+        cmd.arg(key.as_str());
+        for (field, value) in fields {
+            cmd.arg(field).arg(value);
+        }
+        let deleted: i64 = self
+            .run_script("admin_forget", &FORGET, cmd, Some(key))
+            .await?;
+        Ok(deleted == 1)
     }
 }
 

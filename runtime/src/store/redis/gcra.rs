@@ -9,6 +9,13 @@
 //! Redis core decide several times more checks per second than one call per check allows.
 //! Only on a single node: a Cluster routes by key, and the keys of unrelated callers are in
 //! different slots, so there each check is its own call.
+//!
+//! A coalesced call that Redis answered with an error reply (`LOADING`, `BUSY`, `READONLY`
+//! during a failover, …) does not fail its checks: each is sent once more alone, within what
+//! is left of its caller's time. Otherwise one transient error would admit up to
+//! [`MAX_BATCH`] checks uncounted under fail-open. A call whose reply never came (a timeout,
+//! a lost connection) is not sent again: Redis may have run it, and a check is charged at most
+//! once (README, *Failure behaviour*).
 
 use std::sync::{Mutex, PoisonError};
 
@@ -142,14 +149,27 @@ impl RedisStore {
         };
         if let Some(answer) = waiting {
             // Bounded like any call: the queue waits for at most one call in flight.
-            return match tokio::time::timeout(self.timeout, answer).await {
-                Ok(Ok(figures)) => figures,
-                Ok(Err(_)) => Err(dropped()),
-                Err(_) => Err(BackendError::Timeout {
+            let deadline = tokio::time::Instant::now() + self.timeout;
+            let timed_out = || {
+                Error::from(BackendError::Timeout {
                     op: "rate_check",
                     after: self.timeout,
+                })
+            };
+            return match tokio::time::timeout_at(deadline, answer).await {
+                Ok(Ok(Err(Error::Backend(BackendError::Failed { source, .. }))))
+                    if source.code().is_some() =>
+                {
+                    let alone = [item];
+                    let call = self.gcra_call(&alone, RateMode::Consume);
+                    let (now, mut figures) = tokio::time::timeout_at(deadline, call)
+                        .await
+                        .map_err(|_| timed_out())??;
+                    Ok(figures.pop().flatten().map(|d| (now, d)))
                 }
-                .into()),
+                Ok(Ok(figures)) => figures,
+                Ok(Err(_)) => Err(dropped()),
+                Err(_) => Err(timed_out()),
             };
         }
         // This task holds a slot: whatever queues while it waits goes out when it returns,

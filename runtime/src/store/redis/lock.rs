@@ -1,8 +1,9 @@
 //! Lock operations on Redis, and the pub/sub subscription that wakes waiters.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use futures_util::StreamExt as _;
@@ -37,6 +38,9 @@ lua!(SEM_RELEASE = "sem_release.lua");
 fn release_pattern(prefix: &str) -> String {
     format!("{prefix}:*")
 }
+
+/// The payload an operator's reset of a rate limit publishes on the limit's key.
+pub(super) const RESET: &[u8] = b"reset";
 
 pub(super) fn scripts() -> Vec<&'static Lua> {
     vec![
@@ -384,13 +388,16 @@ impl BusSource {
     }
 }
 
-/// The pub/sub side of a [`RedisStore`]: one dedicated connection, opened on the first wait,
-/// pattern-subscribed to every lock's release channel and fanning messages out to local
-/// waiters. It reconnects by itself; while it is down, waiters poll.
+/// The pub/sub side of a [`RedisStore`]: one dedicated connection, opened on the first wait
+/// (or the first rate rejection the local tier keeps), pattern-subscribed to every lock's
+/// release channel and fanning messages out to local waiters; an operator's `reset` of a
+/// rate limit (payload `reset` on the limit's key) is noted for the local tier. It
+/// reconnects by itself; while it is down, waiters poll.
 pub(crate) struct ReleaseBus {
     source: BusSource,
     pattern: String,
     waiters: Arc<Waiters>,
+    resets: Arc<Resets>,
     subscribed: watch::Sender<bool>,
     /// The last attempt to subscribe failed, or the subscription was lost, and it is not back
     /// yet: Redis is unreachable or restarting.
@@ -412,6 +419,7 @@ impl ReleaseBus {
             source,
             pattern: release_pattern(prefix),
             waiters: Arc::default(),
+            resets: Arc::default(),
             subscribed: watch::channel(false).0,
             down: Arc::default(),
             task: Mutex::new(None),
@@ -443,6 +451,16 @@ impl ReleaseBus {
         if live { watch } else { LockWatch::polling() }
     }
 
+    /// Starts the subscription if it is not running, for [`reset_after`](Self::reset_after).
+    pub(crate) fn listen(&self) {
+        self.ensure_running();
+    }
+
+    /// Whether a reset of `key` was announced after `since`.
+    pub(crate) fn reset_after(&self, key: &Key, since: Instant) -> bool {
+        self.resets.after(key.as_str(), since)
+    }
+
     fn ensure_running(&self) {
         let mut task = self.task.lock().unwrap_or_else(PoisonError::into_inner);
         if task.as_ref().is_some_and(|task| !task.is_finished()) {
@@ -456,6 +474,7 @@ impl ReleaseBus {
             source: self.source.clone(),
             pattern: self.pattern.clone(),
             waiters: Arc::clone(&self.waiters),
+            resets: Arc::clone(&self.resets),
             subscribed: self.subscribed.clone(),
             down: Arc::clone(&self.down),
         };
@@ -472,11 +491,37 @@ impl Drop for ReleaseBus {
     }
 }
 
+/// Rate-limit keys whose reset was announced, and when it arrived. Only the last
+/// [`RESET_MEMORY`] matter: the local tier asks the store again after that anyway.
+#[derive(Default)]
+struct Resets {
+    seen: Mutex<HashMap<String, Instant>>,
+}
+
+/// How long an announced reset is kept: longer than the local tier repeats a refusal
+/// without asking the store (`rate::local::RECHECK_AFTER`).
+const RESET_MEMORY: Duration = Duration::from_secs(5);
+
+impl Resets {
+    fn note(&self, key: &str) {
+        let now = Instant::now();
+        let mut seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
+        seen.retain(|_, at| now.duration_since(*at) < RESET_MEMORY);
+        seen.insert(key.to_owned(), now);
+    }
+
+    fn after(&self, key: &str, since: Instant) -> bool {
+        let seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
+        seen.get(key).is_some_and(|at| *at > since)
+    }
+}
+
 /// What the subscription task owns.
 struct Bus {
     source: BusSource,
     pattern: String,
     waiters: Arc<Waiters>,
+    resets: Arc<Resets>,
     subscribed: watch::Sender<bool>,
     down: Arc<AtomicBool>,
 }
@@ -562,6 +607,10 @@ impl Bus {
             // its fencing token, and is news for it alone.
             let channel = message.get_channel_name();
             let payload = message.get_payload_bytes();
+            if payload == RESET {
+                self.resets.note(channel);
+                continue;
+            }
             let handed = std::str::from_utf8(payload)
                 .ok()
                 .and_then(|text| text.split_once(' '))

@@ -574,6 +574,14 @@ impl Store for RedisStore {
 
     /// The same Redis on a connection of its own (scripts are the server's, already loaded;
     /// the release notifications' subscription is shared).
+    fn rate_reset_after(&self, key: &Key, since: std::time::Instant) -> bool {
+        self.bus.reset_after(key, since)
+    }
+
+    fn listen_rate_resets(&self) {
+        self.bus.listen();
+    }
+
     async fn twin(&self) -> Result<Option<Arc<dyn Store>>> {
         let Some(opener) = &self.opener else {
             return Ok(None);

@@ -1,28 +1,31 @@
--- Forced release of a lock by an operator (redguard::admin unlock): frees it whoever holds
--- it, and raises its fencing counter so every token handed out before is stale.
+-- Forced release of a lock by an operator (redguard::admin unlock): frees the holders the
+-- operator read, and raises its fencing counter so every token handed out before is stale.
+-- A holder that took the lock after the operator's read is not among them and is left alone.
 -- KEYS[1] the lock (hash {owner, depth, fence}, or a semaphore's zset owner -> lease end);
 -- KEYS[2] its fencing counter; KEYS[3] (read/write locks only) the readers' zset.
--- ARGV[1] 'h' for a hash, 'z' for a semaphore; ARGV[2] only this owner ('' = every holder);
--- ARGV[3] counter TTL ms.
+-- ARGV[1] 'h' for a hash, 'z' for a semaphore; ARGV[2] counter TTL ms; ARGV[3..] the owners
+-- to free ('' is a lock kept for hold_at_least).
 -- Returns {removed, fence}: {0, 0} when nothing was held (nothing changed), {-1, 0} when
 -- something else is stored at the counter.
 
 -- `next_fence` is in fence.lua, loaded ahead of this script.
+local owners = {}
+for i = 3, #ARGV do
+  owners[ARGV[i]] = true
+end
 local function drop_set(key)
-  if ARGV[2] == '' then
-    local n = redis.call('ZCARD', key)
-    redis.call('DEL', key)
-    return n
+  local n = 0
+  for i = 3, #ARGV do
+    n = n + redis.call('ZREM', key, ARGV[i])
   end
-  return redis.call('ZREM', key, ARGV[2])
+  return n
 end
 local removed = 0
 if ARGV[1] == 'z' then
   removed = drop_set(KEYS[1])
 else
-  -- An owner of '' is a lock kept for hold_at_least: freed by a release of every holder.
   local owner = redis.call('HGET', KEYS[1], 'owner')
-  if owner and (ARGV[2] == '' or owner == ARGV[2]) then
+  if owner and owners[owner] then
     redis.call('DEL', KEYS[1])
     removed = 1
   end
@@ -33,7 +36,7 @@ end
 if removed == 0 then
   return {0, 0}
 end
-local fence = next_fence(KEYS[2], ARGV[3])
+local fence = next_fence(KEYS[2], ARGV[2])
 if not fence then
   return {-1, 0}
 end
