@@ -26,15 +26,19 @@ use crate::lock::Live;
 
 /// Renews a record every `expire`/3 until dropped; dropping it ends the task (the execution
 /// ended, panicked or was dropped) on the runtime's next turn.
-#[derive(Debug)]
+///
+/// Counted in [`Redguard::live_watchdogs`] by this value rather than by the task: dropped,
+/// the renewals stop there and then, whenever a loaded machine gets round to the task (the
+/// blocking-pool thread that spawns it may not even have run), which at its next poll ends
+/// without a call.
 pub(super) struct KeepAlive {
     _stop: oneshot::Sender<std::convert::Infallible>,
+    _live: Live,
 }
 
 impl KeepAlive {
     /// Starts renewing `key` for `owner`, whose begin was sent at `sent`; returns once the
-    /// task has run up to its first sleep. Counted in [`Redguard::live_watchdogs`] while it
-    /// lives.
+    /// task has run up to its first sleep. Dropped meanwhile, it leaves nothing renewing.
     pub(super) async fn start(
         handle: &Redguard,
         scope: &str,
@@ -45,7 +49,11 @@ impl KeepAlive {
     ) -> KeepAlive {
         let (stop, stopped) = oneshot::channel();
         let (armed, armed_rx) = oneshot::channel();
-        let live = Live::new(handle.clone());
+        // Made before the await, so a caller dropped meanwhile stops the task.
+        let keep_alive = KeepAlive {
+            _stop: stop,
+            _live: Live::new(handle.clone()),
+        };
         let (handle, scope, key, owner) = (
             handle.clone(),
             scope.to_owned(),
@@ -53,12 +61,14 @@ impl KeepAlive {
             owner.to_owned(),
         );
         let task = async move {
-            let _live = live;
             // From the begin's send, not its reply: a reply late within the expire would put
             // the first renewal past the record's end (at once if it came after expire/3).
             let first = sent + expire / 3;
             let _ = armed.send(());
+            // Stopped first: a task that runs after its execution ended (or was dropped while
+            // it started) must not renew a record finished, undone or begun anew meanwhile.
             tokio::select! {
+                biased;
                 _ = stopped => {}
                 () = renew(&handle, &scope, &key, &owner, expire, first) => {}
             }
@@ -72,8 +82,6 @@ impl KeepAlive {
                 drop(runtime.spawn(task))
             })),
         }
-        // Made before the await, so a caller dropped meanwhile ends the task.
-        let keep_alive = KeepAlive { _stop: stop };
         // An error is a task dropped unstarted (its runtime shutting down): nothing to wait for.
         let _ = armed_rx.await;
         keep_alive

@@ -454,7 +454,7 @@ impl Drop for Undo {
             return;
         };
         match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => drop(runtime.spawn(undo(handle, owner, record, token))),
+            Ok(runtime) => clean_up(&runtime, undo(handle, owner, record, token)),
             Err(_) => tracing::debug!(
                 guard = "idem",
                 "begin abandoned outside a Tokio runtime; its record expires"
@@ -580,8 +580,8 @@ enum Outcome {
 }
 
 /// The outcome an execution owes its record. Dropped armed (the body panicked, the caller's
-/// future was dropped mid-body or mid-finish), it records in a task of its own what is
-/// known: UNKNOWN while the body runs, the body's outcome once it returned. Spawned after
+/// future was dropped mid-body or mid-finish), it records what is known (see [`clean_up`]):
+/// UNKNOWN while the body runs, the body's outcome once it returned. Sent after
 /// the finish it may follow on the same connection, so the store applies it after that
 /// finish, which then owns the record (the second finish changes nothing).
 struct Verdict {
@@ -640,10 +640,26 @@ impl Drop for Verdict {
             std::mem::take(&mut self.owner),
         );
         let (expire, replicas) = (self.expire, self.replicas);
-        drop(runtime.spawn(async move {
+        clean_up(&runtime, async move {
             finish(&handle, &scope, &key, &owner, outcome, expire, replicas).await;
-        }));
+        });
     }
+}
+
+/// Runs what a drop left to do as far as it goes at once, the rest in a task of its own.
+/// Polled in place, a store that answers at once (memory) has applied it before the drop
+/// returns, and Redis has it queued on the connection right behind the call it follows: a
+/// retry made next sees it done, however long a loaded machine takes to run the task.
+fn clean_up(runtime: &tokio::runtime::Handle, cleanup: impl Future<Output = ()> + Send + 'static) {
+    let mut cleanup = Box::pin(cleanup);
+    // Not while unwinding (a body that panicked): a panic of the cleanup would abort.
+    if !std::thread::panicking() {
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        if cleanup.as_mut().poll(&mut cx).is_ready() {
+            return;
+        }
+    }
+    drop(runtime.spawn(cleanup));
 }
 
 /// Records the outcome of `owner`'s execution, and reports what became of it.

@@ -8,7 +8,7 @@
 //! | dropped                       | record (handler attached) | record (`detach`, default) | a retry            |
 //! |-------------------------------|---------------------------|----------------------------|--------------------|
 //! | before the handler started    | none (begin undone)       | none                       | runs the handler   |
-//! | in the handler                | PROCESSING                | runs on: SUCCESS           | `409` / replays    |
+//! | in the handler                | UNKNOWN                   | runs on: SUCCESS           | `409` / replays    |
 //! | after it, finish unanswered   | SUCCESS or PROCESSING     | SUCCESS                    | replays or `409`   |
 //! | never (completed)             | SUCCESS                   | SUCCESS                    | replays            |
 //!
@@ -188,7 +188,8 @@ async fn idempotent(at: Attempt, detach: bool) -> Verdict {
     // The record states (`status` field) documented for this phase.
     let documented: &[Option<&str>] = match (phase, detach) {
         (Phase::BeforeHandler, _) => &[None],
-        (Phase::InHandler, false) => &[Some("P")],
+        // The core records a body dropped mid-way UNKNOWN: it may have done its effect.
+        (Phase::InHandler, false) => &[Some("U")],
         (Phase::InHandler | Phase::Finishing, true) | (Phase::Completed, _) => &[Some("S")],
         (Phase::Finishing, false) => &[Some("S"), Some("P")],
     };

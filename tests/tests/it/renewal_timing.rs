@@ -485,3 +485,31 @@ async fn a_record_stays_processing_while_its_body_blocks_its_thread() {
     assert_eq!(running.await.unwrap().unwrap(), 1);
     assert_eq!(status(&mut conn).as_deref(), Some("S"));
 }
+
+/// An execution dropped while its keep-alive starts (its record begun, its body not yet
+/// run) leaves nothing behind by the time the drop returns: no renewal counted and the begin
+/// undone, so a retry made at once runs. On one thread nothing spawned has run by then, as on
+/// a loaded machine whose workers are slow to get round to the cleanups.
+#[tokio::test(flavor = "current_thread")]
+async fn a_record_dropped_while_its_keep_alive_starts_is_undone_as_it_is_dropped() {
+    let rg = Redguard::memory();
+    let runs = Arc::new(AtomicU32::new(0));
+    let counter = runs.clone();
+    let first = rg.scope(Idempotency::new("timing", record_key()).run(async move {
+        counter.fetch_add(1, Ordering::SeqCst);
+        Ok::<_, Error>(1)
+    }));
+    let dropped = redguard_tests::cancel::poll_at_most(first, 1).await;
+    assert!(dropped.is_none(), "the first poll completed: {dropped:?}");
+    assert_eq!(runs.load(Ordering::SeqCst), 0, "dropped in its body");
+    assert_eq!(rg.live_watchdogs(), 0, "a renewal outlived its execution");
+    let counter = runs.clone();
+    let retry = rg
+        .scope(Idempotency::new("timing", record_key()).run(async move {
+            counter.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, Error>(2)
+        }))
+        .await;
+    assert!(matches!(retry, Ok(2)), "the retry got {retry:?}");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
