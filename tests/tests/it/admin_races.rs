@@ -18,6 +18,13 @@ fn rounds(short: usize) -> usize {
         .unwrap_or(short)
 }
 
+/// Whether a worker that made `made` of its `rounds` goes on: until it made them and the
+/// race ran (the operator's repair met live state at least once), for at most 30 s more. On
+/// a loaded machine the operator can get no turn in the rounds alone.
+fn go_on(made: usize, rounds: usize, raced: bool, since: std::time::Instant) -> bool {
+    made < rounds || (!raced && since.elapsed() < Duration::from_secs(30))
+}
+
 macro_rules! races {
     ($($case:ident),* $(,)?) => {
         mod memory {
@@ -59,10 +66,18 @@ async fn unlock_never_frees_a_later_holder(rg: Redguard) {
     let freed = Arc::new(Mutex::new(Vec::new()));
     let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mut holders = Vec::new();
+    let since = std::time::Instant::now();
     for _ in 0..3 {
         let (rg, freed) = (rg.clone(), Arc::clone(&freed));
         holders.push(tokio::spawn(async move {
-            for _ in 0..acquisitions / 3 {
+            let mut made = 0;
+            while go_on(
+                made,
+                acquisitions / 3,
+                !freed.lock().unwrap().is_empty(),
+                since,
+            ) {
+                made += 1;
                 let guard = rg
                     .lock("job:nightly")
                     .scope(SCOPE)
@@ -141,12 +156,21 @@ async fn refunds_racing_checks_give_back_only_what_was_charged(rg: Redguard) {
     };
     let checks = rounds(300);
     let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let landed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let since = std::time::Instant::now();
     let mut callers = Vec::new();
     for _ in 0..3 {
-        let rg = rg.clone();
+        let (rg, landed) = (rg.clone(), Arc::clone(&landed));
         callers.push(tokio::spawn(async move {
             let mut admitted = 0u64;
-            for _ in 0..checks / 3 {
+            let mut made = 0;
+            while go_on(
+                made,
+                checks / 3,
+                landed.load(std::sync::atomic::Ordering::SeqCst),
+                since,
+            ) {
+                made += 1;
                 if limiter(&rg).decide().await.expect("decide").allowed {
                     admitted += 1;
                 }
@@ -162,6 +186,9 @@ async fn refunds_racing_checks_give_back_only_what_was_charged(rg: Redguard) {
             while !done.load(std::sync::atomic::Ordering::SeqCst) {
                 tokio::task::yield_now().await;
                 back += admin.refund(&key, 1).await.expect("refund");
+                if back > 0 {
+                    landed.store(true, std::sync::atomic::Ordering::SeqCst);
+                }
             }
             back
         })
@@ -202,14 +229,23 @@ async fn forget_deletes_only_the_record_it_read(rg: Redguard) {
     let full = rg.key(GuardKind::Idempotency, SCOPE, &body).unwrap();
     let executions = rounds(300);
     let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let found = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let since = std::time::Instant::now();
     let executor = {
-        let rg = rg.clone();
+        let (rg, found) = (rg.clone(), Arc::clone(&found));
         tokio::spawn(async move {
             let ttl = Duration::from_secs(60);
             let mut lost = Vec::new();
             // The last SUCCESS recorded: a begin that then starts afresh finds it deleted.
             let mut succeeded: Option<String> = None;
-            for i in 0..executions {
+            let mut i = 0;
+            while go_on(
+                i,
+                executions,
+                found.load(std::sync::atomic::Ordering::SeqCst),
+                since,
+            ) {
+                i += 1;
                 let owner = format!("exec-{i}");
                 let begin = Begin {
                     key: &full,
@@ -258,6 +294,7 @@ async fn forget_deletes_only_the_record_it_read(rg: Redguard) {
                 tokio::task::yield_now().await;
                 if let Some(before) = admin.forget(&key).await.expect("forget") {
                     seen.insert((before.status, before.owner));
+                    found.store(true, std::sync::atomic::Ordering::SeqCst);
                 }
             }
             seen
