@@ -386,10 +386,10 @@ async fn record(late: Late, fraction: f64) -> Result<String, String> {
     let runs = Arc::new(AtomicU32::new(0));
     let entered: Arc<Mutex<Option<Instant>>> = Arc::default();
     let sent = point.hold(late, delay);
+    let until = sent + delay + EXPIRE * 2;
     let running =
         {
             let (rg, runs, entered) = (point.rg.clone(), runs.clone(), Arc::clone(&entered));
-            let until = sent + delay + EXPIRE * 2;
             tokio::spawn(
                 rg.clone()
                     .scope(Idempotency::new("timing", record_key()).expire(EXPIRE).run(
@@ -406,7 +406,10 @@ async fn record(late: Late, fraction: f64) -> Result<String, String> {
     let mut conn = point.server.connection();
     let mut lapsed = None;
     while !running.is_finished() {
-        if entered.lock().unwrap().is_some() {
+        // Sampled while the body surely runs: at its end the record turns SUCCESS (and a
+        // retry replays) before the task is seen finished.
+        let body_runs = Instant::now() + SAMPLE * 3 < until;
+        if body_runs && entered.lock().unwrap().is_some() {
             if lapsed.is_none() && status(&mut conn).as_deref() != Some("P") {
                 lapsed = Some(sent.elapsed());
             }
