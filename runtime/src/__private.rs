@@ -145,7 +145,7 @@ where
     guard.detach().run(body).await
 }
 
-pub use crate::spec::{Algorithm, Rate};
+pub use crate::values::{Algorithm, Rate};
 
 /// A count (`burst`, `cost`) written as an expression: any integer, checked per call.
 pub fn rate_count<T: TryInto<u64>>(value: T, what: &'static str) -> crate::Result<u64> {
@@ -156,7 +156,7 @@ pub fn rate_count<T: TryInto<u64>>(value: T, what: &'static str) -> crate::Resul
 
 /// `#[rate_limit]`'s prelude: a [`Limiter`](crate::Limiter) on the fn's key, evaluated before
 /// the body is moved; the expansion goes on with one call per argument written.
-pub fn rate_limiter<R: crate::spec::IntoRate>(
+pub fn rate_limiter<R: crate::values::IntoRate>(
     key: crate::Result<crate::KeyBody>,
     scope: &'static str,
     rate: R,

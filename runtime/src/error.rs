@@ -123,7 +123,7 @@ pub enum Error {
         .0.remaining,
         .0.limit
     )]
-    RateLimited(crate::spec::Decision),
+    RateLimited(crate::values::Decision),
 
     /// A rate, burst, cost or block given at runtime (from configuration or an expression) is
     /// unusable; nothing was sent to the store.

@@ -42,7 +42,7 @@ pub mod key;
 pub mod lock;
 pub mod rate;
 mod scope;
-mod spec;
+mod values;
 mod state;
 pub mod store;
 mod telemetry;
@@ -66,7 +66,7 @@ pub use crate::lock::{
     lock_all,
 };
 pub use crate::rate::{Limiter, RateLimits, limiter};
-pub use crate::spec::{Algorithm, Decision, IntoRate, Limit, LockKind, Rate, Replicas};
+pub use crate::values::{Algorithm, Decision, IntoRate, Limit, LockKind, Rate, Replicas};
 pub use crate::telemetry::{METRICS, Metric, MetricKind, describe_metrics};
 pub use crate::tokens::{Tokens, tokens};
 

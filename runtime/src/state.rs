@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Instant;
 
 use crate::key::Key;
-use crate::spec::Decision;
+use crate::values::Decision;
 
 /// Per-handle state; see the module docs.
 #[derive(Debug, Default)]

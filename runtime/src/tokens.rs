@@ -11,7 +11,7 @@ use crate::degrade::Degrade;
 use crate::error::{Error, Result};
 use crate::handle::Redguard;
 use crate::key::{GuardKind, Key, KeyBody, KeyBuilder, check_name};
-use crate::spec::Replicas;
+use crate::values::Replicas;
 use crate::store::TokenOutcome;
 
 pub use redguard_grammar::tokens::MAX_TOKEN_TTL;

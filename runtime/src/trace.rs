@@ -15,7 +15,7 @@ use tracing::Span;
 use tracing::field::Empty;
 
 use crate::error::Error;
-use crate::spec::LockKind;
+use crate::values::LockKind;
 
 pub(crate) fn idempotent(scope: &str, store: &'static str) -> Span {
     tracing::info_span!(

@@ -53,7 +53,7 @@ use self::decode::View;
 use crate::error::{Error, Result};
 use crate::handle::Redguard;
 use crate::key::{GuardKind, Key};
-use crate::spec::Limit;
+use crate::values::Limit;
 use crate::store::admin::{ForceUnlock, Raw};
 use crate::store::{self, IdemStatus, RateCheck, RateMode};
 

@@ -2,7 +2,7 @@
 
 use http::{HeaderMap, HeaderName, HeaderValue, header};
 
-use crate::spec::{Decision, render_headers};
+use crate::values::{Decision, render_headers};
 
 /// `RateLimit` (draft-ietf-httpapi-ratelimit-headers-09): the remaining quota of the tightest
 /// policy.

@@ -71,7 +71,7 @@ use crate::error::{Error, Result};
 use crate::handle::Redguard;
 use crate::key::{KeyBuilder, MAX_SCOPE_LEN, check_name};
 use crate::rate::{Limiter, RateLimits};
-use crate::spec::{Algorithm, Decision, IntoRate, Limit, Rate};
+use crate::values::{Algorithm, Decision, IntoRate, Limit, Rate};
 
 /// Default key scope of a layer's limits (each limit adds `.<name>`).
 const DEFAULT_SCOPE: &str = "http";

@@ -5,7 +5,7 @@ use std::time::Duration;
 use http::{HeaderMap, HeaderValue, StatusCode, header};
 
 use crate::error::Error;
-use crate::spec::secs_ceil;
+use crate::values::secs_ceil;
 
 /// How long a client is told to wait before retrying when the service cannot answer now (a
 /// busy lock, a store outage): short, since those clear quickly.

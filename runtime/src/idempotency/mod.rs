@@ -28,7 +28,7 @@ use crate::degrade::Degrade;
 use crate::error::{BackendError, Error, Result};
 use crate::handle::Redguard;
 use crate::key::{GuardKind, Key, KeyBody, KeyBuilder};
-use crate::spec::Replicas;
+use crate::values::Replicas;
 use crate::store::{Begin, Finish, IdemBegin, IdemFinish, IdemFinished};
 use crate::tokens;
 

@@ -12,7 +12,7 @@ use crate::degrade::Degrade;
 use crate::error::{BackendError, Error, Result};
 use crate::handle::Redguard;
 use crate::key::{GuardKind, Key};
-use crate::spec::{LockKind, Replicas};
+use crate::values::{LockKind, Replicas};
 use crate::store::{Acquire, LockAcquire, LockWatch};
 
 /// Validated settings of one acquisition.

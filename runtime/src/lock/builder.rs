@@ -14,7 +14,7 @@ use super::{DEFAULT_LEASE, DEFAULT_LOCK_SCOPE, DEFAULT_MAX_DEPTH, OnLost, acquir
 use crate::error::{Error, Result};
 use crate::handle::Redguard;
 use crate::key::{GuardKind, KeyBody, KeyBuilder};
-use crate::spec::{LockKind, Replicas};
+use crate::values::{LockKind, Replicas};
 
 /// A lock key body: a template already rendered ([`KeyBody`], [`KeyBuilder`]) or plain text
 /// (`&str`, `String`: `[A-Za-z0-9._@:-]`, validated as template text — render request values

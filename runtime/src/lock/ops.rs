@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use crate::error::Result;
 use crate::key::Key;
-use crate::spec::LockKind;
+use crate::values::LockKind;
 use crate::store::{LockRelease, Release, Store, rw_readers};
 
 /// Extends `owner`'s lease; false when the lock is no longer `owner`'s.

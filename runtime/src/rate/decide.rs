@@ -10,7 +10,7 @@ use crate::degrade::Degrade;
 use crate::error::{Error, Result};
 use crate::handle::Redguard;
 use crate::key::{GuardKind, Key};
-use crate::spec::{Decision, Limit};
+use crate::values::{Decision, Limit};
 use crate::store::{RateCheck, RateMode};
 
 /// Checks `limits`; when rejected, and every rejecting limit's wait covers its

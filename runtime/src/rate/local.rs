@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use crate::handle::Redguard;
 use crate::key::Key;
-use crate::spec::Decision;
+use crate::values::Decision;
 use crate::state::Rejection;
 
 /// How long a refusal is repeated without asking the store: one store call per key, instance

@@ -14,7 +14,7 @@ mod limiter;
 mod local;
 
 pub use self::limiter::{Limiter, RateLimits, limiter};
-pub use crate::spec::{MAX_RATE_COUNT, MAX_RATE_PERIOD, MAX_SLIDING_WINDOW_COUNT};
+pub use crate::values::{MAX_RATE_COUNT, MAX_RATE_PERIOD, MAX_SLIDING_WINDOW_COUNT};
 
 /// Scope of keys built by [`limiter`] unless [`Limiter::scope`] says otherwise.
 const DEFAULT_SCOPE: &str = "limiter";

@@ -13,7 +13,7 @@ use tokio::sync::watch;
 
 use crate::error::Result;
 use crate::key::Key;
-use crate::spec::Replicas;
+use crate::values::Replicas;
 
 /// How long the fencing counter of a key outlives its last acquisition.
 ///

@@ -6,7 +6,7 @@ use async_trait::async_trait;
 
 use crate::error::Result;
 use crate::key::Key;
-use crate::spec::{Decision, Limit};
+use crate::values::{Decision, Limit};
 
 /// Rate-limit operations of a [`Store`](super::Store).
 ///

@@ -6,7 +6,7 @@ use async_trait::async_trait;
 
 use crate::error::Result;
 use crate::key::Key;
-use crate::spec::Replicas;
+use crate::values::Replicas;
 
 /// Token operations of a [`Store`](super::Store).
 #[async_trait]

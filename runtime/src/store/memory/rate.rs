@@ -8,7 +8,7 @@ use async_trait::async_trait;
 
 use super::MemoryStore;
 use crate::error::Result;
-use crate::spec::{Algorithm, Decision, Limit, micros};
+use crate::values::{Algorithm, Decision, Limit, micros};
 use crate::store::admin::{Raw, SNAPSHOT_MEMBERS};
 use crate::store::{RateCheck, RateMode, RateOps, RateOutcome};
 

@@ -7,7 +7,7 @@ use async_trait::async_trait;
 use super::MemoryStore;
 use crate::error::Result;
 use crate::key::Key;
-use crate::spec::Replicas;
+use crate::values::Replicas;
 use crate::store::{TokenOps, TokenOutcome};
 
 #[derive(Debug)]

@@ -100,7 +100,7 @@ impl Coalescer {
 
 /// Whether `checks` is one GCRA limit without a penalty: what `rate_gcra.lua` decides.
 pub(super) fn eligible(checks: &[RateCheck<'_>]) -> bool {
-    matches!(checks, [check] if check.limit.algorithm == crate::spec::Algorithm::Gcra
+    matches!(checks, [check] if check.limit.algorithm == crate::values::Algorithm::Gcra
         && check.limit.block.is_zero())
 }
 

@@ -29,7 +29,7 @@ use redis::{FromRedisValue, RedisError, ServerErrorKind, ToRedisArgs};
 use super::{Store, StoreKind};
 use crate::error::{BackendError, Error, Result, StoreFailure};
 use crate::key::Key;
-use crate::spec::Replicas;
+use crate::values::Replicas;
 
 /// Every script, loaded with `SCRIPT LOAD` at connect.
 ///

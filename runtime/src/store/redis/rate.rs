@@ -8,7 +8,7 @@ use super::lua::{Lua, lua};
 use super::{RedisStore, evalsha};
 use crate::error::{Error, Result};
 use crate::key::Key;
-use crate::spec::{Decision, micros};
+use crate::values::{Decision, micros};
 use crate::store::{RateCheck, RateMode, RateOps, RateOutcome, Store as _};
 
 lua!(CHECK = "rate_check.lua" after "expiry.lua");

@@ -8,7 +8,7 @@ use super::lua::{Lua, lua};
 use super::{RedisStore, bounded, confirmed_by, corrupt_or, wait_behind};
 use crate::error::{Error, Result};
 use crate::key::Key;
-use crate::spec::Replicas;
+use crate::values::Replicas;
 use crate::store::{TokenOps, TokenOutcome};
 
 lua!(CONSUME = "token_consume.lua");
