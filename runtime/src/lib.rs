@@ -7,9 +7,8 @@
 //!   ([`lock()`] for sections narrower than a fn).
 //! - `#[rate_limit]`: at most N per period, decided atomically with Redis's own clock.
 //!
-//! State lives behind the [`Store`](store::Store) seam: [`RedisStore`](store::RedisStore) for services running several
-//! instances, [`MemoryStore`](store::MemoryStore) for a single instance and for tests. Build a [`Redguard`] at
-//! startup and install it:
+//! State lives in Redis for services running several instances, or in memory for a single
+//! instance and for tests. Build a [`Redguard`] at startup and install it:
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")] async fn main() -> redguard::Result<()> {
@@ -42,20 +41,20 @@ pub mod key;
 pub mod lock;
 pub mod rate;
 mod scope;
-mod values;
 mod state;
-pub mod store;
+mod store;
 mod telemetry;
 pub mod tokens;
 mod trace;
+mod values;
 
 #[doc(hidden)]
 pub mod __private;
 
 // The root holds what users write; each module above also holds its limits and defaults
-// (`redguard::lock::MAX_WAIT`), and `redguard::store` the seam for those who implement a store.
-pub use crate::clock::{Clock, ManualClock, SystemClock};
-pub use crate::error::{BackendError, Error, Result};
+// (`redguard::lock::MAX_WAIT`).
+pub use crate::clock::{Clock, ManualClock, SystemClock, TokioClock};
+pub use crate::error::{BackendError, Error, Result, StoreFailure};
 pub use crate::handle::{Builder, FailMode, Redguard, spawn};
 pub use crate::idempotency::{
     Classify, Detached, ErrorClass, Idempotency, idempotency, track_replay,
@@ -66,9 +65,9 @@ pub use crate::lock::{
     lock_all,
 };
 pub use crate::rate::{Limiter, RateLimits, limiter};
-pub use crate::values::{Algorithm, Decision, IntoRate, Limit, LockKind, Rate, Replicas};
 pub use crate::telemetry::{METRICS, Metric, MetricKind, describe_metrics};
 pub use crate::tokens::{Tokens, tokens};
+pub use crate::values::{Algorithm, Decision, IntoRate, Limit, LockKind, Rate, Replicas};
 
 #[doc(inline)]
 pub use redguard_macros::{Classify, dist_lock, idempotent, rate_limit};

@@ -48,7 +48,7 @@ pub async fn run(config: Config) -> Result<(), Box<dyn std::error::Error>> {
     println!(
         "order-service {instance} listening on http://{} (store: {}, database: {})",
         listener.local_addr()?,
-        rg.store().kind(),
+        rg.kind(),
         db_path.display()
     );
     if config.dev {
@@ -56,7 +56,7 @@ pub async fn run(config: Config) -> Result<(), Box<dyn std::error::Error>> {
     }
     let app = Arc::new(App {
         db,
-        store: rg.store().kind().as_str(),
+        store: rg.kind().as_str(),
         instance,
         keys: auth::Keys::new(&config),
         writes: Arc::default(),

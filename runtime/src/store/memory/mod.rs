@@ -90,7 +90,8 @@ impl MemoryStore {
         (table, now)
     }
 
-    /// Number of live entries across all guards; for tests and diagnostics.
+    /// Number of live entries across all guards; for tests.
+    #[cfg(feature = "test-util")]
     pub fn len(&self) -> usize {
         self.lock(&self.tables.tokens).0.len()
             + self.lock(&self.tables.idem).0.len()
@@ -103,6 +104,7 @@ impl MemoryStore {
     }
 
     /// True when no entry is live.
+    #[cfg(feature = "test-util")]
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

@@ -47,6 +47,7 @@ impl<V> Table<V> {
         self.entries.keys().map(String::as_str)
     }
 
+    #[cfg(feature = "test-util")]
     pub(crate) fn len(&self) -> usize {
         self.entries.len()
     }
