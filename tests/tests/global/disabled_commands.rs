@@ -1,4 +1,4 @@
-//! Managed services disable or rename commands (README "Supported servers"): the guards need
+//! Managed services disable or rename commands (the guide's "Supported servers"): the guards need
 //! none of the administrative ones, and a disabled `PSUBSCRIBE` degrades to polling, counted.
 //! Each server here has the commands removed with `rename-command <name> ""`.
 
