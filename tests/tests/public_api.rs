@@ -59,7 +59,7 @@ fn rustdoc_json(workspace: &Path) -> Value {
             cargo.env_remove(&*name);
         }
     }
-    let status = cargo
+    let output = cargo
         .current_dir(workspace)
         .env("RUSTC_BOOTSTRAP", "1")
         .env_remove("RUSTDOCFLAGS")
@@ -75,9 +75,14 @@ fn rustdoc_json(workspace: &Path) -> Value {
         .arg("--target-dir")
         .arg(&target)
         .args(["--", "-Z", "unstable-options", "--output-format", "json"])
-        .status()
+        .output()
         .expect("run cargo rustdoc");
-    assert!(status.success(), "cargo rustdoc failed: {status}");
+    assert!(
+        output.status.success(),
+        "cargo rustdoc failed ({}):\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
     let json = std::fs::read_to_string(target.join("doc/redguard.json"))
         .expect("read rustdoc's redguard.json");
     serde_json::from_str(&json).expect("parse rustdoc's JSON")
