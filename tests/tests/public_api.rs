@@ -1,7 +1,8 @@
 //! The public API of `redguard`, as a sorted list of items with their signatures, compared
 //! with `runtime/public-api.txt`, so a change to the API is a deliberate diff in review.
 //! The list comes from rustdoc's JSON output (`cargo rustdoc -- --output-format json`,
-//! unstable, hence `RUSTC_BOOTSTRAP=1` on the pinned toolchain), built with every feature a
+//! unstable, hence `RUSTC_BOOTSTRAP=redguard` on the pinned toolchain: for that crate only, so
+//! no dependency's build script takes the compiler for a nightly), built with every feature a
 //! user can turn on (not `test-util`), in a target dir of its own: `cargo test` holds the
 //! lock of the one it runs from.
 //!
@@ -61,7 +62,7 @@ fn rustdoc_json(workspace: &Path) -> Value {
     }
     let output = cargo
         .current_dir(workspace)
-        .env("RUSTC_BOOTSTRAP", "1")
+        .env("RUSTC_BOOTSTRAP", "redguard")
         .env_remove("RUSTDOCFLAGS")
         .args([
             "rustdoc",
