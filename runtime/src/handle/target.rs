@@ -132,7 +132,8 @@ impl Redguard {
     /// customary default is `mymaster`), given some sentinels as `host:port` or
     /// `redis://host:port/` (`rediss://` for TLS, as [`sentinel_tls`](Builder::sentinel_tls)).
     /// The handle asks them for the master at connect, and follows it through failovers by
-    /// itself: see README "Redis Sentinel" for the time a failover takes and what it may lose.
+    /// itself: see [the guide](crate::guide::servers#redis-sentinel) for the time a failover
+    /// takes and what it may lose.
     ///
     /// Credentials and the database of the data nodes are set apart from the sentinels', on
     /// this builder only: [`node_auth`](Builder::node_auth), [`node_db`](Builder::node_db),

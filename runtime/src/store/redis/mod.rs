@@ -120,7 +120,7 @@ impl RedisStore {
                 )
                 .await?;
                 // A second Sentinel connection would follow failovers on its own watcher;
-                // confirmed writes share this one (README "Replica-safe writes").
+                // confirmed writes share this one (the guide's "Replica-safe writes").
                 let source = BusSource::Sentinel(conn.clone());
                 (Conn::Sentinel(conn), None, source)
             }
@@ -539,7 +539,7 @@ impl Store for RedisStore {
         }
     }
 
-    /// `PING`, then `INFO server` for the version: a user without `+info` (README's
+    /// `PING`, then `INFO server` for the version: a user without `+info` (the guide's
     /// restricted one) is still healthy, with no version.
     async fn health(&self) -> Result<Health> {
         let started = Instant::now();
