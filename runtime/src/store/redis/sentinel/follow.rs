@@ -82,6 +82,8 @@ enum Wake {
 /// Runs until the connection's shared state is dropped.
 pub(super) async fn run(shared: Weak<Shared>, mut announced: UnboundedReceiver<Announcement>) {
     let mut next_check = Instant::now() + CHECK;
+    // The master left for an announced promotion, until the sentinels name the promoted one.
+    let mut demoted = None;
     loop {
         let Some(shared) = shared.upgrade() else {
             return;
@@ -101,14 +103,18 @@ pub(super) async fn run(shared: Weak<Shared>, mut announced: UnboundedReceiver<A
             () = tokio::time::sleep_until(until) => Wake::Timer,
         };
         match wake {
-            Wake::Announced(Announcement::Promoting(addr)) => promote(&shared, addr).await,
+            Wake::Announced(Announcement::Promoting(addr)) => {
+                promote(&shared, addr, &mut demoted).await;
+            }
+            // `demoted` stays: the sentinels that have not switched yet still name it.
             Wake::Announced(Announcement::Switched(addr)) => switched(&shared, addr).await,
             Wake::Kick | Wake::Timer if matches!(*shared.master.borrow(), Master::Broken) => {
+                demoted = None;
                 resolve(&shared).await;
             }
             Wake::Kick => {}
             Wake::Timer => {
-                check(&shared).await;
+                check(&shared, &mut demoted).await;
                 next_check = Instant::now() + CHECK;
             }
         }
@@ -151,9 +157,11 @@ async fn resolve(shared: &Shared) {
 }
 
 /// A sentinel announced the replica at `addr` as the next master: stop sending to the old
-/// one (its writes from now on would be lost) and poll `addr` until it says master.
-async fn promote(shared: &Shared, addr: (String, u16)) {
-    if current(shared).is_some_and(|node| node.addr == addr) {
+/// one (its writes from now on would be lost) and poll `addr` until it says master. The
+/// master left for it goes to `demoted`: it says master until the sentinels demote it.
+async fn promote(shared: &Shared, addr: (String, u16), demoted: &mut Option<(String, u16)>) {
+    let left = current(shared).map(|node| node.addr.clone());
+    if left.as_ref() == Some(&addr) {
         return;
     }
     shared.master.send_replace(Master::Switching);
@@ -161,11 +169,13 @@ async fn promote(shared: &Shared, addr: (String, u16)) {
     while Instant::now() < deadline {
         if let Some((conn, client)) = master_at(&shared.nodes, &addr, CAP).await {
             switch(shared, addr, conn, client);
+            *demoted = left;
             return;
         }
         tokio::time::sleep(POLL).await;
     }
     tracing::warn!(host = %addr.0, port = addr.1, "the announced Redis master was not promoted");
+    *demoted = None;
     resolve(shared).await;
 }
 
@@ -185,8 +195,11 @@ async fn switched(shared: &Shared, addr: (String, u16)) {
 }
 
 /// The periodic check: the master must still say it is master, and be the one the sentinels
-/// name. A different node is moved to only once it says it is master too.
-async fn check(shared: &Shared) {
+/// name. A different node is moved to only once it says it is master too, and never back to
+/// `demoted`, the master left for a promotion: until the sentinels have all heard of it they
+/// name the old master, which says master until they demote it, and what it acknowledges
+/// meanwhile is lost (Redis 6.2 and 8.2 take about a second to name the promoted replica).
+async fn check(shared: &Shared, demoted: &mut Option<(String, u16)>) {
     let Some(node) = current(shared) else {
         return;
     };
@@ -198,15 +211,21 @@ async fn check(shared: &Shared) {
             }
             _ => false,
         });
+        *demoted = None;
         resolve(shared).await;
         return;
     }
     let named = named_masters(&shared.nodes).await;
-    if let Some(addr) = named.into_iter().next()
-        && addr != node.addr
+    let Some(addr) = named.into_iter().next() else {
+        return;
+    };
+    if addr == node.addr {
+        *demoted = None;
+    } else if demoted.as_ref() != Some(&addr)
         && let Some((conn, client)) = master_at(&shared.nodes, &addr, CAP).await
         && current(shared).is_some_and(|now| now.generation == node.generation)
     {
+        *demoted = None;
         switch(shared, addr, conn, client);
     }
 }

@@ -13,7 +13,9 @@
 //!   another master that says it is one.
 //!
 //! A node is only ever used after its own `ROLE` said `master`, and a master is only left for
-//! one the sentinels name: a restarted, empty old master is never returned to.
+//! one the sentinels name: a restarted, empty old master is never returned to. Nor is a master
+//! left for an announced promotion, while it still says master and the sentinels that have not
+//! heard of the promotion name it (what it acknowledged then would be lost).
 
 mod config;
 mod events;
