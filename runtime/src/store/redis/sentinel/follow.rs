@@ -6,11 +6,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
+use redis::aio::MultiplexedConnection;
 use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::time::Instant;
 
 use super::config::Nodes;
-use super::probe::{CAP, master_at, named_masters};
+use super::probe::{CAP, master_at, named_masters, open, role};
 use super::{Master, Node, Shared};
 use crate::error::{BackendError, Result, StoreFailure};
 
@@ -107,6 +108,8 @@ impl Demoted {
 pub(super) async fn run(shared: Weak<Shared>, mut announced: UnboundedReceiver<Announcement>) {
     let mut next_check = Instant::now() + CHECK;
     let mut demoted = Demoted::default();
+    // The check's own connection to the master, by the master's generation.
+    let mut probe = None;
     loop {
         let Some(shared) = shared.upgrade() else {
             return;
@@ -137,7 +140,7 @@ pub(super) async fn run(shared: Weak<Shared>, mut announced: UnboundedReceiver<A
             }
             Wake::Kick => {}
             Wake::Timer => {
-                check(&shared, &mut demoted).await;
+                check(&shared, &mut demoted, &mut probe).await;
                 next_check = Instant::now() + CHECK;
             }
         }
@@ -223,15 +226,32 @@ async fn switched(shared: &Shared, addr: (String, u16), demoted: &mut Demoted) {
     }
 }
 
-/// The periodic check: the master must still say it is master (asked on a connection of its
-/// own: the calls' may be held up by their `WAIT`s), and be the one the sentinels name. A
+/// The periodic check: the master must still say it is master (asked on `probe`, a connection
+/// of the check's own: the calls' may be held up by their `WAIT`s), and be the one the sentinels name. A
 /// different node is moved to only once it says it is master too, and not while it is being
 /// demoted.
-async fn check(shared: &Shared, demoted: &mut Demoted) {
+async fn check(
+    shared: &Shared,
+    demoted: &mut Demoted,
+    probe: &mut Option<(u64, MultiplexedConnection)>,
+) {
     let Some(node) = current(shared) else {
         return;
     };
-    if master_at(&shared.nodes, &node.addr, CAP).await.is_none() {
+    if probe
+        .as_ref()
+        .is_none_or(|(generation, _)| *generation != node.generation)
+    {
+        *probe = open(&node.client, CAP)
+            .await
+            .map(|conn| (node.generation, conn));
+    }
+    let said = match probe {
+        Some((_, conn)) => role(conn).await,
+        None => None,
+    };
+    if said.as_deref() != Some("master") {
+        *probe = None;
         shared.master.send_if_modified(|master| match master {
             Master::Up(current) if current.generation == node.generation => {
                 *master = Master::Broken;

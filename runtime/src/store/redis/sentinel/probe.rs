@@ -96,7 +96,7 @@ pub(super) async fn named_masters(nodes: &Nodes) -> Vec<(String, u16)> {
 }
 
 /// The node's replication role (`master`, `slave`), `None` when it does not answer in time.
-async fn role(conn: &mut MultiplexedConnection) -> Option<String> {
+pub(super) async fn role(conn: &mut MultiplexedConnection) -> Option<String> {
     let reply = tokio::time::timeout(CAP, redis::cmd("ROLE").query_async::<redis::Value>(conn))
         .await
         .ok()?
