@@ -2,8 +2,8 @@
 //! public API, it changes with any release; a documented, versioned seam for store
 //! implementers may come later.
 //!
-//! [`Store`] is one trait of guard operations (each atomic, one round trip), taking the
-//! request structs below; [`RedisStore`] and [`MemoryStore`] implement it and pass the same
+//! `Store` is one trait of guard operations (each atomic, one round trip), taking the
+//! request structs below; `RedisStore` and `MemoryStore` implement it and pass the same
 //! conformance suite.
 
 pub use crate::store::*;
