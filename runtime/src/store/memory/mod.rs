@@ -61,8 +61,8 @@ pub(super) const SHARDS: usize = 256;
 
 struct Tables {
     shards: Box<[Mutex<Shard>]>,
-    /// Picks the shard; seeded per store, so no one can aim every key at one shard.
-    hasher: RandomState,
+    /// Seeds the shard pick per store: which keys share a shard differs between stores.
+    seed: u64,
     lock_waiters: Waiters,
 }
 
@@ -70,7 +70,7 @@ impl Default for Tables {
     fn default() -> Self {
         Tables {
             shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
-            hasher: RandomState::new(),
+            seed: RandomState::new().hash_one(SHARDS),
             lock_waiters: Waiters::default(),
         }
     }
@@ -99,6 +99,24 @@ pub(super) struct Shard {
     fences: Table<u64>,
 }
 
+/// A seeded hash of `bytes`, a word at a time: the shard pick needs spread, not the flood
+/// resistance of the maps' SipHash (keys aimed at one shard would only make it a larger map).
+fn spread(seed: u64, bytes: &[u8]) -> u64 {
+    const K: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut h = seed ^ (bytes.len() as u64).wrapping_mul(K);
+    for chunk in bytes.chunks(8) {
+        let mut word = [0u8; 8];
+        word[..chunk.len()].copy_from_slice(chunk);
+        h = (h ^ u64::from_le_bytes(word))
+            .wrapping_mul(K)
+            .rotate_left(31);
+    }
+    // splitmix64's finish: every input bit reaches the low bits the modulo keeps.
+    h = (h ^ (h >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    h = (h ^ (h >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    h ^ (h >> 31)
+}
+
 /// The part of `key` that picks its shard: its hash tag, as Redis Cluster reads one (the
 /// text between the first `{` and the next `}`, when not empty), or the whole key.
 fn hash_tag(key: &str) -> &str {
@@ -125,8 +143,7 @@ impl MemoryStore {
 
     /// Which shard holds `key`.
     fn shard_of(&self, key: &Key) -> usize {
-        // The modulo of a 64-bit hash: its low bits are as good as any.
-        (self.tables.hasher.hash_one(hash_tag(key.as_str())) % SHARDS as u64) as usize
+        (spread(self.tables.seed, hash_tag(key.as_str()).as_bytes()) % SHARDS as u64) as usize
     }
 
     /// Locks shard `index`.
@@ -183,5 +200,44 @@ impl Store for MemoryStore {
 
     async fn time(&self) -> Result<Duration> {
         Ok(self.clock.now())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn companions_share_their_keys_shard() {
+        let store = MemoryStore::new();
+        let lock = Key::stored("redguard:lock:{app:order=7}");
+        for suffix in ["fence", "queue", "intent", "readers", "block"] {
+            let companion = lock.companion(suffix);
+            assert_eq!(
+                store.shard_of(&companion),
+                store.shard_of(&lock),
+                "{companion}"
+            );
+        }
+        assert_eq!(hash_tag("a:{}:b"), "a:{}:b");
+        assert_eq!(hash_tag("a{b}{c}"), "b");
+        assert_eq!(hash_tag("no tag"), "no tag");
+    }
+
+    #[test]
+    fn keys_spread_over_every_shard() {
+        let store = MemoryStore::new();
+        let mut counts = vec![0usize; SHARDS];
+        for i in 0..SHARDS * 100 {
+            let key = Key::stored(format!(
+                "redguard:rate:{{app:ip=10.0.{}.{}}}",
+                i / 256,
+                i % 256
+            ));
+            counts[store.shard_of(&key)] += 1;
+        }
+        // 100 a shard on average: none empty, none holding a crowd.
+        let (min, max) = (counts.iter().min(), counts.iter().max());
+        assert!(min > Some(&40) && max < Some(&200), "{min:?}..{max:?}");
     }
 }
