@@ -53,9 +53,9 @@ use self::decode::View;
 use crate::error::{Error, Result};
 use crate::handle::Redguard;
 use crate::key::{GuardKind, Key};
-use crate::values::Limit;
 use crate::store::admin::{ForceUnlock, Raw};
 use crate::store::{self, IdemStatus, RateCheck, RateMode};
+use crate::values::Limit;
 
 /// An operator's verdict on an idempotency record, for [`Admin::resolve`].
 #[derive(Debug, Clone, PartialEq)]
