@@ -91,6 +91,15 @@ fn x(row: &Row) -> f64 {
     (row.in_flight.max(1) as f64).log2()
 }
 
+/// The label of a point of the x axis: the in-flight count at whole powers of two only.
+fn in_flight(x: &f64) -> String {
+    if (x - x.round()).abs() < 1e-9 {
+        format!("{:.0}", x.exp2())
+    } else {
+        String::new()
+    }
+}
+
 fn x_range(series: &[Series<'_>]) -> std::ops::Range<f64> {
     let xs = || series.iter().flat_map(|s| s.rows.iter().map(|r| x(r)));
     let hi = xs().fold(0.0, f64::max);
@@ -136,7 +145,7 @@ fn throughput(path: &Path, title: &str, series: &[Series<'_>]) -> Result<(), Box
         .x_desc("in flight")
         .y_desc("operations/s")
         .x_labels(8)
-        .x_label_formatter(&|x| format!("{:.0}", x.exp2()))
+        .x_label_formatter(&in_flight)
         .y_label_formatter(&|y| si(*y))
         .draw()?;
     for (i, line) in series.iter().enumerate() {
@@ -190,7 +199,7 @@ fn latency(path: &Path, title: &str, series: &[Series<'_>]) -> Result<(), Box<dy
         .x_desc("in flight")
         .y_desc("µs")
         .x_labels(8)
-        .x_label_formatter(&|x| format!("{:.0}", x.exp2()))
+        .x_label_formatter(&in_flight)
         .y_label_formatter(&|y| si(*y))
         .draw()?;
     for (i, line) in series.iter().enumerate() {
@@ -232,7 +241,7 @@ where
 {
     chart
         .configure_series_labels()
-        .position(SeriesLabelPosition::LowerLeft)
+        .position(SeriesLabelPosition::LowerRight)
         .background_style(WHITE.mix(0.85))
         .border_style(BLACK)
         .label_font(("sans-serif", 12))
