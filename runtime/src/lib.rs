@@ -42,12 +42,12 @@ pub mod key;
 pub mod lock;
 pub mod rate;
 mod scope;
-mod values;
 mod state;
 pub mod store;
 mod telemetry;
 pub mod tokens;
 mod trace;
+mod values;
 
 #[doc(hidden)]
 pub mod __private;
@@ -66,9 +66,9 @@ pub use crate::lock::{
     lock_all,
 };
 pub use crate::rate::{Limiter, RateLimits, limiter};
-pub use crate::values::{Algorithm, Decision, IntoRate, Limit, LockKind, Rate, Replicas};
 pub use crate::telemetry::{METRICS, Metric, MetricKind, describe_metrics};
 pub use crate::tokens::{Tokens, tokens};
+pub use crate::values::{Algorithm, Decision, IntoRate, Limit, LockKind, Rate, Replicas};
 
 #[doc(inline)]
 pub use redguard_macros::{Classify, dist_lock, idempotent, rate_limit};

@@ -111,6 +111,13 @@ pub const METRICS: &[Metric] = &[
          by this limit, refused by another).",
     ),
     counter(
+        "redguard_rate_quota_invalid_total",
+        &[],
+        "Rate decisions that found a value at the key's quota override (`<key>:quota`) that \
+         is not one (written by hand, or by another version): ignored, the limit in the code \
+         decided.",
+    ),
+    counter(
         "redguard_backend_errors_total",
         &["guard", "op", "outcome"],
         "Store calls that failed or timed out, by guard, operation and the FailMode applied \

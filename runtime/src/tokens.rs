@@ -11,8 +11,8 @@ use crate::degrade::Degrade;
 use crate::error::{Error, Result};
 use crate::handle::Redguard;
 use crate::key::{GuardKind, Key, KeyBody, KeyBuilder, check_name};
-use crate::values::Replicas;
 use crate::store::TokenOutcome;
+use crate::values::Replicas;
 
 pub use redguard_grammar::tokens::MAX_TOKEN_TTL;
 

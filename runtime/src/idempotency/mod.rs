@@ -28,9 +28,9 @@ use crate::degrade::Degrade;
 use crate::error::{BackendError, Error, Result};
 use crate::handle::Redguard;
 use crate::key::{GuardKind, Key, KeyBody, KeyBuilder};
-use crate::values::Replicas;
 use crate::store::{Begin, Finish, IdemBegin, IdemFinish, IdemFinished};
 use crate::tokens;
+use crate::values::Replicas;
 
 pub use self::classify::{Classify, ErrorClass};
 pub use self::replay::track_replay;

@@ -12,8 +12,8 @@ use crate::degrade::Degrade;
 use crate::error::{BackendError, Error, Result};
 use crate::handle::Redguard;
 use crate::key::{GuardKind, Key};
-use crate::values::{LockKind, Replicas};
 use crate::store::{Acquire, LockAcquire, LockWatch};
+use crate::values::{LockKind, Replicas};
 
 /// Validated settings of one acquisition.
 #[derive(Debug, Clone)]

@@ -9,8 +9,8 @@ use super::decide::{Resolved, decide, enforce_resolved};
 use crate::error::{Error, Result};
 use crate::handle::Redguard;
 use crate::key::{GuardKind, KeyBody, KeyBuilder, KeyPart, KeyRule};
-use crate::values::{Algorithm, Decision, IntoRate, Limit, Rate};
 use crate::store::RateMode;
+use crate::values::{Algorithm, Decision, IntoRate, Limit, Rate};
 
 /// Starts a limit on the key `text` (template text, `[A-Za-z0-9._@:-]`), to which
 /// [`Limiter::part`] appends request values.

@@ -31,6 +31,7 @@ mod memory_store;
 mod metrics;
 mod models;
 mod pinned_clock;
+mod quota;
 mod rate_accuracy;
 mod rate_boundary;
 mod rate_coalescing;

@@ -11,6 +11,7 @@
 mod admin;
 mod idem;
 mod lock;
+mod quota;
 mod rate;
 mod table;
 mod token;
@@ -56,6 +57,8 @@ struct Tables {
     rates: Mutex<Table<rate::RateState>>,
     /// Penalty ends (µs since the epoch) of rate-limit keys under `block`.
     rate_blocks: Mutex<Table<f64>>,
+    /// Quota overrides of rate-limit keys (`quota.rs`).
+    quotas: Mutex<quota::Quotas>,
     locks: Mutex<Table<lock::LockState>>,
     semaphores: Mutex<Table<lock::Holders>>,
     fair_queues: Mutex<Table<lock::FairQueue>>,
@@ -96,6 +99,7 @@ impl MemoryStore {
             + self.lock(&self.tables.idem).0.len()
             + self.lock(&self.tables.rates).0.len()
             + self.lock(&self.tables.rate_blocks).0.len()
+            + self.lock(&self.tables.quotas).0.len()
             + self.lock(&self.tables.locks).0.len()
             + self.lock(&self.tables.semaphores).0.len()
             + self.lock(&self.tables.fair_queues).0.len()

@@ -8,9 +8,9 @@ use async_trait::async_trait;
 
 use super::MemoryStore;
 use crate::error::Result;
-use crate::values::{Algorithm, Decision, Limit, micros};
 use crate::store::admin::{Raw, SNAPSHOT_MEMBERS};
 use crate::store::{RateCheck, RateMode, RateOps, RateOutcome};
+use crate::values::{Algorithm, Decision, Limit, micros};
 
 /// A limit's state. Window numbers are `f64` microseconds/units, as in the Lua script, so
 /// both stores round identically; GCRA's and the buckets' are exact integers in ns (the
@@ -286,7 +286,8 @@ impl RateOps for MemoryStore {
         let mut decisions = Vec::with_capacity(checks.len());
         let mut commits: Vec<Option<(Commit, f64)>> = Vec::with_capacity(checks.len());
         for check in checks {
-            let limit = check.limit;
+            let quota = self.with_quota(check.key, check.limit);
+            let limit = quota.as_ref().unwrap_or(check.limit);
             let period = micros(limit.rate.period()) as f64;
             let burst = limit.burst as f64;
             let cost = limit.cost as f64;
