@@ -230,6 +230,15 @@ async fn workload(url: String, mut server: RedisServer) {
     };
     let _ = limiter().decide().await.unwrap();
     let _ = limiter().decide().await.unwrap();
+    // A quota override written by hand that is not one: ignored, counted.
+    let _: () = redis::cmd("SET")
+        .arg("redguard:rate:{w::rate:w:4}:quota")
+        .arg("unlimited")
+        .arg("EX")
+        .arg(60)
+        .query(&mut server.connection())
+        .unwrap();
+    let _ = limiter().decide().await.unwrap();
     server.kill();
     let _ = limiter().decide().await.unwrap();
 }

@@ -34,13 +34,17 @@ async fn an_override_decides_the_next_call_and_clearing_restores(rg: Redguard) {
     let admin = Admin::new(rg.clone());
     tenant(&rg, "acme").check().await.unwrap();
     assert!(!tenant(&rg, "acme").decide().await.unwrap().allowed);
-    let gold = Quota::new("100/s", Some(5)).unwrap();
+    // Slow enough that nothing drains during the test on a loaded machine.
+    let gold = Quota::new("100/h", Some(5)).unwrap();
     let set = admin
         .quota_set(SCOPE, "tenant:acme", &gold, HOUR)
         .await
         .unwrap();
-    assert_eq!((set.rate.as_deref(), set.burst), (Some("100/1s"), Some(5)));
-    // The unit owed at 1/min is one unit at 100/s: four more fit the burst of 5.
+    assert_eq!(
+        (set.rate.as_deref(), set.burst),
+        (Some("100/3600s"), Some(5))
+    );
+    // The unit owed at 1/min is one unit at 100/h: four more fit the burst of 5.
     for remaining in (0..4).rev() {
         let d = tenant(&rg, "acme").decide().await.unwrap();
         assert!(d.allowed, "{d:?}");
