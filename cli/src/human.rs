@@ -287,21 +287,6 @@ pub(crate) fn stats(stats: &Stats) -> String {
     out
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn times_and_durations() {
-        assert_eq!(utc(0), "1970-01-01T00:00:00.000Z");
-        assert_eq!(utc(1_796_121_001_123), "2026-12-01T10:30:01.123Z");
-        assert_eq!(duration(350), "350ms");
-        assert_eq!(duration(12_400), "12.4s");
-        assert_eq!(duration(123_000), "2m03s");
-        assert_eq!(duration(3_900_000), "1h05m");
-    }
-}
-
 /// One quota override, on one line.
 pub(crate) fn quota(q: &QuotaEntry) -> String {
     let what = match (&q.rate, q.burst, &q.problem) {
@@ -326,4 +311,19 @@ pub(crate) fn quota_list(list: &QuotaList) -> String {
         out.push_str("(stopped at --limit keys: more may exist)\n");
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_and_durations() {
+        assert_eq!(utc(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(utc(1_796_121_001_123), "2026-12-01T10:30:01.123Z");
+        assert_eq!(duration(350), "350ms");
+        assert_eq!(duration(12_400), "12.4s");
+        assert_eq!(duration(123_000), "2m03s");
+        assert_eq!(duration(3_900_000), "1h05m");
+    }
 }

@@ -118,11 +118,12 @@ impl Admin {
         let prefix = self.scope_prefix(scope)?;
         let found = self.handle.store().admin_scan(&prefix, limit).await?;
         let mut overrides = Vec::new();
+        let suffix = format!(":{QUOTA_SUFFIX}");
         for key in &found.keys {
-            if let Some(state) = key.strip_suffix(&format!(":{QUOTA_SUFFIX}")) {
-                if let Some(entry) = self.read_quota(&Key::stored(state)).await? {
-                    overrides.push(entry);
-                }
+            if let Some(state) = key.strip_suffix(&suffix)
+                && let Some(entry) = self.read_quota(&Key::stored(state)).await?
+            {
+                overrides.push(entry);
             }
         }
         overrides.sort_by(|a, b| a.key.cmp(&b.key));
