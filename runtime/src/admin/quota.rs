@@ -60,17 +60,17 @@ impl Admin {
     ///
     /// let rg = Redguard::memory();
     /// let tenant = || redguard::limiter("tenant:acme").scope("api").rate("1/min").on(&rg);
-    /// tenant.check().await?;
-    /// assert!(!tenant.decide().await?.allowed);
+    /// tenant().check().await?;
+    /// assert!(!tenant().decide().await?.allowed);
     ///
     /// let admin = Admin::new(rg.clone());
     /// let gold = Quota::new("100/s", Some(200))?;
     /// admin.quota_set("api", "tenant:acme", &gold, QuotaTtl::For(Duration::from_secs(3600))).await?;
-    /// let d = tenant.decide().await?;
+    /// let d = tenant().decide().await?;
     /// assert!(d.allowed && d.limit == 200);
     ///
     /// assert!(admin.quota_clear("api", "tenant:acme").await?);
-    /// assert_eq!(tenant.peek().await?.limit, 1); // the code's limit again
+    /// assert_eq!(tenant().peek().await?.limit, 1); // the code's limit again
     /// # Ok(()) }
     /// ```
     pub async fn quota_set(
