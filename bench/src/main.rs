@@ -14,6 +14,7 @@ mod idem;
 mod lock;
 mod measure;
 mod peers;
+mod quota;
 mod rate;
 mod raw;
 mod replicas;
@@ -390,6 +391,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     print_header();
     idem::cases(&mut bench, &rg, &memory).await;
     rate::cases(&mut bench, &rg, &memory).await;
+    quota::cases(&mut bench, &rg).await;
     lock::cases(&mut bench, &rg, &memory).await;
     replicas::cases(&mut bench).await;
     scale::cases(&mut bench, &rg, &server.url()).await;
