@@ -191,29 +191,34 @@ async fn bad_input_is_refused_and_nothing_is_written() {
     assert_eq!(tenant(&service, "acme").peek().await.unwrap().limit, 1);
 }
 
-/// The services' ACL user (README's line) cannot set an override: the scope check needs
+/// The services' ACL user (the guide's line) cannot set an override: the scope check needs
 /// `SCAN`, one of the operator's grants, so Redis refuses before anything is written. The
-/// operator's user (README: the services' line plus its grants) can.
+/// operator's user (the services' line plus the operations page's grants) can.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_the_operator_credential_sets_an_override() {
     let server = RedisServer::start();
     let service = redguard_tests::connect(&server).await;
     tenant(&service, "acme").check().await.unwrap();
-    let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).unwrap();
-    let service_rules = readme
+    let guide = |page: &str| {
+        std::fs::read_to_string(format!(
+            "{}/../runtime/docs/{page}",
+            env!("CARGO_MANIFEST_DIR")
+        ))
+        .unwrap()
+    };
+    let service_rules = guide("servers.md")
         .lines()
         .find_map(|l| l.trim().strip_prefix("ACL SETUSER redguard "))
-        .expect("README's ACL line")
+        .expect("the guide's ACL line")
         .to_owned();
-    let operator_rules = readme
+    let operator_rules = guide("operations.md")
         .lines()
         .find_map(|l| {
             l.split_once("operator's user needs `")
                 .map(|(_, rest)| rest)
         })
         .and_then(|rest| rest.split('`').next())
-        .expect("README's operator grants")
+        .expect("the guide's operator grants")
         .to_owned();
     let mut conn = server.connection();
     for (user, rules) in [

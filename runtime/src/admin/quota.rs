@@ -1,5 +1,5 @@
 //! Quota overrides: the rate and burst of one rate-limit key, changed at run time by an
-//! operator and shared by every instance (README, *Quotas changed at run time*).
+//! operator and shared by every instance ([guide](crate::guide::rate_limits), *Quotas changed at run time*).
 //!
 //! An override lives at the limit key's `:quota` companion, inside its hash tag, so the
 //! script deciding the limit reads it in the same call (one more `GET`, no round trip), on a
@@ -9,7 +9,7 @@
 //! ([`Quota::new`]), a TTL outside 1 s to 365 days, a key that breaks the guards' key rules,
 //! and a scope no rate limit uses — one with no rate-limit key (state, penalty or override)
 //! in the store, found by a bounded `SCAN`. That check is also what keeps a service's own
-//! credential out: `SCAN` is among the operator's grants, not the services' (README,
+//! credential out: `SCAN` is among the operator's grants, not the services' (the guide's
 //! *Operations*), so a caller without them is refused by Redis (`NOPERM`) before the write.
 
 use serde::Serialize;

@@ -28,7 +28,7 @@ pub const MAX_QUOTA_TTL: Duration = Duration::from_secs(365 * 86_400);
 /// The algorithm, cost and penalty stay the code's. A window algorithm (fixed, sliding)
 /// admits the override's count per its period and ignores its burst. The state is kept in
 /// units, so a changed rate applies to what the key already owes: a lowered rate admits
-/// nothing beyond the new limit (README, *Rate limits*).
+/// nothing beyond the new limit (the guide, *Rate limits*).
 ///
 /// ```
 /// use redguard::admin::Quota;
