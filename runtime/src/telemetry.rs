@@ -108,7 +108,8 @@ pub const METRICS: &[Metric] = &[
         &["scope", "limit", "outcome"],
         "Rate decisions per limit (limit: its position in a stacked call, 0 the first): \
          allowed, rejected, rejected_local (by the in-process tier), not_charged (admitted \
-         by this limit, refused by another).",
+         by this limit, refused by another), shadow_rejected (a shadow limit would have \
+         refused: admitted anyway).",
     ),
     counter(
         "redguard_rate_quota_invalid_total",

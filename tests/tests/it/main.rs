@@ -47,4 +47,5 @@ mod scopes;
 mod security;
 mod sentinel;
 mod servers;
+mod shadow;
 mod stacking;
