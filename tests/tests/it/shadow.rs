@@ -6,7 +6,14 @@ use redguard::{Error, Redguard};
 redguard_tests::conformance!(
     a_shadow_limit_admits_what_it_would_refuse,
     enforced_limits_stacked_with_a_shadow_one_are_still_charged,
+    the_attribute_takes_shadow_from_configuration,
 );
+
+/// Shadow mode from configuration, read per call: `shadow = <bool expression>`.
+#[redguard::rate_limit(key = "report:{user}", rate = "1/h", scope = "api::shadow", shadow = *dry_run)]
+async fn report(user: u64, dry_run: &bool) -> redguard::Result<u64> {
+    Ok(user)
+}
 
 async fn a_shadow_limit_admits_what_it_would_refuse(rg: Redguard) {
     let limiter = |shadow: bool| {
@@ -65,4 +72,18 @@ async fn enforced_limits_stacked_with_a_shadow_one_are_still_charged(rg: Redguar
         Err(Error::RateLimited(d)) => assert_eq!(d.limit, 3),
         other => panic!("expected the user limit to refuse: {other:?}"),
     }
+}
+
+async fn the_attribute_takes_shadow_from_configuration(rg: Redguard) {
+    rg.scope(async {
+        assert_eq!(report(1, &true).await.unwrap(), 1);
+        // Over the limit, in shadow mode: admitted anyway.
+        assert_eq!(report(1, &true).await.unwrap(), 1);
+        // The same limit enforced (a configuration change): refused.
+        assert!(matches!(
+            report(1, &false).await,
+            Err(Error::RateLimited(_))
+        ));
+    })
+    .await;
 }
