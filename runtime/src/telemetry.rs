@@ -112,6 +112,12 @@ pub const METRICS: &[Metric] = &[
          refused: admitted anyway).",
     ),
     counter(
+        "redguard_rate_near_limit_total",
+        &["scope", "limit"],
+        "Admitted rate decisions that left fewer units than the limit's near-limit threshold \
+         (`Limiter::near_limit`): the key is close to refusing.",
+    ),
+    counter(
         "redguard_rate_quota_invalid_total",
         &[],
         "Rate decisions that found a value at the key's quota override (`<key>:quota`) that \

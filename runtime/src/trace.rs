@@ -56,6 +56,7 @@ pub(crate) fn rate_limit(scope: &str, limits: usize, store: &'static str) -> Spa
         remaining = Empty,
         retry_after_ms = Empty,
         shadow_rejected = Empty,
+        near_limit = Empty,
     )
 }
 

@@ -69,6 +69,8 @@ pub(super) struct Resolved<'a> {
     pub(super) local: bool,
     /// Shadow mode: decided as if enforced, admitted anyway (`Limiter::shadow`).
     pub(super) shadow: bool,
+    /// The near-limit signal's threshold in units (0: off; `Limiter::near_limit`).
+    pub(super) near_limit: u64,
 }
 
 /// Asks the store (or the local tier), applying the fail mode, and records the outcome.
@@ -203,6 +205,15 @@ async fn decide_traced(
                 "outcome" => result,
             )
             .increment(1);
+            if allowed && decision.allowed && decision.remaining < r.near_limit {
+                metrics::counter!(
+                    "redguard_rate_near_limit_total",
+                    "scope" => scope.to_string(),
+                    "limit" => crate::telemetry::limit_label(i),
+                )
+                .increment(1);
+                tracing::Span::current().record("near_limit", true);
+            }
             if !decision.allowed {
                 tracing::debug!(
                     guard = "rate",

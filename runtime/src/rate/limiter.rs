@@ -63,6 +63,7 @@ pub struct Limiter {
     wait: Duration,
     local: bool,
     shadow: bool,
+    near_limit: u64,
     /// A configured value that is not one (a negative `cost` expression), reported on use.
     invalid: Option<String>,
 }
@@ -110,6 +111,7 @@ impl Limiter {
             wait: Duration::ZERO,
             local: false,
             shadow: false,
+            near_limit: 0,
             invalid: None,
         };
         match key {
@@ -229,6 +231,22 @@ impl Limiter {
         self
     }
 
+    /// The near-limit signal: an admitted call that leaves fewer than `threshold` units is
+    /// counted in `redguard_rate_near_limit_total` and marked on its span (`near_limit`),
+    /// before the key starts refusing (default 0: off).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> redguard::Result<()> {
+    /// # redguard::Redguard::memory().scope(async {
+    /// let api = redguard::limiter("tenant:acme").rate("100/min").near_limit(10);
+    /// api.check().await?; // 99 left: no signal; at 9 left, each call is counted
+    /// # Ok(()) }).await }
+    /// ```
+    pub fn near_limit(mut self, threshold: u64) -> Self {
+        self.near_limit = threshold;
+        self
+    }
+
     /// Runs on `handle` instead of the current one.
     pub fn on(mut self, handle: &Redguard) -> Self {
         self.handle = Some(handle.clone());
@@ -307,6 +325,7 @@ impl Limiter {
             scope: &self.scope,
             local: self.local,
             shadow: self.shadow,
+            near_limit: self.near_limit,
         })
     }
 }

@@ -230,6 +230,7 @@ async fn workload(url: String, mut server: RedisServer) {
         redguard::limiter("w:4")
             .scope("w::rate")
             .rate("1/s")
+            .near_limit(1)
             .on(&rg)
     };
     let _ = limiter().decide().await.unwrap();

@@ -1,5 +1,6 @@
 //! Shadow (dry-run) limits (issue 28): decided and counted as if enforced, admitted anyway;
-//! stacked with enforced limits, those are still enforced and charged.
+//! stacked with enforced limits, those are still enforced and charged. The near-limit
+//! signal's metric is emitted by `metrics.rs`'s workload.
 
 use redguard::{Error, Redguard};
 
