@@ -9,7 +9,7 @@ use std::process::ExitCode;
 use clap::Parser;
 use redguard::admin::{Admin, AdminKey, Resolution, ScanSelect};
 use redguard::store::StoreKind;
-use redguard::{Algorithm, GuardKind, Limit, Rate, Redguard};
+use redguard::{Redguard, key::GuardKind, rate::Algorithm, rate::Limit, rate::Rate};
 use serde::Serialize;
 
 use crate::args::{Cli, Command, Guard, Target};

@@ -31,7 +31,7 @@ impl Clock for SystemClock {
 ///
 /// ```
 /// use std::time::Duration;
-/// use redguard::{Clock, ManualClock};
+/// use redguard::{clock::Clock, clock::ManualClock};
 ///
 /// let clock = ManualClock::new();
 /// let start = clock.now();

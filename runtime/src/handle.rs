@@ -70,7 +70,7 @@ impl Default for Settings {
 /// ```no_run
 /// # async fn run() -> redguard::Result<()> {
 /// use std::time::Duration;
-/// use redguard::{FailMode, GuardKind, Redguard};
+/// use redguard::{handle::FailMode, key::GuardKind, Redguard};
 ///
 /// Redguard::redis("redis://:secret@127.0.0.1:6379/0")
 ///     .prefix("shop")
@@ -475,7 +475,7 @@ impl Redguard {
         &self.inner.state
     }
 
-    /// The handle a guard with [`Replicas`](crate::Replicas) runs on, every call of it (so
+    /// The handle a guard with [`Replicas`](crate::store::Replicas) runs on, every call of it (so
     /// an undo still follows its write on the same connection): this one on the store's
     /// [`twin`](Store::twin), whose `WAIT`s then hold up no other guard's calls. When the
     /// twin's connection cannot be opened, this handle (the `WAIT` confirms as well on it, it

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use crate::error::Result;
 use crate::key::Key;
-use crate::values::LockKind;
 use crate::store::{LockRelease, Release, Store, rw_readers};
+use crate::values::LockKind;
 
 /// Extends `owner`'s lease; false when the lock is no longer `owner`'s.
 pub(super) async fn renew(

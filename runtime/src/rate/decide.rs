@@ -10,8 +10,8 @@ use crate::degrade::Degrade;
 use crate::error::{Error, Result};
 use crate::handle::Redguard;
 use crate::key::{GuardKind, Key};
-use crate::values::{Decision, Limit};
 use crate::store::{RateCheck, RateMode};
+use crate::values::{Decision, Limit};
 
 /// Checks `limits`; when rejected, and every rejecting limit's wait covers its
 /// `retry_after`, sleeps (with jitter) and checks once more.

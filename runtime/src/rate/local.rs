@@ -19,8 +19,8 @@ use std::time::{Duration, Instant};
 
 use crate::handle::Redguard;
 use crate::key::Key;
-use crate::values::Decision;
 use crate::state::Rejection;
+use crate::values::Decision;
 
 /// How long a refusal is repeated without asking the store: one store call per key, instance
 /// and second is what a blocked key costs, and what bounds a repair's staleness.

@@ -10,13 +10,13 @@ use crate::error::{Error, Result};
 /// Redis replicates asynchronously: a master that fails right after acknowledging a write can
 /// be replaced by a replica that never received it. With `Replicas`, a lock acquisition, an
 /// idempotency record's PROCESSING and SUCCESS, and a token issue count only once `count`
-/// replicas have them. See [`LockBuilder::replicas`](crate::LockBuilder::replicas),
-/// [`Idempotency::replicas`](crate::Idempotency::replicas) and
-/// [`Tokens::replicas`](crate::Tokens::replicas) for what each guard does when too few confirm.
+/// replicas have them. See [`LockBuilder::replicas`](crate::lock::LockBuilder::replicas),
+/// [`Idempotency::replicas`](crate::idempotency::Idempotency::replicas) and
+/// [`Tokens::replicas`](crate::tokens::Tokens::replicas) for what each guard does when too few confirm.
 ///
 /// ```
 /// use std::time::Duration;
-/// use redguard::Replicas;
+/// use redguard::store::Replicas;
 ///
 /// let one = Replicas::new(1, Duration::from_millis(50))?;
 /// assert_eq!((one.count(), one.timeout()), (1, Duration::from_millis(50)));

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use redguard::store::MemoryStore;
-use redguard::{Error, ManualClock, Redguard};
+use redguard::{Error, Redguard, clock::ManualClock};
 
 #[tokio::test]
 async fn manual_clock_drives_expiry() {
@@ -35,6 +35,6 @@ async fn manual_clock_drives_expiry() {
     assert!(store.is_empty());
     assert_eq!(
         rg.store().time().await.unwrap(),
-        redguard::Clock::now(&clock)
+        redguard::clock::Clock::now(&clock)
     );
 }

@@ -99,7 +99,7 @@ mod regressions {
     use std::time::Duration;
 
     use redguard::store::{Acquire, LockAcquire, LockRelease, RateCheck, RateMode, Release};
-    use redguard::{Algorithm, GuardKind, KeyBuilder, Limit, Rate};
+    use redguard::{key::GuardKind, key::KeyBuilder, rate::Algorithm, rate::Limit, rate::Rate};
     use redguard_tests::vclock::{Backend, Expiry, World, with_backend};
 
     /// (allowed, remaining, reset µs, retry µs) of one check of `limit` on key `k`.

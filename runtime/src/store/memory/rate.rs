@@ -8,9 +8,9 @@ use async_trait::async_trait;
 
 use super::MemoryStore;
 use crate::error::Result;
-use crate::values::{Algorithm, Decision, Limit, micros};
 use crate::store::admin::{Raw, SNAPSHOT_MEMBERS};
 use crate::store::{RateCheck, RateMode, RateOps, RateOutcome};
+use crate::values::{Algorithm, Decision, Limit, micros};
 
 /// A limit's state. Window numbers are `f64` microseconds/units, as in the Lua script, so
 /// both stores round identically; GCRA's and the buckets' are exact integers in ns (the

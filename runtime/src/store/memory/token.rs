@@ -7,8 +7,8 @@ use async_trait::async_trait;
 use super::MemoryStore;
 use crate::error::Result;
 use crate::key::Key;
-use crate::values::Replicas;
 use crate::store::{TokenOps, TokenOutcome};
+use crate::values::Replicas;
 
 #[derive(Debug)]
 pub(super) enum TokenState {

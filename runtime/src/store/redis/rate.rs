@@ -8,8 +8,8 @@ use super::lua::{Lua, lua};
 use super::{RedisStore, evalsha};
 use crate::error::{Error, Result};
 use crate::key::Key;
-use crate::values::{Decision, micros};
 use crate::store::{RateCheck, RateMode, RateOps, RateOutcome, Store as _};
+use crate::values::{Decision, micros};
 
 lua!(CHECK = "rate_check.lua" after "expiry.lua");
 

@@ -8,8 +8,8 @@ use super::lua::{Lua, lua};
 use super::{RedisStore, bounded, confirmed_by, corrupt_or, wait_behind};
 use crate::error::{Error, Result};
 use crate::key::Key;
-use crate::values::Replicas;
 use crate::store::{TokenOps, TokenOutcome};
+use crate::values::Replicas;
 
 lua!(CONSUME = "token_consume.lua");
 lua!(RESTORE = "token_restore.lua");
