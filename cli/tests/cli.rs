@@ -530,24 +530,31 @@ async fn garbage_is_shown_not_fatal() {
     }
 }
 
-/// README's ACL line for services, plus what README says an operator's user needs on top.
+/// The guide's ACL line for services (`runtime/docs/servers.md`), plus what its operations page
+/// says an operator's user needs on top.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_operator_acl_user_is_enough() {
     let server = RedisServer::start();
-    let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).unwrap();
-    let service = readme
+    let guide = |page: &str| {
+        std::fs::read_to_string(format!(
+            "{}/../runtime/docs/{page}",
+            env!("CARGO_MANIFEST_DIR")
+        ))
+        .unwrap()
+    };
+    let (servers, operations) = (guide("servers.md"), guide("operations.md"));
+    let service = servers
         .lines()
         .find_map(|l| l.trim().strip_prefix("ACL SETUSER redguard "))
-        .expect("README's ACL line");
-    let extra = readme
+        .expect("the guide's ACL line");
+    let extra = operations
         .lines()
         .find_map(|l| {
             l.split_once("operator's user needs `")
                 .map(|(_, rest)| rest)
         })
         .and_then(|rest| rest.split('`').next())
-        .expect("README's operator grants")
+        .expect("the guide's operator grants")
         .to_owned();
     let mut conn = server.connection();
     let mut cmd = redis::cmd("ACL");

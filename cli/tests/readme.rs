@@ -1,4 +1,4 @@
-//! README's on-call session, run as written: the commands of its `console` block after
+//! The guide's on-call session (`runtime/docs/operations.md`), run as written: the commands of its `console` block after
 //! `<!-- redguard-session -->`, against a Redis where a stuck request holds SK-1's stock
 //! lock, compared with the output shown (any word with a digit in it — owner ids, fences,
 //! times — matches any other such word).
@@ -11,11 +11,14 @@ const SCOPE: &str = "order_service::orders::reserve_stock";
 
 /// The session's commands and the output shown after each.
 fn session() -> Vec<(String, String)> {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md"))
-        .expect("read README.md");
-    let (_, after) = readme
+    let guide = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../runtime/docs/operations.md"
+    ))
+    .expect("read runtime/docs/operations.md");
+    let (_, after) = guide
         .split_once("<!-- redguard-session -->")
-        .expect("README has the on-call session");
+        .expect("the guide has the on-call session");
     let block = after
         .split_once("```console\n")
         .and_then(|(_, rest)| rest.split_once("\n```"))
@@ -96,7 +99,7 @@ async fn on_call_session_runs_as_shown() {
         );
         if shape(&actual) != shape(&expected) {
             differ.push(format!(
-                "`{command}` printed:\n{actual}README shows:\n{expected}"
+                "`{command}` printed:\n{actual}the guide shows:\n{expected}"
             ));
         }
     }

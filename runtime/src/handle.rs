@@ -247,7 +247,8 @@ impl Redguard {
     /// Starts building a handle on the master that Redis Sentinel names `master` (Sentinel's
     /// customary default is `mymaster`), given some sentinels as `host:port`. The handle asks
     /// them for the master at connect, and follows it through failovers by itself: see
-    /// README "Redis Sentinel" for the time a failover takes and what it may lose.
+    /// [the guide](crate::guide::servers#redis-sentinel) for the time a failover takes and
+    /// what it may lose.
     ///
     /// Credentials and the database of the data nodes are set apart from the sentinels':
     /// [`node_auth`](Builder::node_auth), [`node_db`](Builder::node_db),

@@ -2,14 +2,37 @@
 //!
 //! Three guards, each a one-line attribute on an `async fn` and a plain runtime API:
 //!
-//! - `#[idempotent]`: the same business intent runs once; retries get the first result back.
-//! - `#[dist_lock]`: one holder at a time across every instance, with fencing tokens
-//!   ([`lock()`] for sections narrower than a fn).
-//! - `#[rate_limit]`: at most N per period, decided atomically with Redis's own clock.
+//! - [`#[idempotent]`](macro@idempotent): the same business intent runs once; retries get the
+//!   first result back ([guide](guide::idempotency)).
+//! - [`#[dist_lock]`](macro@dist_lock): one holder at a time across every instance, with
+//!   fencing tokens; [`lock()`] for sections narrower than a fn ([guide](guide::locks)).
+//! - [`#[rate_limit]`](macro@rate_limit): at most N per period, decided atomically with
+//!   Redis's own clock; [`limiter()`] without the attribute ([guide](guide::rate_limits)).
 //!
-//! State lives behind the [`Store`](store::Store) seam: [`RedisStore`](store::RedisStore) for services running several
-//! instances, [`MemoryStore`](store::MemoryStore) for a single instance and for tests. Build a [`Redguard`] at
-//! startup and install it:
+//! ```
+//! use redguard::{dist_lock, idempotent, rate_limit};
+//! # #[derive(serde::Serialize)] struct SubmitOrder { request_id: String, sku: String, qty: u32 }
+//! # #[derive(serde::Serialize, serde::Deserialize)] struct Receipt { order_id: u64 }
+//! # #[derive(Debug, redguard::Classify)] enum OrderError { #[classify(from)] Guard(redguard::Error) }
+//!
+//! #[rate_limit(key = "order:submit:user:{user_id}", rate = "5/s", burst = 10)]
+//! #[idempotent(key = "{user_id}:{req.request_id}", expire = 600, payload = req)]
+//! async fn submit_order(user_id: u64, req: SubmitOrder) -> Result<Receipt, OrderError> {
+//!     reserve_stock(&req.sku, req.qty).await?;
+//!     // ...
+//! #   Ok(Receipt { order_id: 1 })
+//! }
+//!
+//! #[dist_lock(key = "stock:{sku}", wait = "300ms")]
+//! async fn reserve_stock(sku: &str, qty: u32) -> Result<(), OrderError> { /* ... */ Ok(()) }
+//! ```
+//!
+//! Every key template is checked at compile time, every value from a request is validated
+//! before it reaches Redis ([keys](guide::keys)), and every key written has a TTL.
+//!
+//! State lives in Redis (one node, a Cluster, or the master Sentinel names), or in an
+//! in-process store for a single instance and for tests. Build a [`Redguard`] at startup and
+//! install it ([configuration](guide::configuration)):
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")] async fn main() -> redguard::Result<()> {
@@ -28,6 +51,20 @@
 //! key from [`key()`] (`redguard::key("stock:{sku}").part("sku", &sku)`), with `.scope(..)`,
 //! `.on(&rg)` and `run(body)`. Every value rendered into a key is validated first (see
 //! [`key::KeyPart`]), and every key written has a TTL.
+//!
+//! # The guide
+//!
+//! The [`guide`] has a page per topic: [idempotency](guide::idempotency), [keys](guide::keys),
+//! [locks](guide::locks), [rate limits](guide::rate_limits),
+//! [failure modes](guide::failures), [configuration and features](guide::configuration),
+//! [HTTP layers](guide::http), [servers](guide::servers), [operations](guide::operations) and
+//! [testing your own code](guide::testing).
+//!
+//! # Cargo features
+//!
+//! `tls`, `cluster` and `sentinel` are on by default; `http`, `tower`, `axum` and `anyhow`
+//! add the web layers and integrations ([the table](guide::configuration#cargo-features)).
+//! Items that need a feature are marked on docs.rs.
 
 #![cfg_attr(not(test), warn(clippy::unwrap_used))]
 #![cfg_attr(docsrs, feature(doc_cfg))]
@@ -37,6 +74,7 @@ pub mod clock;
 mod degrade;
 mod env;
 mod error;
+pub mod guide;
 pub mod handle;
 #[cfg(feature = "http")]
 pub mod http;
@@ -70,7 +108,7 @@ use crate::key::IntoKey;
 
 /// Starts a key from `template`: literal text and `{name}` placeholders, each filled by
 /// [`part`](key::KeyBuilder::part) with a value checked as it is rendered. Every guard takes
-/// it as is (see [`IntoKey`](key::IntoKey)); a placeholder left unfilled, or a `.part` naming
+/// it as is (see [`key::IntoKey`]); a placeholder left unfilled, or a `.part` naming
 /// none, is [`Error::Config`] when the guard runs.
 ///
 /// ```

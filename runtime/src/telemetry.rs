@@ -1,4 +1,4 @@
-//! Every metric redguard emits, described once for the recorder, and the table README lists.
+//! Every metric redguard emits, described once for the recorder, and the table the guide lists.
 //!
 //! Labels are bounded: `scope` is a fn path or a configured name, never a key; `limit` is a
 //! limit's position in a stacked call, not its key.
@@ -44,7 +44,7 @@ const fn counter(
 }
 
 /// Every metric redguard emits (`tests/tests/it/metrics.rs` checks the code emits no other,
-/// and README lists each).
+/// and the guide's operations page lists each).
 pub const METRICS: &[Metric] = &[
     counter(
         "redguard_idempotency_total",

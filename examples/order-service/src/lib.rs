@@ -2,7 +2,8 @@
 //!
 //! `cargo run -p order-service -- --dev` starts it on the in-memory store with well-known
 //! credentials; with `REDGUARD_REDIS_URL` (one Redis) or `REDGUARD_REDIS_SENTINELS` (Redis
-//! Sentinel) set it uses Redis and several instances may share one database file. README's "The order service" section has the security model.
+//! Sentinel) set it uses Redis and several instances may share one database file. Its
+//! security model is in this example's README.md.
 
 mod api;
 mod auth;

@@ -1546,7 +1546,7 @@ async fn sigterm_waits_for_the_orders_of_clients_that_left() {
     assert_eq!(retry.headers()["idempotent-replayed"], "true");
 }
 
-/// README "Redis Sentinel": the service on Sentinel with one setting
+/// The guide's "Redis Sentinel" (`runtime/docs/servers.md`): the service on Sentinel with one setting
 /// (`REDGUARD_REDIS_SENTINELS`); after the master is SIGKILLed, orders are placed again once
 /// a replica is promoted, without a restart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -73,8 +73,8 @@
 //! business failures (the record is released: a retry runs again); `5xx`, `408` and a
 //! [`timeout`](IdempotencyBuilder::timeout) are unknown outcomes (the record keeps it until it
 //! expires or an operator resolves it; retries are refused with `409`): a failed commit may
-//! have landed, so it must not run twice blindly. README compares this with Stripe's and
-//! Powertools' choices.
+//! have landed, so it must not run twice blindly. The guide (`redguard::guide::http`)
+//! compares this with Stripe's and Powertools' choices.
 //!
 //! # What is sent and what is recorded
 //!

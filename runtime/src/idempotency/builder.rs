@@ -195,7 +195,7 @@ impl Idempotency {
 
     /// Runs `body` at most once per intent, on its handle (see [`on`](Idempotency::on)) or
     /// the current one: begins, runs the body, records its outcome. A replayed result is
-    /// marked for [`track_replay`].
+    /// marked for [`track_replay`](super::track_replay).
     pub async fn run<T, E, F>(self, body: F) -> Result<T, E>
     where
         F: Future<Output = Result<T, E>>,

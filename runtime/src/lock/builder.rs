@@ -85,7 +85,7 @@ impl Kind for LockKind {
     }
 }
 
-/// How to take one lock. Built by [`lock`](super::lock) or [`Redguard::lock`]; finished by
+/// How to take one lock. Built by [`lock`](crate::lock()) or [`Redguard::lock`]; finished by
 /// [`acquire`](LockBuilder::acquire), [`try_acquire`](LockBuilder::try_acquire) or
 /// [`run`](LockBuilder::run). An exclusive lock unless [`fair`](LockBuilder::fair),
 /// [`permits`](LockBuilder::permits), [`read`](LockBuilder::read) or

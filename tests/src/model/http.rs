@@ -1,4 +1,4 @@
-//! The HTTP contract of `RateLimitLayer` around `IdempotencyLayer`, as README ("Web") and the
+//! The HTTP contract of `RateLimitLayer` around `IdempotencyLayer`, as the guide ("Web") and the
 //! layers' docs state it: which status, code and headers each request gets, which bytes a
 //! replay carries, and what each handler outcome leaves in the record.
 //!

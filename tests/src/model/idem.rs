@@ -1,4 +1,4 @@
-//! Idempotency records as README ("`#[idempotent]`") and the `IdemOps` contract describe
+//! Idempotency records as the guide ("`#[idempotent]`") and the `IdemOps` contract describe
 //! them: PROCESSING (owned by one execution, renewed while its body runs), SUCCESS with its
 //! result, FAIL (the next begin takes it over, whatever its fingerprint), UNKNOWN (ended with
 //! an unknown outcome: refused until resolved); a fingerprint that differs is key reuse;

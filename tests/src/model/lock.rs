@@ -1,4 +1,4 @@
-//! Locks as README ("Locks") and the `LockOps` contract describe them: exclusive locks with
+//! Locks as the guide ("Locks") and the `LockOps` contract describe them: exclusive locks with
 //! named reentrant levels and leases, `hold_at_least` keeps, fair locks handed over in
 //! arrival order, semaphores and read/write locks, every acquisition fenced with
 //! max(counter + 1, clock in µs).

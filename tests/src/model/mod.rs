@@ -1,5 +1,5 @@
-//! Reference models of the guards, written from README.md and DESIGN.md (not from the
-//! stores): small pure state machines over a virtual clock, so a property test can run the
+//! Reference models of the guards, written from the guide (`runtime/docs`) and DESIGN.md (not
+//! from the stores): small pure state machines over a virtual clock, so a property test can run the
 //! same operations on a model and on every store and compare the answers exactly.
 //!
 //! Times are µs since the Unix epoch (the store clock's resolution). An entry with a TTL

@@ -1,9 +1,9 @@
-//! Rate limits as README describes them, in exact arithmetic.
+//! Rate limits as the guide describes them, in exact arithmetic.
 //!
 //! Every algorithm is a pure function of a key's state, a limit and the time (µs since the
-//! epoch). The bucket algorithms and GCRA count one unit every emission interval (README,
+//! epoch). The bucket algorithms and GCRA count one unit every emission interval (the guide,
 //! "Precision"); their state is a debt, the time until the bucket is empty, exact in ns; a
-//! change of rate keeps its units (README: "state is kept in units"). Windows are aligned on
+//! change of rate keeps its units (the guide: "state is kept in units"). Windows are aligned on
 //! the epoch. Reported durations are the exact ones rounded up to a whole µs, `remaining`
 //! the whole units left.
 
@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use redguard::rate::Algorithm;
 
-/// The emission interval in ns (README, "Precision"): `period / count` rounded up to a whole
+/// The emission interval in ns (the guide, "Precision"): `period / count` rounded up to a whole
 /// µs when that is at least 1 ms, to a whole ns below.
 pub fn interval_ns(count: u64, period: Duration) -> u128 {
     let (period, count) = (period.as_nanos(), u128::from(count));
@@ -23,7 +23,7 @@ pub fn interval_ns(count: u64, period: Duration) -> u128 {
     }
 }
 
-/// Whether README accepts `count` per `period`: count 1..=1e9, period 1 ms..=30 days, and an
+/// Whether the guide accepts `count` per `period`: count 1..=1e9, period 1 ms..=30 days, and an
 /// interval that makes the limit at most 0.1% stricter than asked.
 pub fn rate_accepted(count: u64, period: Duration) -> bool {
     if count == 0 || count > 1_000_000_000 {
@@ -60,7 +60,7 @@ impl LimitSpec {
         interval_ns(self.count, self.period)
     }
 
-    /// Whether README's rules accept this limit (rate accepted, burst ≥ 1 and only for bucket
+    /// Whether the guide's rules accept this limit (rate accepted, burst ≥ 1 and only for bucket
     /// algorithms, 1 ≤ cost ≤ burst, a sliding window's count ≤ 10,000, the burst refilled
     /// within 2^50 µs, block ≤ 30 days).
     pub fn valid(&self) -> bool {
@@ -105,7 +105,7 @@ pub struct Verdict {
 }
 
 /// What the model keeps per key: each algorithm's own state, so a change of algorithm finds
-/// none of its own (README: "starts its state afresh").
+/// none of its own (the guide: "starts its state afresh").
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum State {
     /// GCRA, a token bucket or a leaky bucket: when the bucket is empty again (the
@@ -226,7 +226,7 @@ fn decide(state: Option<&State>, limit: &LimitSpec, now: u64) -> (Verdict, Optio
     }
 }
 
-/// GCRA and the buckets are one algorithm (README: each admits at most burst + rate·t in any
+/// GCRA and the buckets are one algorithm (the guide: each admits at most burst + rate·t in any
 /// interval t): the debt is the time until the bucket is empty (a token bucket's tokens are
 /// burst − debt/interval, a leaky bucket's level is debt/interval); a call of cost c adds c
 /// intervals and is admitted while the debt stays within burst intervals. A debt counted at

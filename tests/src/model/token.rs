@@ -1,4 +1,4 @@
-//! Idempotency tokens as README describes them: issued for a scene with a TTL; consumed once
+//! Idempotency tokens as the guide describes them: issued for a scene with a TTL; consumed once
 //! (a second use is told apart from an unknown token, and a token of another scene is left
 //! untouched); given back by the execution that consumed it when its body failed cleanly;
 //! gone at the end of its TTL, used or not.

@@ -1,19 +1,20 @@
 //! redguard works under a Redis user restricted to the commands it uses and to keys and
-//! channels under its prefix — the ACL line the README documents.
+//! channels under its prefix — the ACL lines the guide documents (`runtime/docs/servers.md`).
 
 use std::time::{Duration, Instant};
 
 use redguard::{Error, Redguard, key::KeyBuilder, lock::LockKind, rate::Algorithm};
 use redguard_tests::RedisServer;
 
-/// Keep in sync with README.md ("Redis Cluster, TLS, restricted users").
+/// The guide's line ("Redis Cluster, TLS, restricted users"); `the_guide_shows_these_acls`
+/// checks it is the one shown.
 const ACL: &str = "on >secret ~redguard:* resetchannels &redguard:* -@all \
     +evalsha +eval +script|load +time +ping +hello +psubscribe +punsubscribe \
     +set +get +del +exists +type +hget +hset +hmget +hdel +hgetall +pexpire \
     +pexpiretime +pttl +publish +unlink +zadd +zcard +zcount +zrange +zrem +zremrangebyrank \
     +zremrangebyscore +zscore +wait";
 
-/// A handle on `server` as the restricted user the README documents.
+/// A handle on `server` as the restricted user the guide documents.
 async fn restricted(server: &RedisServer) -> Redguard {
     restricted_to(server, ACL).await
 }
@@ -246,7 +247,7 @@ async fn every_guard_works_under_the_documented_acl() {
     server.assert_every_key_has_ttl();
 }
 
-/// Keep in sync with README.md ("Redis Sentinel"): on the data nodes the line above plus
+/// The guide's lines ("Redis Sentinel"): on the data nodes the line above plus
 /// `+role`; on the sentinels, asking for the master and hearing its announcements.
 const SENTINEL_NODE_ACL: &str = "+role";
 const SENTINEL_ACL: &str = "on >s3 -@all +sentinel|get-master-addr-by-name +subscribe \
@@ -350,5 +351,33 @@ async fn confirmed_writes_work_under_the_documented_acl() {
             redguard::Error::Backend(redguard::BackendError::Unconfirmed { .. })
         ),
         "got {err:?}"
+    );
+}
+
+/// The ACL lines tested here are the ones the guide shows, word for word.
+#[test]
+fn the_guide_shows_these_acls() {
+    let guide = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../runtime/docs/servers.md"
+    ))
+    .expect("read runtime/docs/servers.md");
+    let shown = |user: &str| {
+        guide
+            .lines()
+            .find_map(|l| l.trim().strip_prefix(&format!("ACL SETUSER {user} ")))
+            .unwrap_or_else(|| panic!("the guide shows no ACL line for {user}"))
+            .to_owned()
+    };
+    let words = |line: &str| {
+        line.split_whitespace()
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(words(&shown("redguard")), words(ACL));
+    assert_eq!(words(&shown("watcher")), words(SENTINEL_ACL));
+    assert!(
+        guide.contains(&format!("plus `{SENTINEL_NODE_ACL}`")),
+        "the guide names the data nodes' extra grant for Sentinel"
     );
 }

@@ -1,4 +1,4 @@
-//! Managed services disable or rename commands (README "Supported servers"): the guards need
+//! Managed services disable or rename commands (the guide's "Supported servers"): the guards need
 //! none of the administrative ones, and a disabled `PSUBSCRIBE` degrades to polling, counted.
 //! Each server here has the commands removed with `rename-command <name> ""`.
 
@@ -160,4 +160,28 @@ async fn a_disabled_psubscribe_is_counted_and_waiters_poll() {
         refused() > before,
         "the disabled PSUBSCRIBE was not counted"
     );
+}
+
+/// The commands the guide says are not needed ("None of `CONFIG`, … is needed") are among
+/// those the tests here remove.
+#[test]
+fn the_guide_names_only_commands_removed_here() {
+    let guide = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../runtime/docs/servers.md"
+    ))
+    .expect("read runtime/docs/servers.md")
+    .replace('\n', " ");
+    let (_, after) = guide
+        .split_once("None of ")
+        .expect("the guide lists the commands redguard does not need");
+    let (list, _) = after.split_once(" is needed").expect("… is needed");
+    let named: Vec<&str> = list.split('`').skip(1).step_by(2).collect();
+    assert!(named.len() >= 5, "{named:?}");
+    for command in named {
+        assert!(
+            ADMINISTRATIVE.contains(&command),
+            "the guide says {command} is not needed, but no test removes it"
+        );
+    }
 }

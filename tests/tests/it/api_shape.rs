@@ -14,16 +14,33 @@ async fn on_binds_the_handle_over_the_current_one() {
         .scope(async { redguard::lock("k").on(&b).acquire().await })
         .await
         .unwrap();
-    assert!(b.lock("k").try_acquire().await.unwrap().is_none(), "not held on b");
-    assert!(a.lock("k").try_acquire().await.unwrap().is_some(), "held on a");
+    assert!(
+        b.lock("k").try_acquire().await.unwrap().is_none(),
+        "not held on b"
+    );
+    assert!(
+        a.lock("k").try_acquire().await.unwrap().is_some(),
+        "held on a"
+    );
     held.release().await.unwrap();
 
     a.scope(async {
-        redguard::limiter("k").on(&b).rate("1/min").check().await.unwrap();
+        redguard::limiter("k")
+            .on(&b)
+            .rate("1/min")
+            .check()
+            .await
+            .unwrap();
     })
     .await;
-    assert!(b.limiter("k").rate("1/min").check().await.is_err(), "not charged on b");
-    assert!(a.limiter("k").rate("1/min").check().await.is_ok(), "charged on a");
+    assert!(
+        b.limiter("k").rate("1/min").check().await.is_err(),
+        "not charged on b"
+    );
+    assert!(
+        a.limiter("k").rate("1/min").check().await.is_ok(),
+        "charged on a"
+    );
 
     let runs = AtomicU32::new(0);
     let body = || async {
@@ -65,8 +82,15 @@ async fn the_default_scope_is_the_entry_points_name() {
         .idempotency("k")
         .scope(redguard::idempotency::DEFAULT_IDEMPOTENCY_SCOPE)
         .run(async { Ok::<_, Error>(2) });
-    assert_eq!(same.await.unwrap(), 1, "replayed from the default scope's record");
-    assert_eq!(redguard::idempotency::DEFAULT_IDEMPOTENCY_SCOPE, "idempotency");
+    assert_eq!(
+        same.await.unwrap(),
+        1,
+        "replayed from the default scope's record"
+    );
+    assert_eq!(
+        redguard::idempotency::DEFAULT_IDEMPOTENCY_SCOPE,
+        "idempotency"
+    );
 }
 
 /// `run` runs the body only when the guard lets it: a refusal is the guard's error, and the
@@ -81,7 +105,10 @@ async fn run_skips_the_body_on_a_refusal() {
     };
     let held = rg.lock("busy").acquire().await.unwrap();
     let refused = rg.lock("busy").run(body()).await;
-    assert!(matches!(refused, Err(Error::LockTimeout { .. })), "{refused:?}");
+    assert!(
+        matches!(refused, Err(Error::LockTimeout { .. })),
+        "{refused:?}"
+    );
     held.release().await.unwrap();
 
     let limiter = rg.limiter("once").rate("1/min");
@@ -114,5 +141,8 @@ async fn a_limiter_is_reused_per_key() {
         .check()
         .await
         .unwrap_err();
-    assert!(matches!(err, Error::Config(_)), "an unfilled placeholder: {err:?}");
+    assert!(
+        matches!(err, Error::Config(_)),
+        "an unfilled placeholder: {err:?}"
+    );
 }

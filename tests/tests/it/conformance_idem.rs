@@ -713,7 +713,7 @@ async fn submit_checked(
 }
 
 /// A FAIL record releases its key for any payload: the corrected retry of a refused request
-/// runs (README: "the record is released"), and from then on the key is bound to the payload
+/// runs (the guide: "the record is released"), and from then on the key is bound to the payload
 /// that ran.
 async fn a_failed_request_releases_its_key_for_a_corrected_payload(rg: Redguard) {
     let runs = counter();

@@ -279,7 +279,7 @@ async fn a_handler_can_mark_its_response_business(rg: Redguard) {
     assert_eq!(runs.load(Ordering::SeqCst), 2);
 }
 
-/// README: a business failure releases the record, so the client corrects its request and
+/// the guide: a business failure releases the record, so the client corrects its request and
 /// retries with the same key (the failed attempt's fingerprint does not hold the key).
 async fn a_corrected_retry_after_a_business_failure_runs(rg: Redguard) {
     let app = Router::new()
@@ -497,7 +497,7 @@ fn framing_headers_and_unscoped_cookies_are_not_replayable() {
         .unwrap();
 }
 
-/// README's 5xx table: unknown by default; Stripe's replay and Powertools' release are each
+/// the guide's 5xx table: unknown by default; Stripe's replay and Powertools' release are each
 /// one `classify`.
 async fn the_5xx_policy_is_the_classifiers(rg: Redguard) {
     use redguard::http::idempotency::default_classify;

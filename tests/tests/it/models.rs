@@ -1,5 +1,5 @@
 //! Model-based property tests: random sequences of guard operations and clock advances, run
-//! on a reference model (`redguard_tests::model`, written from README) and on every store —
+//! on a reference model (`redguard_tests::model`, written from the guide) and on every store —
 //! memory on a `ManualClock`, Redis and a Redis Cluster with the scripts on the same virtual
 //! clock (`redguard_tests::vclock`) — and compared exactly. A disagreement is shrunk to a
 //! short sequence and printed step by step.

@@ -1,4 +1,4 @@
-//! Group commit of GCRA checks on one connection (README, *Coalesced checks*): while two
+//! Group commit of GCRA checks on one connection (the guide, *Coalesced checks*): while two
 //! coalesced calls are in flight, further checks queue and go out together when a call
 //! returns. What that must not change for a caller: a check whose caller gave up before it was
 //! sent is not charged, and a queue whose driving callers were all dropped is still sent.

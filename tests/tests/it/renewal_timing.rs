@@ -13,7 +13,7 @@
 //!   body and returns `LockLost`), and nothing renews the key;
 //! - in between: either, but at the end a live guard ⇔ Redis holds its key.
 //!
-//! A body that blocks its thread is checked against README's promise: under `run` the renewal
+//! A body that blocks its thread is checked against the guide's promise: under `run` the renewal
 //! starts when polled, so a body blocked past the lease loses the lock (another owner may
 //! take it meanwhile); the same wait in `spawn_blocking` keeps it.
 //!
@@ -276,7 +276,7 @@ async fn a_section_whose_request_ran_late_is_renewed_exactly_while_redis_holds_i
     over_the_grid(Late::Request, section).await;
 }
 
-/// README: a section's renewal starts when polled, so a body that blocks its thread past the
+/// the guide: a section's renewal starts when polled, so a body that blocks its thread past the
 /// lease finds the lock lost — Redis dropped the key meanwhile, free for another owner — while
 /// the same wait in `spawn_blocking` keeps the lock renewed throughout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -467,7 +467,7 @@ async fn a_record_whose_begin_ran_late_is_kept_exactly_while_its_body_runs() {
     over_the_grid(Late::Request, record).await;
 }
 
-/// README: "a slow body is never run twice" — also one that blocks its thread: the record
+/// the guide: "a slow body is never run twice" — also one that blocks its thread: the record
 /// must stay PROCESSING past its first `expire` while the body is blocked.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_record_stays_processing_while_its_body_blocks_its_thread() {

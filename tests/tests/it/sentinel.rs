@@ -441,7 +441,7 @@ async fn a_planned_failover_under_load_fails_no_call() {
     report.assert_bounded();
     report.assert_fences_increase();
     // Writes stop going to the old master once the replica is selected: what it acknowledged
-    // until the handle saw that, and what had not reached the replica yet, is lost (README:
+    // until the handle saw that, and what had not reached the replica yet, is lost (the guide:
     // at most the writes in flight at the switch). An intent begun well before the failover
     // was asked for had replicated, and one begun after the promotion went to the new master:
     // neither may be lost.

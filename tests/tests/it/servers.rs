@@ -1,26 +1,28 @@
-//! The compatibility matrix's promises (README "Supported servers"): README's table is the
-//! one `scripts/matrix` wrote, and the undeclared-key check of the `conformance!` macro's
-//! `declared::` runs can fail.
+//! The compatibility matrix's promises (the guide's "Supported servers",
+//! `runtime/docs/servers.md`): its table is the one `scripts/matrix` wrote, and the
+//! undeclared-key check of the `conformance!` macro's `declared::` runs can fail.
 
 use redguard_tests::RedisServer;
 use redguard_tests::declared::{UNDECLARED, declared_keys_only};
 
-/// README's "Supported servers" table is `tests/servers.md`, the matrix's last results.
+/// The guide's "Supported servers" table is `tests/servers.md`, the matrix's last results.
 #[test]
-fn readme_table_is_the_matrix_results() {
+fn guide_table_is_the_matrix_results() {
     let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
     let results = std::fs::read_to_string(format!("{root}/tests/servers.md"))
         .expect("read tests/servers.md (written by scripts/matrix)");
-    let readme = std::fs::read_to_string(format!("{root}/README.md")).expect("read README.md");
-    let (_, after) = readme
+    let guide = std::fs::read_to_string(format!("{root}/runtime/docs/servers.md"))
+        .expect("read runtime/docs/servers.md");
+    let (_, after) = guide
         .split_once("<!-- servers:begin (scripts/matrix writes tests/servers.md) -->\n")
-        .expect("README has the servers:begin marker");
+        .expect("the guide has the servers:begin marker");
     let (table, _) = after
         .split_once("<!-- servers:end -->")
-        .expect("README has the servers:end marker");
+        .expect("the guide has the servers:end marker");
     assert_eq!(
         table, results,
-        "README's table differs from tests/servers.md: copy the matrix's results into README"
+        "runtime/docs/servers.md's table differs from tests/servers.md: copy the matrix's results \
+         into the guide"
     );
     assert!(!results.contains("FAILED"), "the matrix failed on a server");
 }

@@ -15,7 +15,7 @@
 //! is left of its caller's time. Otherwise one transient error would admit up to
 //! [`MAX_BATCH`] checks uncounted under fail-open. A call whose reply never came (a timeout,
 //! a lost connection) is not sent again: Redis may have run it, and a check is charged at most
-//! once (README, *Failure behaviour*).
+//! once (the guide, *Failure behaviour*).
 
 use std::sync::{Mutex, PoisonError};
 

@@ -172,7 +172,7 @@ impl RedisStore {
                 )),
                 conn: Conn::Sentinel(conn),
                 // A second Sentinel connection would follow failovers on its own watcher;
-                // confirmed writes share this one (README "Replica-safe writes").
+                // confirmed writes share this one (the guide's "Replica-safe writes").
                 opener: None,
                 timeout,
                 gcra: Arc::default(),

@@ -2,7 +2,7 @@
 //! the scripts cannot run on is refused with its version named, instead of a guard that fails
 //! (and by default fails open) on every call. Nothing here runs per call.
 //!
-//! Supported: Redis 6.2 and later, Valkey 7.2 and later (README "Supported servers"). Valkey
+//! Supported: Redis 6.2 and later, Valkey 7.2 and later (`redguard::guide::servers`). Valkey
 //! answers `redis_version:7.2.4` for compatibility and its own version as `valkey_version`.
 
 use std::fmt;
@@ -88,7 +88,7 @@ impl Server {
         }
         Err(Error::Config(format!(
             "the server is {self}, and redguard needs {family} {}.{} or later (Redis 6.2+ or \
-             Valkey 7.2+; README \"Supported servers\")",
+             Valkey 7.2+; see redguard::guide::servers)",
             oldest.0, oldest.1
         )))
     }
@@ -107,7 +107,7 @@ pub(crate) fn info_texts(reply: &Value) -> Vec<String> {
 }
 
 /// Refuses an unsupported server behind `conn`: from `INFO server`, or, where `INFO` is not
-/// granted (README's restricted user has no `+info`) or renamed, from what a script sees.
+/// granted (the guide's restricted user has no `+info`) or renamed, from what a script sees.
 pub(crate) async fn check(mut conn: Conn, timeout: Duration) -> Result<()> {
     let info = {
         let mut conn = conn.clone();
@@ -138,8 +138,8 @@ pub(crate) async fn check(mut conn: Conn, timeout: Duration) -> Result<()> {
                 [_, getdel] if getdel.contains("Unknown Redis command") => {
                     Err(Error::Config(format!(
                         "the server is Redis older than 6.2 (it has no GETDEL), and redguard \
-                         needs Redis {}.{} or later, or Valkey 7.2 or later (README \
-                         \"Supported servers\")",
+                         needs Redis {}.{} or later, or Valkey 7.2 or later (see \
+                         redguard::guide::servers)",
                         OLDEST_REDIS.0, OLDEST_REDIS.1
                     )))
                 }

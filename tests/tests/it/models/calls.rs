@@ -4,12 +4,12 @@
 //! dropped while their body runs or (on Redis) while their begin is in flight, tokens
 //! issued, and clock advances. The expected answer of every call — run, replay, in
 //! progress, key reuse, token used / unknown / mismatch — comes from the record and token
-//! models, driven by README's rules (a token is consumed only when the body is about to
+//! models, driven by the guide's rules (a token is consumed only when the body is about to
 //! run, given back after a business error; a record begun for a refused token goes; an
 //! unknown outcome, or a call dropped while its body runs, leaves the record UNKNOWN).
 //!
 //! On the memory store the runtime's timers run on paused Tokio time moved with the clock,
-//! so a held body's record is renewed every `expire`/3 as README says, and the model renews
+//! so a held body's record is renewed every `expire`/3 as the guide says, and the model renews
 //! it at the same instants. On Redis the timers run on real time, far slower than the
 //! virtual clock (expire 60 s: a renewal every 20 s of real time, never within a case), so
 //! there the model renews nothing and a held body's record expires on the virtual clock.

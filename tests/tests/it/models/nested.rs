@@ -2,7 +2,7 @@
 //! cancellations: two tasks enter and leave levels of one lock; an entry may be dropped
 //! after k polls (in flight on Redis, or with its body begun on memory), a level's release
 //! may be dropped after k polls, and a whole task may be dropped with every level it holds.
-//! README promises that each level is released at most once, by name: a nested release
+//! The guide promises that each level is released at most once, by name: a nested release
 //! sent again never frees the outer level under a running body, and a cancelled entry never
 //! keeps the key after the outer release. After each step (once the releases and undos the
 //! runtime spawned have run) a probe owner checks who holds the key, and on Redis the

@@ -152,14 +152,14 @@ fn limit() -> impl Strategy<Value = LimitSpec> {
                 }
             },
         )
-        .prop_filter("a limit README accepts", LimitSpec::valid)
+        .prop_filter("a limit the guide accepts", LimitSpec::valid)
         // A sliding log admitting a million calls a case would not finish.
         .prop_filter("a sliding log of a few entries", |l| {
             l.algorithm != Algorithm::SlidingWindow || l.count <= 10_000
         })
 }
 
-/// The window algorithms' limits of a palette on the first one's period (README: a window's
+/// The window algorithms' limits of a palette on the first one's period (the guide: a window's
 /// state counts calls within its own period, so changing the period of a live key is not a
 /// change of limit the model can follow); their counts still vary. Limits that no longer fit
 /// (a rate not accepted at that period) are dropped.
@@ -364,7 +364,7 @@ fn to_limit(l: &LimitSpec) -> Limit {
     Limit::new(l.algorithm, rate, l.burst, l.cost, l.block).expect("checked at the case's start")
 }
 
-/// The runtime accepts exactly what the model (README) accepts, and counts the same interval.
+/// The runtime accepts exactly what the model (the guide) accepts, and counts the same interval.
 fn check_validation(i: usize, l: &LimitSpec) {
     let rate = Rate::new(l.count, l.period);
     assert!(
@@ -383,7 +383,7 @@ proptest! {
     #![proptest_config(ProptestConfig { failure_persistence: None, ..ProptestConfig::default() })]
 
     /// Around the limits of the units (1,000,000/s, where intervals turn to ns; 1 ns; the
-    /// 0.1% tolerance), `Rate::new` accepts exactly the rates README accepts.
+    /// 0.1% tolerance), `Rate::new` accepts exactly the rates the guide accepts.
     #[test]
     fn rates_accepted_as_readme_says(
         count in prop_oneof![

@@ -1,7 +1,7 @@
 //! Methods of the same name on different impls (two inherent impls, two impls of one trait
 //! for two instances of a generic type) guarded by attributes with the same key template:
 //! random calls with shared ids and clock advances, compared with models that key every
-//! record, rate budget and lock by the method's impl (README, "Keys": the default scope
+//! record, rate budget and lock by the method's impl (the guide, "Keys": the default scope
 //! names the impl type and trait). A shared scope shows up as a replay of another impl's
 //! value, a budget used up by another impl, or a lock held by another impl.
 
