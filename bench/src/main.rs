@@ -16,6 +16,7 @@ mod inproc;
 mod lock;
 mod measure;
 mod peers;
+mod quota;
 mod rate;
 mod raw;
 mod replicas;
@@ -504,6 +505,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     print_header();
     idem::cases(&mut bench, &rg, &memory).await;
     rate::cases(&mut bench, &rg, &memory).await;
+    quota::cases(&mut bench, &rg).await;
     inproc::cases(&mut bench).await;
     lock::cases(&mut bench, &rg, &memory).await;
     replicas::cases(&mut bench).await;

@@ -15,10 +15,16 @@ use crate::store::lock::FENCE_TTL;
 /// Suffix of a rate limit's penalty key, which memory keeps under the state key.
 const BLOCK: &str = ":block";
 
+/// Suffix of a rate limit's quota override (`quota.rs`).
+const QUOTA: &str = ":quota";
+
 impl MemoryStore {
     /// One key as Redis would hold it, at `now`; with its expiry in ms.
     fn raw_entry(&self, key: &Key, now: Duration) -> (Raw, Option<Duration>) {
         let k = key.as_str();
+        if k.ends_with(QUOTA) {
+            return self.quota_raw(key).unwrap_or((Raw::Absent, None));
+        }
         // Every key read here shares the hash tag of `key`, so its shard.
         let mut shard = self.lock_shard(self.shard_of(key));
         if let Some(base) = k.strip_suffix(BLOCK) {
@@ -147,6 +153,7 @@ impl AdminOps for MemoryStore {
                     .filter(|k| k.starts_with(prefix)),
             );
         }
+        keys.extend(self.quota_keys(prefix));
         keys.sort();
         keys.dedup();
         let truncated = keys.len() > limit;
@@ -229,6 +236,10 @@ impl AdminOps for MemoryStore {
         let mut deleted = 0;
         for key in keys {
             let k = key.as_str();
+            if k.ends_with(QUOTA) {
+                deleted += u64::from(self.quota_remove(key));
+                continue;
+            }
             let (mut shard, now) = self.shard(key);
             let existed = if let Some(base) = k.strip_suffix(BLOCK) {
                 shard
@@ -247,6 +258,11 @@ impl AdminOps for MemoryStore {
             deleted += u64::from(existed);
         }
         Ok(deleted)
+    }
+
+    async fn admin_quota_set(&self, key: &Key, value: &str, ttl: Option<Duration>) -> Result<()> {
+        self.quota_put(key, value, ttl);
+        Ok(())
     }
 
     async fn admin_refund(&self, key: &Key, units: u64) -> Result<u64> {

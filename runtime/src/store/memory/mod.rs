@@ -15,6 +15,7 @@
 mod admin;
 mod idem;
 mod lock;
+mod quota;
 mod rate;
 mod table;
 mod token;
@@ -92,6 +93,8 @@ pub(super) struct Shard {
     rates: Table<rate::RateState>,
     /// Penalty ends (µs since the epoch) of rate-limit keys under `block`.
     rate_blocks: Table<f64>,
+    /// Quota overrides of rate-limit keys (`quota.rs`).
+    quotas: quota::Quotas,
     locks: Table<lock::LockState>,
     semaphores: Table<lock::Holders>,
     fair_queues: Table<lock::FairQueue>,
@@ -172,6 +175,7 @@ impl MemoryStore {
                     + shard.idem.at(now).len()
                     + shard.rates.at(now).len()
                     + shard.rate_blocks.at(now).len()
+                    + shard.quotas.at(now).len()
                     + shard.locks.at(now).len()
                     + shard.semaphores.at(now).len()
                     + shard.fair_queues.at(now).len()
