@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use redguard::{Idempotency, KeyBuilder, Redguard, idempotent};
+use redguard::{Redguard, idempotent, key::KeyBuilder};
 
 use crate::raw;
 use crate::{Bench, Ways};
@@ -13,7 +13,7 @@ async fn annotated_replay(id: u64) -> redguard::Result<u64> {
     Ok(id)
 }
 
-fn key(i: u64) -> redguard::KeyBody {
+fn key(i: u64) -> redguard::key::KeyBody {
     KeyBuilder::new()
         .text("bench:")
         .part("id", &i)
@@ -22,14 +22,16 @@ fn key(i: u64) -> redguard::KeyBody {
 }
 
 async fn first(i: u64) {
-    let run = Idempotency::new("bench-first", key(i))
+    let run = redguard::idempotency(key(i))
+        .scope("bench-first")
         .expire(Duration::from_secs(60))
         .run(async move { Ok::<_, redguard::Error>(i) });
     run.await.expect("first execution");
 }
 
 async fn replay(_: u64) {
-    let run = Idempotency::new("bench", key(0))
+    let run = redguard::idempotency(key(0))
+        .scope("bench")
         .expire(Duration::from_secs(600))
         .run(async { Ok::<_, redguard::Error>(0u64) });
     run.await.expect("replay");

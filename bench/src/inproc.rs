@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
-use redguard::{Algorithm, Redguard};
+use redguard::{Redguard, rate::Algorithm};
 
 use crate::measure::{Sample, sample};
 use crate::{Bench, Row};
@@ -41,8 +41,7 @@ fn key(i: u64) -> String {
 }
 
 async fn ours(memory: &Redguard, i: u64) {
-    let decision = redguard::limiter("r:")
-        .part("i", &i)
+    let decision = redguard::limiter(redguard::key("r:{i}").part("i", &i))
         .scope("bench")
         .rate(RATE)
         .burst(u64::from(BURST))

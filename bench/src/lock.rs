@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use redguard::{KeyBuilder, LockGuard, LockKind, Redguard, dist_lock};
+use redguard::{Redguard, dist_lock, key::KeyBuilder, lock::LockGuard, lock::LockKind};
 
 use crate::raw;
 use crate::{Bench, Ways};

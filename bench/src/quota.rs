@@ -14,9 +14,8 @@ const KEYS: u64 = 1024;
 
 const SCOPE: &str = "bench::quota";
 
-fn limiter(rg: &Redguard, set: &str, i: u64) -> redguard::Limiter {
-    redguard::limiter(set)
-        .part("i", &(i % KEYS))
+fn limiter(rg: &Redguard, set: &str, i: u64) -> redguard::rate::Limiter {
+    redguard::limiter(redguard::key(&format!("{set}{{i}}")).part("i", &(i % KEYS)))
         .scope(SCOPE)
         .rate("1000000/s")
         .burst(1000)

@@ -1,7 +1,7 @@
 //! Rate limits: every algorithm on random keys (the allowed path); GCRA also through the
 //! attribute and as a raw EVALSHA, and on one hot key that always admits or always rejects.
 
-use redguard::{Algorithm, Limiter, Redguard, rate_limit};
+use redguard::{Redguard, rate::Algorithm, rate::Limiter, rate_limit};
 
 use crate::raw;
 use crate::{Bench, Ways};
@@ -16,8 +16,7 @@ async fn annotated_check(i: u64) -> redguard::Result<u64> {
 /// most 10,000: 10,000 per second, far more than one random key sees), so every call is
 /// admitted.
 pub(crate) fn limiter(algorithm: Algorithm, i: u64) -> Limiter {
-    let limiter = redguard::limiter("r:")
-        .part("i", &i)
+    let limiter = redguard::limiter(redguard::key("r:{i}").part("i", &i))
         .scope("bench")
         .rate(rate(algorithm).0)
         .algorithm(algorithm);
@@ -152,8 +151,7 @@ async fn hot_key(bench: &mut Bench, rg: &Redguard, ceiling: Option<f64>) {
     for (case, rate, burst) in [("allowed", "1000000/s", 1000), ("denied", "1/h", 1)] {
         let rg2 = rg.clone();
         let hot = move |_| {
-            let limiter = redguard::limiter("hot:")
-                .part("case", case)
+            let limiter = redguard::limiter(redguard::key("hot:{case}").part("case", case))
                 .scope("bench")
                 .rate(rate)
                 .burst(burst)

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use redguard::{Idempotency, KeyBuilder, Redguard};
+use redguard::{Redguard, key::KeyBuilder};
 use redguard_tests::RedisServer;
 
 use crate::Bench;
@@ -46,7 +46,9 @@ async fn first(rg: Redguard, i: u64, replicas: bool) {
         .part("id", &i)
         .finish()
         .expect("numeric key parts are valid");
-    let mut idem = Idempotency::new("bench-replicas", key).expire(Duration::from_secs(60));
+    let mut idem = redguard::idempotency(key)
+        .scope("bench-replicas")
+        .expire(Duration::from_secs(60));
     if replicas {
         idem = idem.replicas(1, WAIT);
     }

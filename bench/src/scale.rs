@@ -12,7 +12,7 @@ use std::fmt::Write as _;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use redguard::{Algorithm, Idempotency, KeyBuilder, Redguard};
+use redguard::{Redguard, key::KeyBuilder, rate::Algorithm};
 use redguard_tests::RedisCluster;
 
 use crate::Bench;
@@ -80,7 +80,8 @@ impl Op {
             Op::Gcra => crate::rate::check(crate::rate::limiter(Algorithm::Gcra, i).on(&rg)).await,
             Op::Lock => crate::lock::section(rg, i).await,
             Op::Replay => {
-                let replay = Idempotency::new("bench-scale", record(i))
+                let replay = redguard::idempotency(record(i))
+                    .scope("bench-scale")
                     .expire(Duration::from_secs(600))
                     .run(async { Ok::<_, redguard::Error>(0u64) });
                 rg.scope(replay).await.expect("replay");
@@ -89,7 +90,7 @@ impl Op {
     }
 }
 
-fn record(i: u64) -> redguard::KeyBody {
+fn record(i: u64) -> redguard::key::KeyBody {
     KeyBuilder::new()
         .text("s:")
         .part("id", &(i % RECORDS))

@@ -9,7 +9,7 @@ use std::process::ExitCode;
 use clap::Parser;
 use redguard::admin::{Admin, AdminKey, Quota, QuotaTtl, Resolution, ScanSelect};
 use redguard::handle::StoreKind;
-use redguard::{Algorithm, GuardKind, Limit, Rate, Redguard};
+use redguard::{Redguard, key::GuardKind, rate::Algorithm, rate::Limit, rate::Rate};
 use serde::Serialize;
 
 use crate::args::{Cli, Command, Guard, QuotaCommand, Target};

@@ -103,7 +103,7 @@ fn snapshot(conn: &mut redis::Connection) -> Vec<(Vec<u8>, Vec<u8>)> {
 /// the store (no watchdog renews the lock, so nothing changes by itself).
 fn state(rt: &tokio::runtime::Runtime, rg: &redguard::Redguard) {
     use redguard::__private::store::{Acquire, Begin};
-    use redguard::{GuardKind, KeyBuilder};
+    use redguard::{key::GuardKind, key::KeyBuilder};
     rt.block_on(async {
         let lock = rg
             .key(

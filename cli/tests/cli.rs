@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use redguard::__private::store::{Begin, Finish, IdemBegin, IdemFinish};
 use redguard::admin::Admin;
-use redguard::{Algorithm, GuardKind, KeyBuilder};
+use redguard::{key::GuardKind, key::KeyBuilder, rate::Algorithm};
 use redguard_tests::{RedisCluster, RedisServer};
 use serde_json::Value;
 
@@ -155,13 +155,13 @@ async fn inspect_reset_and_refund_every_algorithm() {
         let name = algorithm.as_str();
         let text = format!("login:{name}");
         let limiter = || {
-            let l = redguard::limiter(&format!("{text}:"))
-                .part("ip", &"10.0.0.1")
-                .scope(SCOPE)
-                .rate("4/min")
-                .algorithm(algorithm)
-                .block(Duration::from_secs(60))
-                .on(&rg);
+            let l =
+                redguard::limiter(redguard::key(&format!("{text}:{{ip}}")).part("ip", &"10.0.0.1"))
+                    .scope(SCOPE)
+                    .rate("4/min")
+                    .algorithm(algorithm)
+                    .block(Duration::from_secs(60))
+                    .on(&rg);
             if algorithm.is_window() { l } else { l.burst(4) }
         };
         for _ in 0..3 {
@@ -275,7 +275,7 @@ async fn resolve_an_unknown_outcome() {
     assert!(text.contains("redguard resolve"), "{text}");
 
     let mut conn = server.connection();
-    let mut snapshot = |key: &redguard::Key| -> Vec<(String, String)> {
+    let mut snapshot = |key: &redguard::key::Key| -> Vec<(String, String)> {
         redis::cmd("HGETALL")
             .arg(key.as_str())
             .query(&mut conn)

@@ -56,9 +56,8 @@ fn refused(output: &Output) -> String {
     stderr
 }
 
-fn tenant(rg: &Redguard, id: &str) -> redguard::Limiter {
-    redguard::limiter("tenant:")
-        .part("id", id)
+fn tenant(rg: &Redguard, id: &str) -> redguard::rate::Limiter {
+    redguard::limiter(redguard::key("tenant:{id}").part("id", id))
         .scope(SCOPE)
         .rate("1/min")
         .on(rg)

@@ -27,7 +27,7 @@ use proc_macro::TokenStream;
 ///
 /// The first call records PROCESSING and runs the body; a concurrent call gets
 /// `redguard::Error::InProgress`; once the body returned `Ok`, every retry gets the stored
-/// value back without running it (`redguard::track_replay` tells the caller); after a business
+/// value back without running it (`redguard::idempotency::track_replay` tells the caller); after a business
 /// error a retry runs again; after an error whose outcome is unknown (an indeterminate error,
 /// a `timeout`, a panic, the caller's future dropped) the record is UNKNOWN and retries get
 /// `redguard::Error::OutcomeUnknown` until an operator resolves it (`redguard resolve`) or it
@@ -42,7 +42,7 @@ use proc_macro::TokenStream;
 ///   `anyhow::Error` qualify: a dynamic error classifies through a `redguard::Error` or a
 ///   `redguard::ErrorClass` in its chain (`.context(ErrorClass::Business)`), and is an
 ///   unknown outcome otherwise.
-/// - every placeholder's value implements `redguard::KeyPart` (integers, strings, UUIDs,
+/// - every placeholder's value implements `redguard::key::KeyPart` (integers, strings, UUIDs,
 ///   `Option`s of them, `redguard::http::IdempotencyKey`, or your own type); a value breaking
 ///   the key rules at runtime is `redguard::Error::InvalidKey` / `MissingKey` before any store
 ///   call.
@@ -100,12 +100,11 @@ use proc_macro::TokenStream;
 /// # Equivalent code without `#[idempotent]`
 /// ```text
 /// async fn submit_order(user_id: u64, req: SubmitOrder) -> Result<Receipt, OrderError> {
-///     let key = redguard::KeyBuilder::new()
+///     let key = redguard::key("{user_id}:{req.request_id}")
 ///         .part("user_id", &user_id)
-///         .text(":")
-///         .part("req.request_id", &req.request_id)
-///         .finish()?;
-///     redguard::Idempotency::new("shop::submit_order", key)
+///         .part("req.request_id", &req.request_id);
+///     redguard::idempotency(key)
+///         .scope("shop::submit_order")
 ///         .expire(Duration::from_secs(600))
 ///         .payload(&req)
 ///         .run(async move { .. })
@@ -143,12 +142,12 @@ pub fn idempotent(attr: TokenStream, item: TokenStream) -> TokenStream {
 ///   confirm it (Redis `WAIT`), so a failover right after cannot hand the lock to a second
 ///   holder. Too few in time: released again, and `redguard::Error::Backend` (fail closed).
 ///
-/// The body reads its fencing token with `redguard::fence()`.
+/// The body reads its fencing token with `redguard::lock::fence()`.
 ///
 /// # Equivalent code without `#[dist_lock]`
 /// ```text
 /// async fn reserve_stock(sku: &str, qty: u32) -> Result<(), OrderError> {
-///     redguard::lock(redguard::KeyBuilder::new().text("stock:").part("sku", sku))
+///     redguard::lock(redguard::key::KeyBuilder::new().text("stock:").part("sku", sku))
 ///         .scope("shop::reserve_stock")
 ///         .wait(Duration::from_millis(300))
 ///         .run(async move { .. })
@@ -177,7 +176,7 @@ pub fn dist_lock(attr: TokenStream, item: TokenStream) -> TokenStream {
 ///   (`"login:ip:{ip}"`, `"{user.id}"`), checked at compile time.
 /// - `rate = "100/s"` (required): `count/period` with `ms`, `s`, `m`/`min`, `h`, `d`
 ///   (`"5/10s"`, `"1000/min"`), checked at compile time; or any expression giving a
-///   `redguard::Rate` or text (`rate = config.login_rate()`), checked on each call — a bad
+///   `redguard::rate::Rate` or text (`rate = config.login_rate()`), checked on each call — a bad
 ///   configured value is `Error::InvalidLimit`, never a panic.
 /// - `burst = 10`: the capacity of `gcra`, `token_bucket` and `leaky_bucket` (default: the
 ///   rate's count); a literal or an expression. Window algorithms take no burst.

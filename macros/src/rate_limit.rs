@@ -224,7 +224,7 @@ fn rate(args: &RateArgs, errors: &mut Errors) -> Option<Arg> {
             errors.push(
                 other.span(),
                 "`rate` of `#[rate_limit]` expects a rate string such as \"100/s\", or an \
-                 expression giving a `redguard::Rate` or such a string",
+                 expression giving a `redguard::rate::Rate` or such a string",
             );
             None
         }

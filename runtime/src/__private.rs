@@ -62,16 +62,19 @@ where
 }
 
 /// `#[idempotent]`: the guard for one call. `key` is `None` in token-only mode.
-pub fn idempotency(scope: &str, key: Option<crate::Result<crate::KeyBody>>) -> crate::Idempotency {
-    crate::Idempotency::parts(scope.to_owned(), key)
+pub fn idempotency(
+    scope: &str,
+    key: Option<crate::Result<crate::key::KeyBody>>,
+) -> crate::idempotency::Idempotency {
+    crate::idempotency::Idempotency::parts(scope.to_owned(), key)
 }
 
 /// `#[idempotent(token = .., scene = ..)]`: the token rendered from its template.
 pub fn idempotency_token(
-    guard: crate::Idempotency,
+    guard: crate::idempotency::Idempotency,
     scene: &str,
-    token: crate::Result<crate::KeyBody>,
-) -> crate::Idempotency {
+    token: crate::Result<crate::key::KeyBody>,
+) -> crate::idempotency::Idempotency {
     guard.token_body(scene, token)
 }
 
@@ -126,7 +129,7 @@ where
 
 /// `#[idempotent]`'s wrapper: runs the body once per intent. A fn (not the method) so its
 /// bounds are reported at the return type, as the checks above.
-pub async fn idempotent<T, E, F>(guard: crate::Idempotency, body: F) -> Result<T, E>
+pub async fn idempotent<T, E, F>(guard: crate::idempotency::Idempotency, body: F) -> Result<T, E>
 where
     F: std::future::Future<Output = Result<T, E>>,
     T: serde::Serialize + serde::de::DeserializeOwned,
@@ -136,7 +139,10 @@ where
 }
 
 /// `#[idempotent(detach)]`'s wrapper (see [`idempotent`]).
-pub async fn idempotent_detached<T, E, F>(guard: crate::Idempotency, body: F) -> Result<T, E>
+pub async fn idempotent_detached<T, E, F>(
+    guard: crate::idempotency::Idempotency,
+    body: F,
+) -> Result<T, E>
 where
     F: std::future::Future<Output = Result<T, E>> + Send + 'static,
     T: serde::Serialize + serde::de::DeserializeOwned + Send + 'static,
@@ -154,39 +160,45 @@ pub fn rate_count<T: TryInto<u64>>(value: T, what: &'static str) -> crate::Resul
         .map_err(|_| crate::Error::InvalidLimit(format!("`{what}` must be a non-negative integer")))
 }
 
-/// `#[rate_limit]`'s prelude: a [`Limiter`](crate::Limiter) on the fn's key, evaluated before
+/// `#[rate_limit]`'s prelude: a [`Limiter`](crate::rate::Limiter) on the fn's key, evaluated before
 /// the body is moved; the expansion goes on with one call per argument written.
 pub fn rate_limiter<R: crate::values::IntoRate>(
-    key: crate::Result<crate::KeyBody>,
+    key: crate::Result<crate::key::KeyBody>,
     scope: &'static str,
     rate: R,
-) -> crate::Limiter {
-    crate::Limiter::new(Some(key), std::borrow::Cow::Borrowed(scope)).rate(rate)
+) -> crate::rate::Limiter {
+    crate::limiter(key).scope(scope).rate(rate)
 }
 
 /// `burst` or `cost` given as an expression (see [`rate_count`]).
-pub fn rate_burst(limiter: crate::Limiter, burst: crate::Result<u64>) -> crate::Limiter {
+pub fn rate_burst(
+    limiter: crate::rate::Limiter,
+    burst: crate::Result<u64>,
+) -> crate::rate::Limiter {
     limiter.try_burst(burst)
 }
 
 /// See [`rate_burst`].
-pub fn rate_cost(limiter: crate::Limiter, cost: crate::Result<u64>) -> crate::Limiter {
+pub fn rate_cost(limiter: crate::rate::Limiter, cost: crate::Result<u64>) -> crate::rate::Limiter {
     limiter.try_cost(cost)
 }
 
 /// The wrapper of one or more adjacent `#[rate_limit]`s: decides them all-or-nothing, then
 /// runs `inner` if every limit admitted.
 pub async fn rate_limit<T, E, F, const N: usize>(
-    limiters: [crate::Limiter; N],
+    limiters: [crate::rate::Limiter; N],
     inner: F,
 ) -> Result<T, E>
 where
     E: GuardError,
     F: std::future::Future<Output = Result<T, E>>,
 {
-    let limits = limiters
-        .into_iter()
-        .fold(crate::RateLimits::new(), crate::RateLimits::with);
+    let limits = limiters.into_iter().fold(
+        crate::rate::RateLimits::new(),
+        crate::rate::RateLimits::with,
+    );
+    // Not `limits.run(inner)`: a future moved into another is stored twice in a debug
+    // build, and stacked guards would double the body's size once more per layer.
     match limits.check().await {
         Ok(_) => inner.await,
         Err(err) => Err(E::from(err)),
@@ -197,15 +209,15 @@ where
 /// with one builder call per argument written (`.fair()`, `.wait(..)`, …).
 pub fn dist_lock_builder(
     scope: &'static str,
-    key: crate::Result<crate::KeyBody>,
-) -> crate::LockBuilder {
-    crate::lock::LockBuilder::new(None, key).scope(scope)
+    key: crate::Result<crate::key::KeyBody>,
+) -> crate::lock::LockBuilder {
+    crate::lock(key).scope(scope)
 }
 
 pub use crate::lock::OnLost;
 
 /// `#[dist_lock]`'s wrapper: runs the body under the lock.
-pub async fn dist_lock<K, T, E, F>(lock: crate::LockBuilder<K>, body: F) -> Result<T, E>
+pub async fn dist_lock<K, T, E, F>(lock: crate::lock::LockBuilder<K>, body: F) -> Result<T, E>
 where
     K: crate::lock::Kind,
     E: GuardError,

@@ -82,7 +82,7 @@ impl Clock for TokioClock {
 ///
 /// ```
 /// use std::time::Duration;
-/// use redguard::{Clock, ManualClock};
+/// use redguard::{clock::Clock, clock::ManualClock};
 ///
 /// let clock = ManualClock::new();
 /// let start = clock.now();

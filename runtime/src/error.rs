@@ -119,7 +119,7 @@ pub enum Error {
         after: Duration,
     },
 
-    /// A detached guarded body (see [`Idempotency::detach`](crate::Idempotency::detach)) was
+    /// A detached guarded body (see [`Idempotency::detach`](crate::idempotency::Idempotency::detach)) was
     /// dropped before it finished, because the runtime shut down; its outcome is unknown.
     #[error(
         "the guarded operation was stopped before it finished (the runtime shut down); its outcome is unknown"
@@ -200,7 +200,7 @@ pub enum Error {
 
 /// Why the store could not answer.
 ///
-/// Guards map this through their degradation policy ([`FailMode`](crate::FailMode)) before it
+/// Guards map this through their degradation policy ([`FailMode`](crate::handle::FailMode)) before it
 /// reaches a caller: a fail-open guard logs it and lets the call through.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -224,7 +224,7 @@ pub enum BackendError {
         source: StoreFailure,
     },
     /// The write was made, but fewer replicas than asked confirmed it in time (see
-    /// [`Replicas`](crate::Replicas)): a failover now could lose it. A lock acquisition or an
+    /// [`Replicas`](crate::store::Replicas)): a failover now could lose it. A lock acquisition or an
     /// idempotency begin is undone; a token is not handed out.
     #[error(
         "store call `{op}` was confirmed by {confirmed} of {wanted} replica(s) within {after:?}; \

@@ -28,7 +28,7 @@ pub const MAX_SCOPE_LEN: usize = 200;
 /// [`Error::MissingKey`]). Implement it for your own id types by writing their canonical text.
 ///
 /// ```
-/// use redguard::KeyPart;
+/// use redguard::key::KeyPart;
 ///
 /// struct Sku(String);
 ///
@@ -40,7 +40,7 @@ pub const MAX_SCOPE_LEN: usize = 200;
 /// ```
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot be rendered into a redguard key",
-    label = "this placeholder's value does not implement `redguard::KeyPart`",
+    label = "this placeholder's value does not implement `redguard::key::KeyPart`",
     note = "`KeyPart` is implemented for integers, bool, str, String, Uuid, and references and \
             Options of them; use such a field or implement `KeyPart` for your type"
 )]
@@ -216,90 +216,256 @@ pub(crate) fn check_name(what: &str, value: &str, max: usize) -> Result<()> {
     })
 }
 
-/// Renders a key template: literal text and placeholder values, each checked as it is added.
-///
-/// The macros expand into calls to this; the runtime APIs use it for their format strings.
+/// Renders a key: a template's placeholders filled ([`redguard::key`](crate::key())), or literal text and values
+/// appended in order (`KeyBuilder::new().text(..).part(..)`, what the attributes expand into,
+/// their templates parsed at compile time). Each value is checked as it is added.
 ///
 /// ```
-/// use redguard::KeyBuilder;
+/// use redguard::key::KeyBuilder;
 ///
 /// let key = KeyBuilder::new().text("stock:").part("sku", &"SK-2024.05").finish()?;
 /// assert_eq!(key.as_str(), "stock:SK-2024.05");
+/// assert_eq!(redguard::key("stock:{sku}").part("sku", "SK-2024.05").finish()?, key);
 ///
 /// let err = KeyBuilder::new().text("user:").part("id", &"a:b").finish().unwrap_err();
 /// assert!(matches!(err, redguard::Error::InvalidKey { .. }));
 /// # Ok::<(), redguard::Error>(())
 /// ```
 #[derive(Debug, Default)]
+#[must_use = "a key builder does nothing until a guard takes it (or `.finish()`)"]
 pub struct KeyBuilder {
     buf: String,
     error: Option<Error>,
+    /// Set by `redguard::key`: the template, filled at `finish`.
+    template: Option<Template>,
+}
+
+/// A [`key`] template and the values given for its placeholders so far.
+#[derive(Debug)]
+struct Template {
+    text: String,
+    /// `(placeholder, rendered value)`, each checked as a part.
+    values: Vec<(String, String)>,
+}
+
+impl Template {
+    /// The template with every placeholder replaced by its value, checked as template text
+    /// between them.
+    fn render(&self, out: &mut String) -> Result<()> {
+        let unusable = |why: String| Error::Config(format!("key template {:?}: {why}", self.text));
+        let mut rest = self.text.as_str();
+        while !rest.is_empty() {
+            let (literal, after) = match rest.find('{') {
+                Some(open) => (&rest[..open], Some(&rest[open + 1..])),
+                None => (rest, None),
+            };
+            if !literal.is_empty() {
+                check(literal, MAX_KEY_LEN, is_text_byte, TEXT_CHARS).map_err(|rule| {
+                    Error::InvalidKey {
+                        part: format!("template text {literal:?}"),
+                        rule,
+                    }
+                })?;
+                out.push_str(literal);
+            }
+            let Some(after) = after else { break };
+            let close = after
+                .find('}')
+                .ok_or_else(|| unusable("a `{` is not closed".to_owned()))?;
+            let name = &after[..close];
+            let value = self
+                .values
+                .iter()
+                .find(|(filled, _)| filled == name)
+                .ok_or_else(|| {
+                    unusable(format!(
+                        "placeholder `{name}` is not filled (call `.part(\"{name}\", ..)`)"
+                    ))
+                })?;
+            out.push_str(&value.1);
+            rest = &after[close + 1..];
+        }
+        Ok(())
+    }
+
+    fn has_placeholder(&self, name: &str) -> bool {
+        let mut rest = self.text.as_str();
+        while let Some(open) = rest.find('{') {
+            rest = &rest[open + 1..];
+            let close = rest.find('}').unwrap_or(rest.len());
+            if &rest[..close] == name {
+                return true;
+            }
+            rest = &rest[close..];
+        }
+        false
+    }
 }
 
 impl KeyBuilder {
-    /// Starts an empty key.
+    /// See [`redguard::key`](crate::key()).
+    pub(crate) fn template(template: &str) -> Self {
+        KeyBuilder {
+            buf: String::new(),
+            error: None,
+            template: Some(Template {
+                text: template.to_owned(),
+                values: Vec::new(),
+            }),
+        }
+    }
+
+    /// Starts an empty key, to which [`text`](KeyBuilder::text) and
+    /// [`part`](KeyBuilder::part) append.
     pub fn new() -> Self {
         Self::default()
     }
 
     /// Appends template text (from code, not from a request): `[A-Za-z0-9._@:-]`.
     pub fn text(mut self, text: &str) -> Self {
-        if self.error.is_none() {
-            match check(text, MAX_KEY_LEN, is_text_byte, TEXT_CHARS) {
-                Ok(()) => self.buf.push_str(text),
-                Err(rule) => {
-                    self.error = Some(Error::InvalidKey {
-                        part: format!("template text {text:?}"),
-                        rule,
-                    })
-                }
+        if self.error.is_some() {
+            return self;
+        }
+        if let Some(template) = &mut self.template {
+            template.text.push_str(text);
+            return self;
+        }
+        match check(text, MAX_KEY_LEN, is_text_byte, TEXT_CHARS) {
+            Ok(()) => self.buf.push_str(text),
+            Err(rule) => {
+                self.error = Some(Error::InvalidKey {
+                    part: format!("template text {text:?}"),
+                    rule,
+                })
             }
         }
         self
     }
 
-    /// Continues a template rendered so far: only what is appended is checked.
-    pub(crate) fn continuing(body: KeyBody) -> Self {
-        KeyBuilder {
-            buf: body.0,
-            error: None,
-        }
-    }
-
-    /// Appends the value of placeholder `name`, validated as a part.
+    /// The value of placeholder `name`, validated as a part (`[A-Za-z0-9._@-]`, at most
+    /// [`MAX_PART_LEN`] bytes; `None` or empty is [`Error::MissingKey`]): filled into the
+    /// template of [`redguard::key`](crate::key()), or appended.
     pub fn part<T: KeyPart + ?Sized>(mut self, name: &str, value: &T) -> Self {
         if self.error.is_some() {
             return self;
         }
-        let start = self.buf.len();
-        value.write_key_part(&mut self.buf);
-        let rendered = &self.buf[start..];
-        if let Err(rule) = check(rendered, MAX_PART_LEN, is_part_byte, PART_CHARS) {
-            self.error = Some(if rule == KeyRule::Empty {
-                Error::MissingKey {
-                    part: name.to_owned(),
-                }
-            } else {
-                Error::InvalidKey {
-                    part: name.to_owned(),
-                    rule,
-                }
-            });
-            self.buf.truncate(start);
+        let Some(template) = &mut self.template else {
+            let start = self.buf.len();
+            value.write_key_part(&mut self.buf);
+            if let Err(err) = checked_part(name, &self.buf[start..]) {
+                self.error = Some(err);
+                self.buf.truncate(start);
+            }
+            return self;
+        };
+        if !template.has_placeholder(name) {
+            self.error = Some(Error::Config(format!(
+                "key template {:?} has no placeholder `{{{name}}}`",
+                template.text
+            )));
+            return self;
+        }
+        let mut rendered = String::new();
+        value.write_key_part(&mut rendered);
+        match checked_part(name, &rendered) {
+            Ok(()) => template.values.push((name.to_owned(), rendered)),
+            Err(err) => self.error = Some(err),
         }
         self
     }
 
-    /// The rendered template, or the first rule a part broke.
-    pub fn finish(self) -> Result<KeyBody> {
-        match self.error {
-            Some(err) => Err(err),
-            None if self.buf.is_empty() => Err(Error::InvalidKey {
+    /// The rendered key, or the first rule it broke. Guards call this themselves; it is
+    /// here for keys checked ahead of them.
+    pub fn finish(mut self) -> Result<KeyBody> {
+        if let Some(err) = self.error {
+            return Err(err);
+        }
+        if let Some(template) = &self.template {
+            template.render(&mut self.buf)?;
+        }
+        if self.buf.is_empty() {
+            return Err(Error::InvalidKey {
                 part: "key".to_owned(),
                 rule: KeyRule::Empty,
-            }),
-            None => Ok(KeyBody(self.buf)),
+            });
         }
+        Ok(KeyBody(self.buf))
+    }
+}
+
+/// A rendered value checked as a part; empty is missing.
+fn checked_part(name: &str, rendered: &str) -> Result<()> {
+    check(rendered, MAX_PART_LEN, is_part_byte, PART_CHARS).map_err(|rule| {
+        if rule == KeyRule::Empty {
+            Error::MissingKey {
+                part: name.to_owned(),
+            }
+        } else {
+            Error::InvalidKey {
+                part: name.to_owned(),
+                rule,
+            }
+        }
+    })
+}
+
+/// What every guard takes as its key: a [`redguard::key`](crate::key()) template filled in (a [`KeyBuilder`]), a
+/// [`KeyBody`] rendered before, or plain text (`&str`, `String`: `[A-Za-z0-9._@:-]`, checked as
+/// template text; render request values with [`KeyBuilder::part`] instead, which also rejects
+/// `:`). A key that broke a rule is reported when the guard runs, so no call site has a
+/// `finish()?` to forget.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> redguard::Result<()> {
+/// let rg = redguard::Redguard::memory();
+/// let id = 42u64;
+/// rg.lock("reports:daily").try_acquire().await?;
+/// rg.limiter(redguard::key("login:{id}").part("id", &id)).rate("5/min").check().await?;
+/// # Ok(()) }
+/// ```
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a redguard key",
+    label = "a guard takes `redguard::key(\"..{{name}}..\").part(\"name\", &value)`, a `&str` or a `KeyBody`",
+    note = "render request values with `redguard::key(template).part(name, &value)`"
+)]
+pub trait IntoKey {
+    /// The validated body.
+    fn into_key(self) -> Result<KeyBody>;
+}
+
+impl IntoKey for KeyBody {
+    fn into_key(self) -> Result<KeyBody> {
+        Ok(self)
+    }
+}
+
+impl IntoKey for Result<KeyBody> {
+    fn into_key(self) -> Result<KeyBody> {
+        self
+    }
+}
+
+impl IntoKey for KeyBuilder {
+    fn into_key(self) -> Result<KeyBody> {
+        self.finish()
+    }
+}
+
+impl IntoKey for &str {
+    fn into_key(self) -> Result<KeyBody> {
+        KeyBuilder::new().text(self).finish()
+    }
+}
+
+impl IntoKey for String {
+    fn into_key(self) -> Result<KeyBody> {
+        self.as_str().into_key()
+    }
+}
+
+impl IntoKey for &String {
+    fn into_key(self) -> Result<KeyBody> {
+        self.as_str().into_key()
     }
 }
 
@@ -324,7 +490,7 @@ pub enum GuardKind {
     Lock,
     /// `#[rate_limit]` state.
     RateLimit,
-    /// Idempotency tokens issued by [`Tokens`](crate::Tokens).
+    /// Idempotency tokens issued by [`Tokens`](crate::tokens::Tokens).
     Token,
 }
 
@@ -429,12 +595,106 @@ mod tests {
             matches!(&err, Error::InvalidKey { part, rule: KeyRule::Empty } if part == "key"),
             "{err:?}"
         );
-        let body = KeyBuilder::new().text("a:").finish().unwrap();
-        let continued = KeyBuilder::continuing(body)
-            .part("b", "7")
+        let err = KeyBuilder::template("").finish().unwrap_err();
+        assert!(
+            matches!(
+                &err,
+                Error::InvalidKey {
+                    rule: KeyRule::Empty,
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+    }
+
+    /// A template renders as the appending form does, whatever order its parts come in, and
+    /// checks its values and text alike.
+    #[test]
+    fn templates_render_like_the_appending_form() {
+        let appended = KeyBuilder::new()
+            .text("order:")
+            .part("user", &7u64)
+            .text(":")
+            .part("id", "A-1")
             .finish()
             .unwrap();
-        assert_eq!(continued.as_str(), "a:7");
+        let filled = KeyBuilder::template("order:{user}:{id}")
+            .part("id", "A-1")
+            .part("user", &7u64)
+            .finish()
+            .unwrap();
+        assert_eq!(filled, appended);
+        assert_eq!(
+            KeyBuilder::template("{a}{b}")
+                .part("a", "1")
+                .part("b", "2")
+                .finish()
+                .unwrap()
+                .as_str(),
+            "12"
+        );
+        assert_eq!(
+            KeyBuilder::template("plain:text")
+                .finish()
+                .unwrap()
+                .as_str(),
+            "plain:text"
+        );
+        let err = KeyBuilder::template("u:{id}")
+            .part("id", "a:b")
+            .finish()
+            .unwrap_err();
+        assert!(
+            matches!(&err, Error::InvalidKey { part, .. } if part == "id"),
+            "{err:?}"
+        );
+        let err = KeyBuilder::template("u:{id}")
+            .part("id", &None::<u64>)
+            .finish()
+            .unwrap_err();
+        assert!(
+            matches!(&err, Error::MissingKey { part } if part == "id"),
+            "{err:?}"
+        );
+        let err = KeyBuilder::template("u id:{id}")
+            .part("id", "1")
+            .finish()
+            .unwrap_err();
+        assert!(matches!(&err, Error::InvalidKey { .. }), "{err:?}");
+    }
+
+    /// A template's placeholders and its `.part` calls must match: a typo would otherwise
+    /// give every call one shared key.
+    #[test]
+    fn a_template_and_its_parts_must_match() {
+        let unfilled = KeyBuilder::template("stock:{sku}").finish().unwrap_err();
+        assert!(
+            matches!(&unfilled, Error::Config(m) if m.contains("`sku` is not filled")),
+            "{unfilled:?}"
+        );
+        let unknown = KeyBuilder::template("stock:{sku}")
+            .part("skew", "1")
+            .finish()
+            .unwrap_err();
+        assert!(
+            matches!(&unknown, Error::Config(m) if m.contains("no placeholder `{skew}`")),
+            "{unknown:?}"
+        );
+        let open = KeyBuilder::template("stock:{sku")
+            .part("sku", "1")
+            .finish()
+            .unwrap_err();
+        assert!(matches!(&open, Error::Config(_)), "{open:?}");
+        let body = KeyBuilder::template("stock:{sku}")
+            .part("sku", "1")
+            .into_key()
+            .unwrap();
+        assert_eq!(body.as_str(), "stock:1");
+        assert!(
+            "stock:{sku}".into_key().is_err(),
+            "braces are not template text"
+        );
     }
 
     #[test]

@@ -134,13 +134,13 @@ pub const METRICS: &[Metric] = &[
 
 /// Describes every metric to the installed `metrics` recorder (type, unit, help text), so an
 /// exporter such as Prometheus shows them with `# HELP` and the right unit. Call it after
-/// installing the recorder; [`Builder::connect`](crate::Builder::connect) calls it too.
+/// installing the recorder; [`Builder::connect`](crate::handle::Builder::connect) calls it too.
 ///
 /// ```
-/// for metric in redguard::METRICS {
+/// for metric in redguard::telemetry::METRICS {
 ///     assert!(metric.name.starts_with("redguard_"));
 /// }
-/// redguard::describe_metrics(); // no recorder installed: nothing happens
+/// redguard::telemetry::describe_metrics(); // no recorder installed: nothing happens
 /// ```
 pub fn describe_metrics() {
     for metric in METRICS {

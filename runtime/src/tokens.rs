@@ -12,31 +12,13 @@ use crate::error::{Error, Result};
 use crate::handle::Redguard;
 use crate::key::{GuardKind, Key, KeyBody, KeyBuilder, check_name};
 use crate::store::TokenOutcome;
+use crate::undo::{Compensate, Undo};
 use crate::values::Replicas;
 
 pub use redguard_grammar::tokens::MAX_TOKEN_TTL;
 
 /// Scope under which token keys live.
 const TOKEN_SCOPE: &str = "tokens";
-
-/// Issues and consumes tokens on the installed handle (see [`Tokens`]).
-///
-/// ```
-/// # #[tokio::main(flavor = "current_thread")] async fn main() -> redguard::Result<()> {
-/// # use std::time::Duration;
-/// # redguard::Redguard::memory().scope(async {
-/// let token = redguard::tokens().issue("order-submit", Duration::from_secs(600)).await?;
-/// redguard::tokens().consume("order-submit", &token).await?;
-/// let again = redguard::tokens().consume("order-submit", &token).await;
-/// assert!(matches!(again, Err(redguard::Error::TokenUsed)));
-/// # Ok(()) }).await }
-/// ```
-pub fn tokens() -> Tokens {
-    Tokens {
-        handle: None,
-        replicas: None,
-    }
-}
 
 impl Redguard {
     /// Idempotency tokens on this handle (see [`Tokens`]).
@@ -56,7 +38,7 @@ impl Redguard {
     }
 }
 
-/// Token operations on one handle, or on the current one when built by [`tokens()`].
+/// Token operations on one handle, or on the current one when built by [`tokens()`](crate::tokens()).
 #[derive(Debug, Clone)]
 pub struct Tokens {
     handle: Option<Redguard>,
@@ -65,6 +47,14 @@ pub struct Tokens {
 }
 
 impl Tokens {
+    /// See [`redguard::tokens`](crate::tokens()).
+    pub(crate) fn current() -> Tokens {
+        Tokens {
+            handle: None,
+            replicas: None,
+        }
+    }
+
     fn handle(&self) -> Result<Redguard> {
         match &self.handle {
             Some(handle) => Ok(handle.clone()),
@@ -80,7 +70,7 @@ impl Tokens {
     /// [`BackendError::Unconfirmed`](crate::BackendError::Unconfirmed) (the stored token was
     /// given to nobody and is deleted again). Consuming is not confirmed. `count` is 1 to 16;
     /// `timeout` 1 ms to 10 s and at most half the handle's
-    /// [`timeout`](crate::Builder::timeout). The memory store counts every issue as
+    /// [`timeout`](crate::handle::Builder::timeout). The memory store counts every issue as
     /// confirmed.
     ///
     /// ```
@@ -122,7 +112,7 @@ impl Tokens {
     /// Consumes `token` for `scene`. `Ok` means this caller is the one that used it;
     /// [`Error::TokenUsed`], [`Error::TokenUnknown`] and [`Error::TokenMismatch`] tell the
     /// other outcomes apart. A malformed token is unknown. When the store cannot answer, the
-    /// idempotency [`FailMode`](crate::FailMode) applies (closed by default:
+    /// idempotency [`FailMode`](crate::handle::FailMode) applies (closed by default:
     /// [`Error::Backend`]).
     pub async fn consume(&self, scene: &str, token: &str) -> Result<()> {
         let handle = self.handle()?;
@@ -137,29 +127,32 @@ impl Tokens {
         let token = Token::new(&handle, scene.to_owned(), &body)?;
         // A consume that fails or is dropped may still have run: give the token back after
         // it, as the caller was told it did not get it.
-        let mut undo = Unconsume {
-            armed: Some((handle.clone(), token.clone(), owner.clone())),
-        };
+        let mut undo = Undo::armed(Unconsume {
+            handle: handle.clone(),
+            token: token.clone(),
+            owner: owner.clone(),
+        });
         let consumed = token.consume(&handle, &owner).await;
         if !matches!(consumed, Err(Error::Backend(_))) {
-            undo.armed = None;
+            undo.disarm();
         }
         consumed
     }
 }
 
-/// Gives a token back when dropped armed; see [`Tokens::consume`].
+/// A consume whose outcome is unknown, given back unless disarmed; see [`Tokens::consume`].
 struct Unconsume {
-    armed: Option<(Redguard, Token, String)>,
+    handle: Redguard,
+    token: Token,
+    owner: String,
 }
 
-impl Drop for Unconsume {
-    fn drop(&mut self) {
-        if let Some((handle, token, owner)) = self.armed.take()
-            && let Ok(runtime) = tokio::runtime::Handle::try_current()
-        {
-            runtime.spawn(async move { token.restore(&handle, &owner).await });
-        }
+impl Compensate for Unconsume {
+    const ABANDONED: &'static str =
+        "token consume abandoned outside a Tokio runtime; the token may stay used";
+
+    async fn undo(self) {
+        self.token.restore(&self.handle, &self.owner).await
     }
 }
 

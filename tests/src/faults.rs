@@ -10,7 +10,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use redguard::{Error, FailMode, GuardKind, Idempotency, KeyBuilder, Redguard, track_replay};
+use redguard::{
+    Error, Redguard, handle::FailMode, idempotency::track_replay, key::GuardKind, key::KeyBuilder,
+};
 
 use crate::RedisServer;
 
@@ -241,7 +243,8 @@ pub async fn idempotent_call(
         Ok::<u64, Error>(intent * 3)
     };
     rg.scope(track_replay(
-        Idempotency::new("faults", key)
+        redguard::idempotency(key)
+            .scope("faults")
             .expire(IDEM_EXPIRE)
             .run(body),
     ))
@@ -258,7 +261,7 @@ pub async fn locked_section(rg: &Redguard, shared: &Arc<Shared>) -> Result<Optio
         .lease(LEASE)
         .wait(LOCK_WAIT)
         .run(async move {
-            let fence = redguard::fence();
+            let fence = redguard::lock::fence();
             if fence.is_none() {
                 return Ok(None);
             }

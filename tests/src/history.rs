@@ -43,7 +43,10 @@ use std::str::FromStr;
 use std::sync::OnceLock;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use redguard::{Algorithm, GuardKind, KeyBody, KeyBuilder, Limit, Rate, Redguard};
+use redguard::{
+    Redguard, key::GuardKind, key::KeyBody, key::KeyBuilder, rate::Algorithm, rate::Limit,
+    rate::Rate,
+};
 
 /// Wall-clock microseconds since the Unix epoch (see the module docs for why this clock).
 pub fn now_us() -> u64 {

@@ -5,7 +5,9 @@
 use std::time::{Duration, Instant};
 
 use redguard::__private::store::{RateCheck, RateMode};
-use redguard::{Algorithm, GuardKind, KeyBuilder, Limit, Rate, Redguard};
+use redguard::{
+    Redguard, key::GuardKind, key::KeyBuilder, rate::Algorithm, rate::Limit, rate::Rate,
+};
 
 /// One driven run: which limit, how hard, how long.
 #[derive(Debug, Clone)]

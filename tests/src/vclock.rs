@@ -35,7 +35,7 @@ use std::cell::RefCell;
 use std::future::Future;
 use std::time::Duration;
 
-use redguard::{Clock, ManualClock, Redguard};
+use redguard::{Redguard, clock::Clock, clock::ManualClock};
 
 use crate::{RedisCluster, RedisServer};
 

@@ -12,8 +12,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use metrics_exporter_prometheus::PrometheusHandle;
-use redguard::Rate;
 use redguard::http::{Global, IdempotencyKey, Policy, RateLimitLayer};
+use redguard::rate::Rate;
 use serde::Deserialize;
 use serde_json::json;
 use tokio::time::Instant;
@@ -297,7 +297,7 @@ async fn submit_order(
         token.as_deref(),
         order,
     );
-    let (placed, replayed) = redguard::track_replay(submitted).await;
+    let (placed, replayed) = redguard::idempotency::track_replay(submitted).await;
     let placed = placed?;
     let replayed = replayed || placed.from_database;
     let mut response = (StatusCode::CREATED, Json(placed)).into_response();

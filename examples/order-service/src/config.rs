@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use clap::error::ErrorKind;
 use clap::{CommandFactory, Parser};
-use redguard::Rate;
+use redguard::rate::Rate;
 
 /// Everything the service reads at startup. `order-service --help` lists it.
 #[derive(Debug, Clone, Parser)]

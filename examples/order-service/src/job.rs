@@ -14,7 +14,7 @@ use crate::orders::{App, Shared};
 /// Each run is recorded with its fencing token, so overlapping runs would show in `job_runs`.
 #[dist_lock(key = "job:close-unpaid", lease = "30s", skip_if_held)]
 async fn close_unpaid_once(app: &App) -> Result<usize, ApiError> {
-    let fence = redguard::fence().unwrap_or(0);
+    let fence = redguard::lock::fence().unwrap_or(0);
     let deadline = app.config.deadline();
     let started = now_ms();
     let timeout = i64::try_from(app.config.unpaid_timeout().as_millis()).unwrap_or(i64::MAX);

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::http::StatusCode;
-use redguard::{Idempotency, KeyBuilder, dist_lock, idempotent};
+use redguard::{dist_lock, idempotent, key::KeyBuilder};
 use serde::{Deserialize, Serialize};
 use tokio::sync::RwLock;
 use tokio::time::Instant;
@@ -80,7 +80,8 @@ pub(crate) async fn submit_order(
         .text(":")
         .part("idem_key", idem_key)
         .finish()?;
-    let mut guard = Idempotency::new("order-submit", key)
+    let mut guard = redguard::idempotency(key)
+        .scope("order-submit")
         .expire(Duration::from_secs(600))
         .payload(&req);
     if let Some(token) = token {
@@ -111,7 +112,7 @@ async fn reserve_stock(
     user_id: u64,
     idem_key: &str,
 ) -> Result<Placed, ApiError> {
-    let fence = redguard::fence().unwrap_or(0);
+    let fence = redguard::lock::fence().unwrap_or(0);
     let placed = app
         .db
         .place_order(

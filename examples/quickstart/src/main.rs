@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use redguard::{Classify, Error, ErrorClass, Redguard, idempotent, track_replay};
+use redguard::{Classify, Error, ErrorClass, Redguard, idempotency::track_replay, idempotent};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug)]

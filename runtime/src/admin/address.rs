@@ -58,7 +58,7 @@ const LOCK_COMPANIONS: [&str; 5] = ["fence", "queue", "registered", "readers", "
 /// A guard key an operator named, checked: `<prefix>:<guard>:{<scope>:<key>}`.
 ///
 /// ```
-/// use redguard::GuardKind;
+/// use redguard::key::GuardKind;
 /// use redguard::admin::{Admin, AdminKey};
 ///
 /// let admin = Admin::new(redguard::Redguard::memory());

@@ -25,7 +25,7 @@
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")] async fn main() -> redguard::Result<()> {
-//! use redguard::{GuardKind, Redguard};
+//! use redguard::{key::GuardKind, Redguard};
 //! use redguard::admin::Admin;
 //!
 //! let rg = Redguard::memory();
@@ -206,11 +206,11 @@ impl Admin {
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> redguard::Result<()> {
-    /// use redguard::{Algorithm, GuardKind, Limit, Rate, Redguard};
+    /// use redguard::{rate::Algorithm, key::GuardKind, rate::Limit, rate::Rate, Redguard};
     /// use redguard::admin::Admin;
     ///
     /// let rg = Redguard::memory();
-    /// redguard::limiter("login:").part("ip", "10.0.0.1").rate("5/min").on(&rg).check().await?;
+    /// redguard::limiter(redguard::key("login:{ip}").part("ip", "10.0.0.1")).rate("5/min").on(&rg).check().await?;
     /// let admin = Admin::new(rg);
     /// let key = admin.key(GuardKind::RateLimit, "limiter", "login:10.0.0.1")?;
     /// let limit = Limit::new(Algorithm::Gcra, Rate::per_minute(5), None, 1, Default::default())?;
@@ -239,7 +239,7 @@ impl Admin {
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> redguard::Result<()> {
-    /// use redguard::{GuardKind, Redguard};
+    /// use redguard::{key::GuardKind, Redguard};
     /// use redguard::admin::{Admin, ScanSelect};
     ///
     /// let rg = Redguard::memory();
@@ -336,12 +336,12 @@ impl Admin {
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> redguard::Result<()> {
-    /// use redguard::{GuardKind, KeyBuilder, Redguard};
+    /// use redguard::{key::GuardKind, key::KeyBuilder, Redguard};
     /// use redguard::admin::Admin;
     ///
     /// let rg = Redguard::memory();
     /// let body = KeyBuilder::new().text("order:1").finish()?;
-    /// rg.scope(redguard::Idempotency::new("shop", body).run(async { Ok::<_, redguard::Error>(1) }))
+    /// rg.scope(redguard::idempotency(body).scope("shop").run(async { Ok::<_, redguard::Error>(1) }))
     ///     .await?;
     /// let admin = Admin::new(rg);
     /// let key = admin.key(GuardKind::Idempotency, "shop", "order:1")?;
@@ -394,14 +394,14 @@ impl Admin {
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> redguard::Result<()> {
-    /// use redguard::{GuardKind, Idempotency, KeyBuilder, Redguard};
+    /// use redguard::{key::GuardKind, idempotency::Idempotency, key::KeyBuilder, Redguard};
     /// use redguard::admin::{Admin, Resolution};
     ///
     /// let rg = Redguard::memory();
     /// let charge = || {
     ///     let key = KeyBuilder::new().text("charge:1").finish().unwrap();
     ///     // The gateway timed out: charged or not, nobody knows.
-    ///     Idempotency::new("billing", key).run(async { Err::<u64, _>(redguard::Error::Timeout {
+    ///     redguard::idempotency(key).scope("billing").run(async { Err::<u64, _>(redguard::Error::Timeout {
     ///         after: std::time::Duration::from_secs(2),
     ///     }) })
     /// };
@@ -486,7 +486,7 @@ impl Admin {
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> redguard::Result<()> {
-    /// use redguard::{GuardKind, Redguard};
+    /// use redguard::{key::GuardKind, Redguard};
     /// use redguard::admin::Admin;
     ///
     /// let rg = Redguard::memory();
@@ -516,7 +516,7 @@ impl Admin {
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> redguard::Result<()> {
-    /// use redguard::{GuardKind, Redguard};
+    /// use redguard::{key::GuardKind, Redguard};
     /// use redguard::admin::Admin;
     ///
     /// let rg = Redguard::memory();

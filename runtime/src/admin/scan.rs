@@ -19,7 +19,7 @@ const READ_BATCH: usize = 32;
 /// Which keys [`Admin::scan`](super::Admin::scan) counts.
 ///
 /// ```
-/// use redguard::GuardKind;
+/// use redguard::key::GuardKind;
 /// use redguard::admin::ScanSelect;
 ///
 /// let select = ScanSelect::guard(GuardKind::Lock).scope("shop::reserve").limit(1000);

@@ -152,7 +152,7 @@ impl<T: Topology> Builder<T> {
         }
     }
 
-    /// The clock of an in-memory store (default: [`TokioClock`](crate::TokioClock), the
+    /// The clock of an in-memory store (default: [`TokioClock`](crate::clock::TokioClock), the
     /// system's time that follows Tokio's paused time in tests). Redis uses its own clock,
     /// so setting one on a Redis builder is a configuration error — except with the
     /// `test-util` feature, where it pins the scripts' clock (see `script_transform`).

@@ -72,7 +72,7 @@ impl fmt::Debug for Redguard {
 
 impl Redguard {
     /// A handle on a fresh in-process store with default settings. Safe for one instance
-    /// only. Its clock is a [`TokioClock`](crate::TokioClock): with Tokio's time paused
+    /// only. Its clock is a [`TokioClock`](crate::clock::TokioClock): with Tokio's time paused
     /// (`#[tokio::test(start_paused = true)]`), records expire, leases end and rate windows
     /// turn as `tokio::time::advance` says.
     ///

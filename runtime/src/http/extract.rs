@@ -12,7 +12,7 @@ use crate::error::{Error, Result};
 ///
 /// `None` means the request carries no key: it is answered `400` (or the status
 /// [`missing_status`](KeyExtractor::missing_status) gives) without a store call. A returned
-/// key is validated by the key rules ([`KeyPart`](crate::KeyPart): `[A-Za-z0-9._@-]`, at most
+/// key is validated by the key rules ([`KeyPart`](crate::key::KeyPart): `[A-Za-z0-9._@-]`, at most
 /// 64 bytes); one that breaks them is a `400` too.
 ///
 /// Any `Fn(&http::request::Parts) -> Option<String>` is one:

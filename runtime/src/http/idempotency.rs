@@ -48,7 +48,7 @@
 //! | a retry after an unknown outcome | `409` `outcome_unknown` (until an operator resolves it, or it expires) |
 //! | the same key with another method, path or body | `422` `key_reuse` |
 //! | a retry after a recorded success | the recorded response, with `Idempotent-Replayed: true` |
-//! | the store cannot answer | `503` (the idempotency [`FailMode`](crate::FailMode) is closed by default) |
+//! | the store cannot answer | `503` (the idempotency [`FailMode`](crate::handle::FailMode) is closed by default) |
 //!
 //! # Which outcome a response is
 //!
@@ -93,7 +93,7 @@
 //! outcome and retries are refused rather than run twice. A failure's body is never read.
 
 //! The handler runs in a task of its own by default
-//! ([`Idempotency::detach`](crate::Idempotency::detach)): a client that disconnects
+//! ([`Idempotency::detach`](crate::idempotency::Idempotency::detach)): a client that disconnects
 //! mid-request does not cancel it, and its retry gets the recorded result.
 //!
 //! # Keys are per client
@@ -130,7 +130,7 @@ use super::idempotency_key::{IdempotencyKey, IdempotencyKeyRejection};
 use super::response::{OnRejection, Rejection, ResponseBody, ResponseFuture, reject};
 use crate::error::{Error, Result};
 use crate::handle::Redguard;
-use crate::idempotency::{Classify, ErrorClass, Idempotency, track_replay};
+use crate::idempotency::{Classify, ErrorClass, track_replay};
 use crate::key::{KeyBuilder, MAX_SCOPE_LEN, check_name};
 
 /// Default largest request body read (1 MiB).
@@ -380,7 +380,7 @@ impl IdempotencyBuilder {
 
     /// Whether the handler runs in its own task, finishing and recording its outcome when
     /// the client disconnects (default `true`; see
-    /// [`Idempotency::detach`](crate::Idempotency::detach)).
+    /// [`Idempotency::detach`](crate::idempotency::Idempotency::detach)).
     pub fn detach(mut self, detach: bool) -> Self {
         self.config.detach = detach;
         self
@@ -630,7 +630,8 @@ where
             };
             let digest = Sha256::digest((config.fingerprint)(&parts, &bytes));
             let fingerprint: String = digest.iter().map(|b| format!("{b:02x}")).collect();
-            let guard = Idempotency::new(config.scope.clone(), body_key)
+            let guard = crate::idempotency(body_key)
+                .scope(config.scope.clone())
                 .expire(config.expire)
                 .payload(&fingerprint);
             let guard = match config.timeout {

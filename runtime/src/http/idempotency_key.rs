@@ -44,7 +44,7 @@ use crate::key::{KeyBody, KeyBuilder, KeyPart};
 /// let key = IdempotencyKey::parse(b"9f1c-77").expect("valid");
 /// let rg = redguard::Redguard::memory();
 /// assert_eq!(rg.scope(pay(&key, 500)).await?, 500);
-/// assert_eq!(rg.scope(redguard::track_replay(pay(&key, 500))).await.1, true);
+/// assert_eq!(rg.scope(redguard::idempotency::track_replay(pay(&key, 500))).await.1, true);
 /// # Ok(()) }
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -97,7 +97,7 @@ impl IdempotencyKey {
         &self.value
     }
 
-    /// The key as a validated key body, for [`Idempotency::new`](crate::Idempotency::new).
+    /// The key as a validated key body, for [`redguard::idempotency`](crate::idempotency()).
     pub fn key_body(&self) -> &KeyBody {
         &self.body
     }

@@ -43,7 +43,7 @@
 //! - No key in the request (see [`KeyExtractor`]), or one that breaks the key rules: `400`
 //!   (`500` for [`ClientIp`](super::ClientIp) without a peer address), nothing sent to the
 //!   store.
-//! - The store cannot answer: the rate-limit [`FailMode`](crate::FailMode) applies (by
+//! - The store cannot answer: the rate-limit [`FailMode`](crate::handle::FailMode) applies (by
 //!   default the request is admitted, its headers showing the whole quota;
 //!   `FailMode::Closed` answers `503` with `Retry-After`).
 //!
@@ -70,7 +70,7 @@ use super::response::{OnRejection, Rejection, ResponseBody, ResponseFuture, reje
 use crate::error::{Error, Result};
 use crate::handle::Redguard;
 use crate::key::{KeyBuilder, MAX_SCOPE_LEN, check_name};
-use crate::rate::{Limiter, RateLimits};
+use crate::rate::RateLimits;
 use crate::values::{Algorithm, Decision, IntoRate, Limit, Rate};
 
 /// Default key scope of a layer's limits (each limit adds `.<name>`).
@@ -96,7 +96,7 @@ struct Config<K> {
 /// headers and part of its key, so limits with different names never share a count.
 ///
 /// ```
-/// use redguard::Algorithm;
+/// use redguard::rate::Algorithm;
 /// use redguard::http::{Policy, RateLimitLayer};
 ///
 /// let layer = RateLimitLayer::builder(redguard::http::Global)
@@ -303,8 +303,8 @@ impl<K: KeyExtractor> Config<K> {
             // The key `Global` gives: a global policy and a `Global` layer of the same scope
             // and name count together.
             let key = if policy.global { "global" } else { key };
-            let mut limiter = Limiter::new(None, format!("{}.{}", self.scope, policy.name).into())
-                .part("key", key)
+            let mut limiter = crate::limiter(KeyBuilder::new().part("key", key))
+                .scope(format!("{}.{}", self.scope, policy.name))
                 .algorithm(policy.algorithm);
             limiter = match &policy.rate {
                 Ok(rate) => limiter.rate(*rate),

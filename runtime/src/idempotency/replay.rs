@@ -12,12 +12,11 @@ tokio::task_local! {
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> redguard::Result<()> {
-/// use redguard::{Idempotency, KeyBuilder, Redguard, track_replay};
+/// use redguard::idempotency::track_replay;
 ///
-/// let rg = Redguard::memory();
-/// let call = || async {
-///     let key = KeyBuilder::new().part("id", "order-1").finish()?;
-///     Idempotency::new("checkout", key).run(async { Ok::<_, redguard::Error>(7) }).await
+/// let rg = redguard::Redguard::memory();
+/// let call = || {
+///     redguard::idempotency("order-1").scope("checkout").run(async { Ok::<_, redguard::Error>(7) })
 /// };
 /// let (first, replayed) = rg.scope(track_replay(call())).await;
 /// assert_eq!((first?, replayed), (7, false));

@@ -14,6 +14,7 @@ use crate::error::{BackendError, Error, Result};
 use crate::handle::Redguard;
 use crate::key::{GuardKind, Key};
 use crate::store::{Acquire, LockAcquire, LockWatch};
+use crate::undo::{Compensate, Undo};
 use crate::values::{LockKind, Replicas};
 
 /// Validated settings of one acquisition.
@@ -29,66 +30,62 @@ pub(crate) struct Spec {
     pub(crate) replicas: Option<Replicas>,
 }
 
-/// Undoes an acquisition whose outcome is unknown, unless disarmed by a definite reply: when
-/// dropped armed (the caller's future was dropped in flight, or the store call failed), it
-/// spawns [`ops::undo`].
-struct InFlight {
-    undo: Option<(Redguard, Key, String, LockKind, u32)>,
+/// An acquisition whose outcome is unknown (the caller's future was dropped in flight, or the
+/// store call failed), undone by [`ops::undo`] unless a definite reply disarms it.
+struct Acquisition {
+    handle: Redguard,
+    key: Key,
+    owner: String,
+    kind: LockKind,
+    level: u32,
 }
 
-impl InFlight {
-    /// Undoes now, by `deadline`, and disarms once the store acknowledged it; still armed
-    /// (so undone again from `Drop`) if it failed or ran out of time.
-    async fn undo_by(&mut self, deadline: Instant) {
-        let Some((handle, key, owner, kind, level)) = &self.undo else {
-            return;
-        };
-        let undo = ops::undo(*kind, handle.store().as_ref(), key, owner, *level);
-        match tokio::time::timeout_at(deadline, undo).await {
-            Ok(Ok(())) => self.undo = None,
-            Ok(Err(err)) => {
-                tracing::debug!(%key, error = %err, "could not undo an unconfirmed acquisition; sent again");
-            }
-            Err(_) => {
-                tracing::debug!(%key, "undoing an unconfirmed acquisition ran out of time; sent again")
-            }
+impl Compensate for Acquisition {
+    const ABANDONED: &'static str =
+        "lock acquisition abandoned outside a Tokio runtime; its lease will free it";
+
+    async fn undo(self) {
+        let store = self.handle.store().as_ref();
+        if let Err(err) = ops::undo(self.kind, store, &self.key, &self.owner, self.level).await {
+            tracing::warn!(key = %self.key, error = %err, "could not undo an acquisition whose outcome is unknown; its lease will free it");
         }
     }
 }
 
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        let Some((handle, key, owner, kind, level)) = self.undo.take() else {
-            return;
-        };
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            tracing::debug!(%key, "acquisition abandoned outside a Tokio runtime; its lease will free it");
-            return;
-        };
-        runtime.spawn(async move {
-            if let Err(err) = ops::undo(kind, handle.store().as_ref(), &key, &owner, level).await {
-                tracing::warn!(%key, error = %err, "could not undo an acquisition whose outcome is unknown; its lease will free it");
-            }
-        });
+/// Undoes now, by `deadline`, and disarms once the store acknowledged it; still armed (so
+/// undone again from `Drop`) if it failed or ran out of time.
+async fn undo_by(in_flight: &mut Undo<Acquisition>, deadline: Instant) {
+    let Some(a) = in_flight.get() else {
+        return;
+    };
+    let undo = ops::undo(a.kind, a.handle.store().as_ref(), &a.key, &a.owner, a.level);
+    match tokio::time::timeout_at(deadline, undo).await {
+        Ok(Ok(())) => {
+            in_flight.disarm();
+        }
+        Ok(Err(err)) => {
+            tracing::debug!(key = %a.key, error = %err, "could not undo an unconfirmed acquisition; sent again");
+        }
+        Err(_) => {
+            tracing::debug!(key = %a.key, "undoing an unconfirmed acquisition ran out of time; sent again")
+        }
     }
 }
 
-/// A fair waiter's place in the queue, left when dropped before acquiring.
+/// A fair waiter's place in the queue, left unless it acquired.
 struct FairPlace {
-    release: Option<(Redguard, Key, String)>,
+    handle: Redguard,
+    key: Key,
+    owner: String,
 }
 
-impl Drop for FairPlace {
-    fn drop(&mut self) {
-        let Some((handle, key, owner)) = self.release.take() else {
-            return;
-        };
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(async move {
-                if let Err(err) = handle.store().fair_leave(&key, &owner).await {
-                    tracing::debug!(%key, error = %err, "fair waiter could not leave; its place lapses");
-                }
-            });
+impl Compensate for FairPlace {
+    const ABANDONED: &'static str =
+        "fair waiter abandoned outside a Tokio runtime; its place lapses";
+
+    async fn undo(self) {
+        if let Err(err) = self.handle.store().fair_leave(&self.key, &self.owner).await {
+            tracing::debug!(key = %self.key, error = %err, "fair waiter could not leave; its place lapses");
         }
     }
 }
@@ -158,15 +155,19 @@ async fn acquire_traced(handle: Redguard, key: Key, spec: Spec) -> Result<LockGu
     };
     // A fair waiter that stops waiting (timeout, error, cancellation) gives up its place, or
     // the waiters behind it would wait for its registration to lapse.
-    let mut place = FairPlace {
-        release: (spec.kind == LockKind::Fair && watch.is_some())
-            .then(|| (handle.clone(), key.clone(), owner.clone())),
-    };
+    let mut place = Undo::disarmed();
+    if spec.kind == LockKind::Fair && watch.is_some() {
+        place.arm(FairPlace {
+            handle: handle.clone(),
+            key: key.clone(),
+            owner: owner.clone(),
+        });
+    }
     // The start of the last attempt: a fair lock handed to us after it is ours from then.
     let mut attempt_at = started;
     loop {
         if let Some(fence) = watch.as_ref().and_then(LockWatch::handed) {
-            place.release = None;
+            place.disarm();
             record(&spec.scope, "acquired", started);
             tracing::debug!(%key, fence, "fair lock handed over");
             return Ok(LockGuard::handed(
@@ -175,9 +176,13 @@ async fn acquire_traced(handle: Redguard, key: Key, spec: Spec) -> Result<LockGu
         }
         attempt_at = Instant::now();
         // A nested level is undone by name, so its undo never leaves the outer level.
-        let mut in_flight = InFlight {
-            undo: Some((handle.clone(), key.clone(), owner.clone(), spec.kind, level)),
-        };
+        let mut in_flight = Undo::armed(Acquisition {
+            handle: handle.clone(),
+            key: key.clone(),
+            owner: owner.clone(),
+            kind: spec.kind,
+            level,
+        });
         let acquire = Acquire {
             key: &key,
             owner: &owner,
@@ -196,12 +201,14 @@ async fn acquire_traced(handle: Redguard, key: Key, spec: Spec) -> Result<LockGu
         // Only a reply says what happened; after an error (a timeout above all) the script
         // may have run, or may still run when the store resumes: `in_flight` undoes it.
         match &outcome {
-            Ok(_) => in_flight.undo = None,
+            Ok(_) => {
+                in_flight.disarm();
+            }
             // The lock is ours on the master, but too few replicas have it: undone before the
             // refusal (or the degraded guard) is returned, within the call's bound, so a retry
             // right after it finds the lock free.
             Err(Error::Backend(BackendError::Unconfirmed { .. })) => {
-                in_flight.undo_by(attempt_at + handle.timeout()).await;
+                undo_by(&mut in_flight, attempt_at + handle.timeout()).await;
             }
             Err(_) => {}
         }
@@ -209,7 +216,7 @@ async fn acquire_traced(handle: Redguard, key: Key, spec: Spec) -> Result<LockGu
         let ttl = match outcome? {
             None => return Ok(LockGuard::degraded(key)),
             Some(LockAcquire::Acquired { fence, depth }) => {
-                place.release = None;
+                place.disarm();
                 record(&spec.scope, "acquired", started);
                 tracing::debug!(%key, fence, depth, "lock acquired");
                 return Ok(LockGuard::acquired(

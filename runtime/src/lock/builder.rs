@@ -4,6 +4,7 @@
 //! mean nothing — a fair semaphore, a read lock held at least 10 s, a semaphore re-entered —
 //! do not compile; only values (a wait over the maximum) are checked when the lock is taken.
 
+use std::borrow::Cow;
 use std::future::Future;
 use std::time::Duration;
 
@@ -13,52 +14,8 @@ use redguard_grammar::lock as grammar;
 use super::{DEFAULT_LEASE, DEFAULT_LOCK_SCOPE, DEFAULT_MAX_DEPTH, OnLost, acquire};
 use crate::error::{Error, Result};
 use crate::handle::Redguard;
-use crate::key::{GuardKind, KeyBody, KeyBuilder};
+use crate::key::{GuardKind, KeyBody};
 use crate::values::{LockKind, Replicas};
-
-/// A lock key body: a template already rendered ([`KeyBody`], [`KeyBuilder`]) or plain text
-/// (`&str`, `String`: `[A-Za-z0-9._@:-]`, validated as template text — render request values
-/// with [`KeyBuilder::part`] instead, which also rejects `:`).
-pub trait LockKey {
-    /// The validated body.
-    fn into_key_body(self) -> Result<KeyBody>;
-}
-
-impl LockKey for KeyBody {
-    fn into_key_body(self) -> Result<KeyBody> {
-        Ok(self)
-    }
-}
-
-impl LockKey for Result<KeyBody> {
-    fn into_key_body(self) -> Result<KeyBody> {
-        self
-    }
-}
-
-impl LockKey for KeyBuilder {
-    fn into_key_body(self) -> Result<KeyBody> {
-        self.finish()
-    }
-}
-
-impl LockKey for &str {
-    fn into_key_body(self) -> Result<KeyBody> {
-        KeyBuilder::new().text(self).finish()
-    }
-}
-
-impl LockKey for String {
-    fn into_key_body(self) -> Result<KeyBody> {
-        KeyBuilder::new().text(&self).finish()
-    }
-}
-
-impl LockKey for &String {
-    fn into_key_body(self) -> Result<KeyBody> {
-        KeyBuilder::new().text(self).finish()
-    }
-}
 
 mod sealed {
     pub trait Sealed {}
@@ -128,7 +85,7 @@ impl Kind for LockKind {
     }
 }
 
-/// How to take one lock. Built by [`lock`](super::lock) or [`Redguard::lock`]; finished by
+/// How to take one lock. Built by [`lock`](crate::lock()) or [`Redguard::lock`]; finished by
 /// [`acquire`](LockBuilder::acquire), [`try_acquire`](LockBuilder::try_acquire) or
 /// [`run`](LockBuilder::run). An exclusive lock unless [`fair`](LockBuilder::fair),
 /// [`permits`](LockBuilder::permits), [`read`](LockBuilder::read) or
@@ -190,7 +147,7 @@ impl LockBuilder<Exclusive> {
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> redguard::Result<()> {
-    /// use redguard::LockKind;
+    /// use redguard::lock::LockKind;
     /// let rg = redguard::Redguard::memory();
     /// let kind = LockKind::Semaphore { permits: 2 };
     /// let guard = rg.lock("exports").kind(kind).acquire().await?;
@@ -282,9 +239,17 @@ impl<K: Reentrant> LockBuilder<K> {
 }
 
 impl<K: Kind> LockBuilder<K> {
-    /// The key's scope (default [`DEFAULT_LOCK_SCOPE`]; `#[dist_lock]` uses the fn's path).
-    pub fn scope(mut self, scope: impl Into<String>) -> Self {
-        self.settings.scope = scope.into();
+    /// The key's scope: the operation it guards, so equal keys of unrelated operations do
+    /// not meet. A `&'static str` or a `String`; default [`DEFAULT_LOCK_SCOPE`] (`#[dist_lock]`
+    /// uses the fn's path).
+    pub fn scope(mut self, scope: impl Into<Cow<'static, str>>) -> Self {
+        self.settings.scope = scope.into().into_owned();
+        self
+    }
+
+    /// Takes the lock on `handle` instead of the current one.
+    pub fn on(mut self, handle: &Redguard) -> Self {
+        self.handle = Some(handle.clone());
         self
     }
 
@@ -316,16 +281,16 @@ impl<K: Kind> LockBuilder<K> {
 
     /// Counts an acquisition only once `count` replicas have it, waiting up to `timeout` for
     /// them (Redis `WAIT`, on the connection and node that took the lock; see
-    /// [`Replicas`](crate::Replicas)). Without it a master that fails right after granting
+    /// [`Replicas`](crate::store::Replicas)). Without it a master that fails right after granting
     /// the lock can be replaced by a replica that never saw it, and a second holder gets it.
     ///
     /// When fewer confirm in time, the acquisition is released again (acknowledged before this
     /// returns, so a retry right after finds the lock free) and the lock's
-    /// [`FailMode`](crate::FailMode) applies as for a store that cannot answer: closed (the
+    /// [`FailMode`](crate::handle::FailMode) applies as for a store that cannot answer: closed (the
     /// default) is [`Error::Backend`] with
     /// [`BackendError::Unconfirmed`](crate::BackendError::Unconfirmed), open is a degraded
     /// guard. `count` is 1 to 16; `timeout` 1 ms to 10 s and at most half the handle's
-    /// [`timeout`](crate::Builder::timeout), so `WAIT` ends before the call's own bound. Nested
+    /// [`timeout`](crate::handle::Builder::timeout), so `WAIT` ends before the call's own bound. Nested
     /// entries wait too; a fair lock handed over by the previous holder's release, renewals
     /// and releases do not (a lost renewal shortens the lease, a
     /// lost release frees the lock at the end of the lease). The memory store has no replicas

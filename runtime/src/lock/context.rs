@@ -36,8 +36,8 @@ tokio::task_local! {
 /// ```
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> redguard::Result<()> {
 /// let rg = redguard::Redguard::memory();
-/// assert_eq!(redguard::fence(), None);
-/// let fence = rg.lock("stock:SK1").run(async { Ok::<_, redguard::Error>(redguard::fence()) }).await?;
+/// assert_eq!(redguard::lock::fence(), None);
+/// let fence = rg.lock("stock:SK1").run(async { Ok::<_, redguard::Error>(redguard::lock::fence()) }).await?;
 /// assert!(fence.is_some());
 /// # Ok(()) }
 /// ```

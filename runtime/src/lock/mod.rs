@@ -1,6 +1,6 @@
 //! Distributed locks: owned, leased, renewed, fenced, released on every exit path.
 //!
-//! [`lock`] (or [`Redguard::lock`]) starts a [`LockBuilder`]; [`LockBuilder::acquire`] returns
+//! [`lock`](crate::lock()) (or [`Redguard::lock`]) starts a [`LockBuilder`]; [`LockBuilder::acquire`] returns
 //! a [`LockGuard`], and [`LockBuilder::run`] runs a future under the lock (what
 //! `#[dist_lock]` expands into). While a guard lives, a watchdog task renews its lease every
 //! lease/3 (under `run`, started only once the first renewal falls due); the task is aborted
@@ -27,10 +27,11 @@ mod watchdog;
 pub(crate) use self::watchdog::Live;
 
 use crate::handle::Redguard;
+use crate::key::IntoKey;
 
-pub use self::builder::{
-    Exclusive, Fair, Kind, LockBuilder, LockKey, Read, Reentrant, Semaphore, Write,
-};
+pub use crate::values::LockKind;
+
+pub use self::builder::{Exclusive, Fair, Kind, LockBuilder, Read, Reentrant, Semaphore, Write};
 pub use self::context::fence;
 pub use self::guard::LockGuard;
 pub use self::multi::{MultiLockBuilder, MultiLockGuard, lock_all};
@@ -41,7 +42,8 @@ pub use redguard_grammar::lock::{
 
 /// How deep one task may re-enter a lock it holds.
 pub const DEFAULT_MAX_DEPTH: u32 = 5;
-/// Scope of locks taken through [`lock`] when none is given.
+/// Scope of locks taken through [`lock`](crate::lock()) when none is given: the entry point's name, as
+/// for [`limiter`](crate::limiter()) and [`idempotency`](crate::idempotency()).
 pub const DEFAULT_LOCK_SCOPE: &str = "lock";
 
 /// What a holder does when its lock is lost while the guarded work runs (see
@@ -56,23 +58,6 @@ pub enum OnLost {
     Continue,
 }
 
-/// Starts a lock on the current handle (installed or scoped); see [`LockBuilder`].
-///
-/// ```
-/// # #[tokio::main(flavor = "current_thread")] async fn main() -> redguard::Result<()> {
-/// use std::time::Duration;
-/// # redguard::Redguard::memory().scope(async {
-/// let sku = "SK-1";
-/// let key = redguard::KeyBuilder::new().text("stock:").part("sku", sku);
-/// let guard = redguard::lock(key).wait(Duration::from_millis(300)).acquire().await?;
-/// // ... the few lines that need exclusion, passing guard.fence() to storage ...
-/// guard.release().await?;
-/// # Ok(()) }).await }
-/// ```
-pub fn lock(key: impl LockKey) -> LockBuilder {
-    LockBuilder::new(None, key.into_key_body())
-}
-
 impl Redguard {
     /// Starts a lock on this handle; see [`LockBuilder`].
     ///
@@ -85,7 +70,7 @@ impl Redguard {
     /// drop(guard); // released in the background; `guard.release().await` waits for it
     /// # Ok(()) }
     /// ```
-    pub fn lock(&self, key: impl LockKey) -> LockBuilder {
-        LockBuilder::new(Some(self.clone()), key.into_key_body())
+    pub fn lock(&self, key: impl IntoKey) -> LockBuilder {
+        LockBuilder::new(Some(self.clone()), key.into_key())
     }
 }

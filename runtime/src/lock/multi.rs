@@ -4,10 +4,12 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{DEFAULT_LEASE, DEFAULT_LOCK_SCOPE, LockGuard, LockKey};
+use std::borrow::Cow;
+
+use super::{DEFAULT_LEASE, DEFAULT_LOCK_SCOPE, LockGuard};
 use crate::error::{Error, Result};
 use crate::handle::Redguard;
-use crate::key::{GuardKind, KeyBody};
+use crate::key::{GuardKind, IntoKey, KeyBody};
 
 /// Starts an all-or-nothing lock of several keys on the current handle; see
 /// [`MultiLockBuilder`].
@@ -17,7 +19,7 @@ use crate::key::{GuardKind, KeyBody};
 /// # redguard::Redguard::memory().scope(async {
 /// use std::time::Duration;
 /// // An order touching two SKUs locks both, in whatever order they are listed.
-/// let guard = redguard::lock_all(["stock:SK2", "stock:SK1"])
+/// let guard = redguard::lock::lock_all(["stock:SK2", "stock:SK1"])
 ///     .wait(Duration::from_millis(300))
 ///     .acquire()
 ///     .await?;
@@ -25,13 +27,13 @@ use crate::key::{GuardKind, KeyBody};
 /// guard.release().await?;
 /// # Ok(()) }).await }
 /// ```
-pub fn lock_all<K: LockKey>(keys: impl IntoIterator<Item = K>) -> MultiLockBuilder {
+pub fn lock_all<K: IntoKey>(keys: impl IntoIterator<Item = K>) -> MultiLockBuilder {
     MultiLockBuilder::new(None, keys)
 }
 
 impl Redguard {
     /// Starts an all-or-nothing lock of several keys on this handle; see [`MultiLockBuilder`].
-    pub fn lock_all<K: LockKey>(&self, keys: impl IntoIterator<Item = K>) -> MultiLockBuilder {
+    pub fn lock_all<K: IntoKey>(&self, keys: impl IntoIterator<Item = K>) -> MultiLockBuilder {
         MultiLockBuilder::new(Some(self.clone()), keys)
     }
 }
@@ -54,10 +56,10 @@ pub struct MultiLockBuilder {
 }
 
 impl MultiLockBuilder {
-    fn new<K: LockKey>(handle: Option<Redguard>, keys: impl IntoIterator<Item = K>) -> Self {
+    fn new<K: IntoKey>(handle: Option<Redguard>, keys: impl IntoIterator<Item = K>) -> Self {
         MultiLockBuilder {
             handle,
-            bodies: keys.into_iter().map(LockKey::into_key_body).collect(),
+            bodies: keys.into_iter().map(IntoKey::into_key).collect(),
             scope: DEFAULT_LOCK_SCOPE.to_owned(),
             wait: Duration::ZERO,
             lease: DEFAULT_LEASE,
@@ -65,8 +67,14 @@ impl MultiLockBuilder {
     }
 
     /// The scope of every key (default [`DEFAULT_LOCK_SCOPE`]).
-    pub fn scope(mut self, scope: impl Into<String>) -> Self {
-        self.scope = scope.into();
+    pub fn scope(mut self, scope: impl Into<Cow<'static, str>>) -> Self {
+        self.scope = scope.into().into_owned();
+        self
+    }
+
+    /// Takes the locks on `handle` instead of the current one.
+    pub fn on(mut self, handle: &Redguard) -> Self {
+        self.handle = Some(handle.clone());
         self
     }
 

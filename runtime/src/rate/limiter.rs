@@ -1,58 +1,48 @@
-//! The [`limiter`] API: one limit on one key ([`Limiter`]), or several decided together
+//! The [`limiter`](crate::limiter()) API: one limit on one key ([`Limiter`]), or several decided together
 //! ([`RateLimits`]).
 
 use std::borrow::Cow;
+use std::future::Future;
 use std::time::Duration;
 
-use super::DEFAULT_SCOPE;
 use super::decide::{Resolved, decide, enforce_resolved};
 use crate::error::{Error, Result};
 use crate::handle::Redguard;
-use crate::key::{GuardKind, KeyBody, KeyBuilder, KeyPart, KeyRule};
+use crate::key::{GuardKind, IntoKey, KeyBody, KeyRule};
 use crate::store::RateMode;
 use crate::values::{Algorithm, Decision, IntoRate, Limit, Rate};
 
-/// Starts a limit on the key `text` (template text, `[A-Za-z0-9._@:-]`), to which
-/// [`Limiter::part`] appends request values.
-///
-/// ```
-/// # #[tokio::main(flavor = "current_thread")] async fn main() -> redguard::Result<()> {
-/// # redguard::Redguard::memory().scope(async {
-/// use redguard::{Algorithm, Rate};
-///
-/// let ip = "203.0.113.9";
-/// let login = redguard::limiter("login:ip:")
-///     .part("ip", ip)
-///     .rate(Rate::per_minute(10))
-///     .burst(3)
-///     .algorithm(Algorithm::Gcra);
-/// for _ in 0..3 {
-///     login.check().await?; // `?` turns a rejection into `Error::RateLimited`
-/// }
-/// assert!(matches!(login.check().await, Err(redguard::Error::RateLimited(_))));
-/// // Looking does not count:
-/// assert!(!login.peek().await?.allowed);
-/// // Or take the decision either way (and count it when admitted):
-/// let d = login.decide().await?;
-/// assert!(!d.allowed);
-/// # Ok(()) }).await }
-/// ```
-pub fn limiter(text: &str) -> Limiter {
-    let key = if text.is_empty() {
-        None
-    } else {
-        Some(KeyBuilder::new().text(text).finish())
-    };
-    Limiter::new(key, Cow::Borrowed(DEFAULT_SCOPE))
+impl Redguard {
+    /// Starts a limit on `key` on this handle; see [`Limiter`].
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> redguard::Result<()> {
+    /// let rg = redguard::Redguard::memory();
+    /// let exports = rg.limiter("exports").rate("1/min");
+    /// exports.check().await?;
+    /// assert!(exports.check().await.is_err());
+    /// # Ok(()) }
+    /// ```
+    pub fn limiter(&self, key: impl IntoKey) -> Limiter {
+        crate::limiter(key).on(self)
+    }
 }
 
-/// One limit on one key, built by [`limiter`]. Cheap to keep and reuse.
+/// One limit on one key, built by [`limiter`](crate::limiter()) or [`Redguard::limiter`]. Cheap to keep and
+/// reuse: [`key`](Limiter::key) gives the same limit on another key, its rate parsed once.
+///
+/// Three ways to ask, which differ in what a rejection is:
+///
+/// - [`check`](Limiter::check) (and [`run`](Limiter::run)): a rejection is
+///   `Err(`[`Error::RateLimited`]`)`, so `limiter.check().await?` enforces the limit.
+/// - [`decide`](Limiter::decide): a rejection is **`Ok`** with `allowed == false`; nothing is
+///   enforced unless the caller looks (it is `#[must_use]`).
+/// - [`peek`](Limiter::peek): what `decide` would answer, counting nothing.
 #[derive(Debug, Clone)]
 #[must_use = "a limiter does nothing until `.check().await`"]
 pub struct Limiter {
     handle: Option<Redguard>,
-    rendered: Option<KeyBody>,
-    key_error: Option<KeyError>,
+    key: std::result::Result<KeyBody, KeyError>,
     /// Borrowed for `#[rate_limit]` (its scope is a `&'static str`): no allocation per call.
     scope: Cow<'static, str>,
     rate: Option<std::result::Result<Rate, String>>,
@@ -71,16 +61,24 @@ pub struct Limiter {
 /// A key-rendering failure, kept so a reused limiter reports it on every check.
 #[derive(Debug, Clone)]
 enum KeyError {
-    Invalid { part: String, rule: KeyRule },
-    Missing { part: String },
+    Invalid {
+        part: String,
+        rule: KeyRule,
+    },
+    Missing {
+        part: String,
+    },
+    /// Anything else (a template whose parts do not match), by its message.
+    Other(String),
 }
 
 impl KeyError {
-    fn from_error(err: Error) -> Option<KeyError> {
+    fn from_error(err: Error) -> KeyError {
         match err {
-            Error::InvalidKey { part, rule } => Some(KeyError::Invalid { part, rule }),
-            Error::MissingKey { part } => Some(KeyError::Missing { part }),
-            _ => None,
+            Error::InvalidKey { part, rule } => KeyError::Invalid { part, rule },
+            Error::MissingKey { part } => KeyError::Missing { part },
+            Error::Config(message) => KeyError::Other(message),
+            other => KeyError::Other(other.to_string()),
         }
     }
 
@@ -91,17 +89,17 @@ impl KeyError {
                 rule: rule.clone(),
             },
             KeyError::Missing { part } => Error::MissingKey { part: part.clone() },
+            KeyError::Other(message) => Error::Config(message.clone()),
         }
     }
 }
 
 impl Limiter {
-    /// A limiter on `key` (none: the empty body) in `scope`.
-    pub(crate) fn new(key: Option<Result<KeyBody>>, scope: Cow<'static, str>) -> Limiter {
-        let mut limiter = Limiter {
+    /// A limiter on `key` in `scope`.
+    pub(crate) fn new(key: Result<KeyBody>, scope: Cow<'static, str>) -> Limiter {
+        Limiter {
             handle: None,
-            rendered: None,
-            key_error: None,
+            key: key.map_err(KeyError::from_error),
             scope,
             rate: None,
             burst: None,
@@ -113,13 +111,27 @@ impl Limiter {
             shadow: false,
             near_limit: 0,
             invalid: None,
-        };
-        match key {
-            None => {}
-            Some(Ok(body)) => limiter.rendered = Some(body),
-            Some(Err(err)) => limiter.key_error = KeyError::from_error(err),
         }
-        limiter
+    }
+
+    /// This limit on another key: everything else (the rate parsed once, the scope, the
+    /// handle) as configured here. For a limiter built once and used per request.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> redguard::Result<()> {
+    /// let rg = redguard::Redguard::memory();
+    /// let per_user = rg.limiter("login").scope("login").rate("1/min");
+    /// for user in [1u64, 2] {
+    ///     per_user.key(redguard::key("user:{id}").part("id", &user)).check().await?;
+    /// }
+    /// assert!(per_user.key(redguard::key("user:{id}").part("id", &1u64)).check().await.is_err());
+    /// # Ok(()) }
+    /// ```
+    pub fn key(&self, key: impl IntoKey) -> Limiter {
+        Limiter {
+            key: key.into_key().map_err(KeyError::from_error),
+            ..self.clone()
+        }
     }
 
     /// `burst` from a configured value that may not be one (what `#[rate_limit]` passes for an
@@ -141,25 +153,11 @@ impl Limiter {
         self
     }
 
-    /// Appends the value of request field `name` to the key, validated as a key part
-    /// (`[A-Za-z0-9._@-]`, ≤ 64 bytes; `None` or empty is [`Error::MissingKey`]).
-    pub fn part<T: KeyPart + ?Sized>(mut self, name: &str, value: &T) -> Self {
-        if self.key_error.is_none() {
-            let builder = match self.rendered.take() {
-                Some(body) => KeyBuilder::continuing(body),
-                None => KeyBuilder::new(),
-            };
-            match builder.part(name, value).finish() {
-                Ok(body) => self.rendered = Some(body),
-                Err(err) => self.key_error = KeyError::from_error(err),
-            }
-        }
-        self
-    }
-
-    /// The scope of the key (default `limiter`): separates unrelated limits on equal keys.
-    pub fn scope(mut self, scope: impl Into<String>) -> Self {
-        self.scope = Cow::Owned(scope.into());
+    /// The key's scope: the operation it limits, so equal keys of unrelated limits do not
+    /// meet. A `&'static str` or a `String`; default `limiter` (`#[rate_limit]` uses the fn's
+    /// path).
+    pub fn scope(mut self, scope: impl Into<Cow<'static, str>>) -> Self {
+        self.scope = scope.into();
         self
     }
 
@@ -253,18 +251,38 @@ impl Limiter {
         self
     }
 
-    /// Checks and, when admitted, counts this call; a rejection is
-    /// `Err(`[`Error::RateLimited`]`)`, so `limiter.check().await?` limits. Waits once when
-    /// [`wait`](Limiter::wait) allows it. See [`decide`](Limiter::decide) for the decision
-    /// either way.
+    /// Enforces the limit: checks and, when admitted, counts this call; a **rejection is
+    /// `Err(`[`Error::RateLimited`]`)`**, so `limiter.check().await?` limits. Waits once when
+    /// [`wait`](Limiter::wait) allows it. [`decide`](Limiter::decide) answers `Ok` either way.
     pub async fn check(&self) -> Result<Decision> {
         let (handle, resolved) = self.resolve_alone()?;
         single(enforce_resolved(&handle, &[resolved], &[self.wait]).await?)
     }
 
-    /// Decides and, when admitted, counts this call, returning the decision either way (a
-    /// rejection is `Ok` with `allowed == false`). Never waits.
-    #[must_use = "a rejection is `Ok` with `allowed == false`: look at `.allowed`, or use `check()?`"]
+    /// Runs `body` if the limit admits this call ([`check`](Limiter::check)), counting it;
+    /// a rejection is returned as `E::from(`[`Error::RateLimited`]`)` without running it.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> redguard::Result<()> {
+    /// let rg = redguard::Redguard::memory();
+    /// let sent = rg.limiter("mail").rate("1/h").run(async { Ok::<_, redguard::Error>(1) }).await?;
+    /// assert_eq!(sent, 1);
+    /// # Ok(()) }
+    /// ```
+    pub async fn run<T, E, F>(&self, body: F) -> Result<T, E>
+    where
+        E: From<Error>,
+        F: Future<Output = Result<T, E>>,
+    {
+        self.check().await.map_err(E::from)?;
+        body.await
+    }
+
+    /// Decides and, when admitted, counts this call, returning the decision **either way**:
+    /// a rejection is `Ok` with `allowed == false`, and nothing stops the caller unless it
+    /// looks. For callers that answer a rejection themselves (headers, a queue); use
+    /// [`check`](Limiter::check) to enforce. Never waits.
+    #[must_use = "a rejection is `Ok` with `allowed == false`: look at `.allowed`, or use `check()?` to enforce the limit"]
     pub async fn decide(&self) -> Result<Decision> {
         let (handle, resolved) = self.resolve_alone()?;
         single(decide(&handle, &[resolved], RateMode::Consume).await?)
@@ -298,9 +316,7 @@ impl Limiter {
     }
 
     fn resolve(&self, handle: &Redguard) -> Result<Resolved<'_>> {
-        if let Some(err) = &self.key_error {
-            return Err(err.to_error());
-        }
+        let body = self.key.as_ref().map_err(KeyError::to_error)?;
         if let Some(invalid) = &self.invalid {
             return Err(Error::InvalidLimit(invalid.clone()));
         }
@@ -314,10 +330,6 @@ impl Limiter {
             Some(Ok(rate)) => *rate,
         };
         let limit = Limit::new(self.algorithm, rate, self.burst, self.cost, self.block)?;
-        let body = match &self.rendered {
-            Some(body) => body,
-            None => &KeyBuilder::new().finish()?,
-        };
         let key = handle.key(GuardKind::RateLimit, &self.scope, body)?;
         Ok(Resolved {
             key,
@@ -345,7 +357,7 @@ fn single(mut decisions: Vec<Decision>) -> Result<Decision> {
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> redguard::Result<()> {
 /// # redguard::Redguard::memory().scope(async {
 /// let global = redguard::limiter("orders").rate("100/s");
-/// let user = redguard::limiter("orders:user:").part("user", &7u64).rate("1/min");
+/// let user = redguard::limiter(redguard::key("orders:user:{id}").part("id", &7u64)).rate("1/min");
 /// let both = global.clone().and(user);
 /// assert!(both.check().await.is_ok());
 /// assert!(both.check().await.is_err()); // the user limit says no...
@@ -372,19 +384,32 @@ impl RateLimits {
     }
 
     /// Decides and (when all admit) counts; one decision per limit, in order, whether
-    /// admitted or not. Never waits.
-    #[must_use = "a rejection is `Ok` with some `allowed == false`: look at the decisions, or use `check()?`"]
+    /// admitted or not: a rejection is **`Ok`** with some `allowed == false` (see
+    /// [`Limiter::decide`]). Never waits.
+    #[must_use = "a rejection is `Ok` with some `allowed == false`: look at the decisions, or use `check()?` to enforce the limits"]
     pub async fn decide(&self) -> Result<Vec<Decision>> {
-        self.run(RateMode::Consume).await
+        self.ask(RateMode::Consume).await
     }
 
     /// Decides without counting.
     #[must_use = "peeking changes nothing: look at the decisions"]
     pub async fn peek(&self) -> Result<Vec<Decision>> {
-        self.run(RateMode::Peek).await
+        self.ask(RateMode::Peek).await
     }
 
-    /// Decides and (when all admit) counts; a rejection is `Err(`[`Error::RateLimited`]`)`
+    /// Runs `body` if every limit admits this call ([`check`](RateLimits::check)); a
+    /// rejection is returned as `E::from(`[`Error::RateLimited`]`)` without running it.
+    pub async fn run<T, E, F>(&self, body: F) -> Result<T, E>
+    where
+        E: From<Error>,
+        F: Future<Output = Result<T, E>>,
+    {
+        self.check().await.map_err(E::from)?;
+        body.await
+    }
+
+    /// Enforces the limits: decides and (when all admit) counts; a rejection is
+    /// `Err(`[`Error::RateLimited`]`)`
     /// carrying the rejecting decision that asks to wait longest. Waits once if every
     /// rejecting limit allows it (see [`Limiter::wait`]).
     pub async fn check(&self) -> Result<Vec<Decision>> {
@@ -405,7 +430,7 @@ impl RateLimits {
         Ok((handle, resolved))
     }
 
-    async fn run(&self, mode: RateMode) -> Result<Vec<Decision>> {
+    async fn ask(&self, mode: RateMode) -> Result<Vec<Decision>> {
         let (handle, resolved) = self.resolve()?;
         decide(&handle, &resolved, mode).await
     }

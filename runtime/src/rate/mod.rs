@@ -1,9 +1,9 @@
-//! Rate limits: the [`limiter`] API and what `#[rate_limit]` expands into.
+//! Rate limits: the [`limiter`](crate::limiter()) API and what `#[rate_limit]` expands into.
 //!
 //! A call names one or more limits; the store decides them together, at its own time, in one
 //! round trip ([`RateOps`](crate::store::RateOps)): either every limit admits and all are
 //! charged, or the call is turned away and none is. When the store cannot answer, the
-//! rate-limit [`FailMode`](crate::FailMode) applies: by default the call is let through,
+//! rate-limit [`FailMode`](crate::handle::FailMode) applies: by default the call is let through,
 //! logged and counted (`redguard_backend_errors_total`).
 //!
 //! Code map: `limiter.rs` the API ([`Limiter`], [`RateLimits`]); `decide.rs` asking the store
@@ -13,8 +13,12 @@ mod decide;
 mod limiter;
 mod local;
 
-pub use self::limiter::{Limiter, RateLimits, limiter};
-pub use crate::values::{MAX_RATE_COUNT, MAX_RATE_PERIOD, MAX_SLIDING_WINDOW_COUNT};
+pub use self::limiter::{Limiter, RateLimits};
+pub use crate::values::{
+    Algorithm, IntoRate, Limit, MAX_RATE_COUNT, MAX_RATE_PERIOD, MAX_SLIDING_WINDOW_COUNT, Rate,
+};
 
-/// Scope of keys built by [`limiter`] unless [`Limiter::scope`] says otherwise.
-const DEFAULT_SCOPE: &str = "limiter";
+/// Scope of keys built by [`limiter`](crate::limiter()) unless [`Limiter::scope`] says
+/// otherwise: the entry point's name, as for [`lock`](crate::lock()) and
+/// [`idempotency`](crate::idempotency()).
+pub const DEFAULT_LIMITER_SCOPE: &str = "limiter";

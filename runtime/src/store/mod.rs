@@ -49,6 +49,7 @@ pub(crate) use self::redis::{Conn, Endpoint, Existing, Options, RedisTarget};
 pub use self::token::{TokenOps, TokenOutcome};
 #[cfg(feature = "test-util")]
 pub use crate::error::StoreFailure;
+pub use crate::values::Replicas;
 
 /// Where guard state lives. Implemented by [`RedisStore`] and [`MemoryStore`].
 ///
@@ -67,7 +68,7 @@ pub trait Store:
     async fn time(&self) -> Result<Duration>;
 
     /// The same store on connections of its own, for the guards whose writes wait for
-    /// replicas ([`Replicas`](crate::Replicas)): Redis's `WAIT` blocks the connection that
+    /// replicas ([`Replicas`]): Redis's `WAIT` blocks the connection that
     /// sent it, so on a shared one every other call would queue behind it. `None` (the
     /// default) when there is no connection to keep apart: use this store as it is.
     async fn twin(&self) -> Result<Option<std::sync::Arc<dyn Store>>> {

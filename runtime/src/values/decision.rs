@@ -10,9 +10,9 @@ use std::time::Duration;
 /// ```
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> redguard::Result<()> {
 /// # redguard::Redguard::memory().scope(async {
-/// use redguard::Rate;
+/// use redguard::rate::Rate;
 ///
-/// let limiter = redguard::limiter("login:ip:").part("ip", "10.0.0.7").rate(Rate::per_minute(2));
+/// let limiter = redguard::limiter(redguard::key("login:ip:{ip}").part("ip", "10.0.0.7")).rate(Rate::per_minute(2));
 /// assert!(limiter.decide().await?.allowed);
 /// assert!(limiter.decide().await?.allowed);
 /// let third = limiter.decide().await?;

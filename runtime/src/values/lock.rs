@@ -4,7 +4,7 @@
 /// its own key, apart from the other kinds of the same name.
 ///
 /// ```
-/// use redguard::LockKind;
+/// use redguard::lock::LockKind;
 /// assert!(LockKind::Exclusive.is_reentrant());
 /// assert!(!LockKind::Semaphore { permits: 3 }.is_reentrant());
 /// ```

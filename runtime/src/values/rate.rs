@@ -15,7 +15,7 @@ pub use redguard_grammar::rate::{MAX_RATE_COUNT, MAX_RATE_PERIOD, MAX_SLIDING_WI
 ///
 /// ```
 /// use std::time::Duration;
-/// use redguard::Rate;
+/// use redguard::rate::Rate;
 ///
 /// let rate: Rate = "5/10s".parse()?;
 /// assert_eq!((rate.count(), rate.period()), (5, Duration::from_secs(10)));
@@ -142,12 +142,12 @@ impl fmt::Display for Rate {
     }
 }
 
-/// What [`Limiter::rate`](crate::Limiter::rate) accepts: a [`Rate`], or text such as `"100/s"` from configuration
+/// What [`Limiter::rate`](crate::rate::Limiter::rate) accepts: a [`Rate`], or text such as `"100/s"` from configuration
 /// (checked when the limiter runs: a bad value is [`Error::InvalidLimit`], never a panic).
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not a rate",
-    label = "expected a `redguard::Rate`, or text such as \"100/s\"",
-    note = "build one with `redguard::Rate::new(count, period)` or `Rate::per_second(n)`, or \
+    label = "expected a `redguard::rate::Rate`, or text such as \"100/s\"",
+    note = "build one with `redguard::rate::Rate::new(count, period)` or `Rate::per_second(n)`, or \
             pass the configured text (`&str` / `String`)"
 )]
 pub trait IntoRate {
@@ -200,7 +200,7 @@ impl IntoRate for &String {
 /// others refill at `rate` up to `burst` (default: `rate.count()`).
 ///
 /// ```
-/// use redguard::Algorithm;
+/// use redguard::rate::Algorithm;
 /// assert_eq!("sliding_window".parse::<Algorithm>()?, Algorithm::SlidingWindow);
 /// assert_eq!(Algorithm::default(), Algorithm::Gcra);
 /// # Ok::<(), redguard::Error>(())
@@ -296,7 +296,7 @@ impl Limit {
     /// keeps every quantity the stores compute exact.
     ///
     /// ```
-    /// use redguard::{Algorithm, Limit, Rate};
+    /// use redguard::{rate::Algorithm, rate::Limit, rate::Rate};
     /// let limit = Limit::new(Algorithm::Gcra, Rate::per_second(5), Some(10), 1, Default::default())?;
     /// assert_eq!(limit.burst(), 10);
     /// let too_costly = Limit::new(Algorithm::Gcra, Rate::per_second(5), Some(10), 11, Default::default());

@@ -10,22 +10,9 @@ use crate::error::{Error, Result};
 /// Redis replicates asynchronously: a master that fails right after acknowledging a write can
 /// be replaced by a replica that never received it. With `Replicas`, a lock acquisition, an
 /// idempotency record's PROCESSING and SUCCESS, and a token issue count only once `count`
-/// replicas have them. See [`LockBuilder::replicas`](crate::LockBuilder::replicas),
-/// [`Idempotency::replicas`](crate::Idempotency::replicas) and
-/// [`Tokens::replicas`](crate::Tokens::replicas) for what each guard does when too few confirm.
-///
-/// ```
-/// use std::time::Duration;
-/// use redguard::Replicas;
-///
-/// let one = Replicas::new(1, Duration::from_millis(50))?;
-/// assert_eq!((one.count(), one.timeout()), (1, Duration::from_millis(50)));
-/// // 0 replicas means "don't wait": leave the option out instead.
-/// assert!(Replicas::new(0, Duration::from_millis(50)).is_err());
-/// // WAIT 1 0 would wait forever.
-/// assert!(Replicas::new(1, Duration::ZERO).is_err());
-/// # Ok::<(), redguard::Error>(())
-/// ```
+/// replicas have them. See [`LockBuilder::replicas`](crate::lock::LockBuilder::replicas),
+/// [`Idempotency::replicas`](crate::idempotency::Idempotency::replicas) and
+/// [`Tokens::replicas`](crate::tokens::Tokens::replicas) for what each guard does when too few confirm.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Replicas {
     count: u32,

@@ -18,7 +18,7 @@ use std::io::BufRead as _;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use redguard::{Error, Idempotency, KeyBuilder, Redguard, track_replay};
+use redguard::{Error, Redguard, idempotency::track_replay, key::KeyBuilder};
 use redis::AsyncCommands as _;
 use redis::aio::ConnectionManager;
 
@@ -69,7 +69,8 @@ async fn one(
             .part("intent", &intent.to_string())
             .finish()
             .expect("key");
-        let call = Idempotency::new("faults-mp", key)
+        let call = redguard::idempotency(key)
+            .scope("faults-mp")
             .expire(Duration::from_secs(30))
             .run(async {
                 writeln!(out.lock().expect("out"), "ran {intent}").expect("write");
@@ -258,7 +259,9 @@ async fn workload(url: String, seed: u64) -> Result<(), Box<dyn std::error::Erro
 async fn hang(url: String, intent: String, expire: u64) -> Result<(), Box<dyn std::error::Error>> {
     let rg = Redguard::redis(url).connect().await?;
     let key = KeyBuilder::new().part("intent", intent.as_str()).finish()?;
-    let idem = Idempotency::new("faults", key).expire(Duration::from_millis(expire));
+    let idem = redguard::idempotency(key)
+        .scope("faults")
+        .expire(Duration::from_millis(expire));
     rg.scope(idem.run(async {
         println!("RUNNING");
         tokio::time::sleep(Duration::from_secs(3600)).await;

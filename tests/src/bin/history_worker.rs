@@ -17,7 +17,10 @@ use std::sync::{Arc, Mutex, mpsc};
 use std::time::Duration;
 
 use redguard::__private::store::{RateCheck, RateMode};
-use redguard::{Error, GuardKind, Idempotency, Key, Limit, LockKind, Redguard, track_replay};
+use redguard::{
+    Error, Redguard, idempotency::track_replay, key::GuardKind, key::Key, lock::LockKind,
+    rate::Limit,
+};
 use redguard_tests::history::{
     Event, IdemOutcome, LEASE, LOCK_KEYS, LockStyle, Outcome, REGISTER_SCRIPT, RateOutcome, SCOPE,
     WAIT, intent_body, limits, lock_body, now_us, rate_body, register_key,
@@ -180,7 +183,7 @@ async fn lock_op(worker: &Arc<Worker>, task: u64, rng: &mut fastrand::Rng) {
             builder
                 .kind(kind)
                 .run(async {
-                    let fence = redguard::fence().expect("a held lock has a token");
+                    let fence = redguard::lock::fence().expect("a held lock has a token");
                     let _inside = Inside::enter(&seen, fence);
                     read_modify_write(worker, key, &owner, fence, think).await;
                     Ok::<(), Error>(())
@@ -244,7 +247,10 @@ async fn idem_op(worker: &Arc<Worker>, task: u64, rng: &mut fastrand::Rng) {
         tokio::time::sleep(work).await;
         Ok::<u64, Error>(intent * 7)
     };
-    let guarded = Idempotency::new(SCOPE, key).expire(IDEM_EXPIRE).run(body);
+    let guarded = redguard::idempotency(key)
+        .scope(SCOPE)
+        .expire(IDEM_EXPIRE)
+        .run(body);
     let (result, replayed) = worker.rg.scope(track_replay(guarded)).await;
     let outcome = match result {
         Ok(value) if replayed => IdemOutcome::Replayed(value),

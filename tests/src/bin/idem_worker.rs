@@ -7,7 +7,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use redguard::{Classify, Error, Redguard, idempotent, track_replay};
+use redguard::{Classify, Error, Redguard, idempotency::track_replay, idempotent};
 
 const INTENTS: u64 = 200;
 const TASKS: usize = 25;

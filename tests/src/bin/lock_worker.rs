@@ -85,7 +85,7 @@ async fn read_modify_write(
         .expire(format!("inside:{name}"), 600)
         .await
         .map_err(backend("expire"))?;
-    Ok((value, redguard::fence().unwrap_or(0)))
+    Ok((value, redguard::lock::fence().unwrap_or(0)))
 }
 
 #[redguard::dist_lock(

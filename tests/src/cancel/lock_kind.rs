@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use redguard::LockKind as Kind;
-use redguard::{Error, LockBuilder, LockGuard, Redguard};
+use redguard::lock::LockKind as Kind;
+use redguard::{Error, Redguard, lock::LockBuilder, lock::LockGuard};
 
 /// Lease of the locks under test: far longer than a settle, so a lock left behind by a drop
 /// is still there when the checks look.

@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use redguard::Algorithm;
+use redguard::rate::Algorithm;
 
 /// The emission interval in ns (the guide, "Precision"): `period / count` rounded up to a whole
 /// µs when that is at least 1 ms, to a whole ns below.

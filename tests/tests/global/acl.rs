@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use redguard::{Algorithm, Error, Idempotency, KeyBuilder, LockKind, Redguard};
+use redguard::{Error, Redguard, key::KeyBuilder, lock::LockKind, rate::Algorithm};
 use redguard_tests::RedisServer;
 
 /// The guide's line ("Redis Cluster, TLS, restricted users"); `the_guide_shows_these_acls`
@@ -30,7 +30,10 @@ async fn restricted_to(server: &RedisServer, acl: &str) -> Redguard {
     let url = format!("redis://redguard:secret@127.0.0.1:{}/", server.port());
     // Rate limits fail closed here, so that a refused command is an error, not an admission.
     Redguard::redis(url)
-        .fail_mode(redguard::GuardKind::RateLimit, redguard::FailMode::Closed)
+        .fail_mode(
+            redguard::key::GuardKind::RateLimit,
+            redguard::handle::FailMode::Closed,
+        )
         .connect()
         .await
         .expect("connect as the restricted user")
@@ -133,7 +136,11 @@ async fn every_guard_works_under_the_documented_acl() {
     for _ in 0..2 {
         let key = KeyBuilder::new().part("id", &1u64).finish().unwrap();
         let value = rg
-            .scope(Idempotency::new("acl", key).run(async { Ok::<_, Error>(5) }))
+            .scope(
+                redguard::idempotency(key)
+                    .scope("acl")
+                    .run(async { Ok::<_, Error>(5) }),
+            )
             .await
             .unwrap();
         assert_eq!(value, 5);
@@ -197,15 +204,16 @@ async fn every_guard_works_under_the_documented_acl() {
         Algorithm::TokenBucket,
         Algorithm::LeakyBucket,
     ] {
-        let decision = redguard::limiter("acl:rate:")
-            .part("algorithm", algorithm.as_str())
-            .rate("10/s")
-            .algorithm(algorithm)
-            .block(Duration::from_secs(1))
-            .on(&rg)
-            .decide()
-            .await
-            .unwrap();
+        let decision = redguard::limiter(
+            redguard::key("acl:rate:{algorithm}").part("algorithm", algorithm.as_str()),
+        )
+        .rate("10/s")
+        .algorithm(algorithm)
+        .block(Duration::from_secs(1))
+        .on(&rg)
+        .decide()
+        .await
+        .unwrap();
         assert!(decision.allowed, "{algorithm:?}");
     }
 
@@ -277,7 +285,10 @@ async fn sentinel_works_under_the_documented_acls() {
         .builder()
         .node_auth("redguard", "secret")
         .sentinel_auth("watcher", "s3")
-        .fail_mode(redguard::GuardKind::RateLimit, redguard::FailMode::Closed)
+        .fail_mode(
+            redguard::key::GuardKind::RateLimit,
+            redguard::handle::FailMode::Closed,
+        )
         .connect()
         .await
         .expect("connect as the restricted users");
@@ -285,8 +296,12 @@ async fn sentinel_works_under_the_documented_acls() {
         let lock = rg.lock("acl:sentinel").acquire().await?;
         lock.release().await?;
         let key = KeyBuilder::new().text("acl:").part("n", &1u64).finish()?;
-        rg.scope(Idempotency::new("acl", key).run(async { Ok::<_, Error>(1) }))
-            .await?;
+        rg.scope(
+            redguard::idempotency(key)
+                .scope("acl")
+                .run(async { Ok::<_, Error>(1) }),
+        )
+        .await?;
         redguard::limiter("acl:")
             .rate("10/s")
             .on(&rg)
@@ -308,7 +323,9 @@ async fn sentinel_works_under_the_documented_acls() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let body = KeyBuilder::new().text("acl:watch").finish().unwrap();
-    let key = rg.key(redguard::GuardKind::Lock, "acl", &body).unwrap();
+    let key = rg
+        .key(redguard::key::GuardKind::Lock, "acl", &body)
+        .unwrap();
     assert!(
         redguard::__private::store::of(&rg)
             .lock_watch(&key)

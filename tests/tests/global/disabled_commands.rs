@@ -4,7 +4,9 @@
 
 use std::time::Duration;
 
-use redguard::{Algorithm, Error, FailMode, GuardKind, Idempotency, KeyBuilder, Redguard};
+use redguard::{
+    Error, Redguard, handle::FailMode, key::GuardKind, key::KeyBuilder, rate::Algorithm,
+};
 use redguard_tests::RedisServer;
 
 /// What managed services commonly disable, none of which redguard sends.
@@ -56,7 +58,11 @@ async fn every_guard_works_without_the_administrative_commands() {
     for _ in 0..2 {
         let key = KeyBuilder::new().part("id", &1u64).finish().unwrap();
         let value = rg
-            .scope(Idempotency::new("off", key).run(async { Ok::<_, Error>(5) }))
+            .scope(
+                redguard::idempotency(key)
+                    .scope("off")
+                    .run(async { Ok::<_, Error>(5) }),
+            )
             .await
             .unwrap();
         assert_eq!(value, 5);
@@ -110,11 +116,12 @@ async fn every_guard_works_without_the_administrative_commands() {
         Algorithm::TokenBucket,
         Algorithm::LeakyBucket,
     ] {
-        let limiter = redguard::limiter("off:rate:")
-            .part("algorithm", algorithm.as_str())
-            .rate("2/s")
-            .algorithm(algorithm)
-            .on(&rg);
+        let limiter = redguard::limiter(
+            redguard::key("off:rate:{algorithm}").part("algorithm", algorithm.as_str()),
+        )
+        .rate("2/s")
+        .algorithm(algorithm)
+        .on(&rg);
         assert!(limiter.decide().await.unwrap().allowed, "{algorithm:?}");
         assert!(limiter.decide().await.unwrap().allowed, "{algorithm:?}");
         assert!(!limiter.decide().await.unwrap().allowed, "{algorithm:?}");

@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use redguard::{Algorithm, Error, FailMode, GuardKind, Redguard};
+use redguard::{Error, Redguard, handle::FailMode, key::GuardKind, rate::Algorithm};
 use redguard_tests::RedisServer;
 
 /// `redguard_backend_errors_total{guard="rate", outcome}` so far (the counting recorder is
@@ -114,7 +114,7 @@ async fn memory_usage_per_key() {
             let limiter = redguard::limiter(&name)
                 .on(&rg)
                 .algorithm(algorithm)
-                .rate(redguard::Rate::per_minute(1000));
+                .rate(redguard::rate::Rate::per_minute(1000));
             for _ in 0..n {
                 assert!(limiter.decide().await.unwrap().allowed);
             }
@@ -143,7 +143,7 @@ async fn memory_usage_per_key() {
     // a loaded machine was slower than that.
     let limiter = redguard::limiter("gcra-ns")
         .on(&rg)
-        .rate(redguard::Rate::per_second(600_000));
+        .rate(redguard::rate::Rate::per_second(600_000));
     let key = "redguard:rate:{limiter:gcra-ns}";
     let mut attempts = 0;
     let (value, bytes) = loop {

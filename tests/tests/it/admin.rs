@@ -5,7 +5,9 @@ use std::time::Duration;
 
 use redguard::__private::store::{Begin, Finish, IdemFinish};
 use redguard::admin::{Admin, LockKindName, ScanSelect};
-use redguard::{Algorithm, Error, GuardKind, KeyBuilder, Limit, Rate, Redguard};
+use redguard::{
+    Error, Redguard, key::GuardKind, key::KeyBuilder, rate::Algorithm, rate::Limit, rate::Rate,
+};
 
 const SCOPE: &str = "ops::admin";
 
@@ -89,7 +91,7 @@ async fn lock_kinds(rg: Redguard) {
             let inner = rg.lock("stock:SK-1").scope(SCOPE).acquire().await?;
             let seen = admin.inspect(&key).await?;
             inner.release().await?;
-            Ok::<_, Error>((seen, redguard::fence().unwrap()))
+            Ok::<_, Error>((seen, redguard::lock::fence().unwrap()))
         }))
         .await
         .unwrap();
@@ -253,8 +255,7 @@ async fn rate_algorithms(rg: Redguard) {
     for algorithm in Algorithm::ALL {
         let text = format!("user:{}", algorithm.as_str());
         let limiter = || {
-            let l = redguard::limiter(&format!("{text}:"))
-                .part("n", &1u32)
+            let l = redguard::limiter(redguard::key(&format!("{text}:{{n}}")).part("n", &1u32))
                 .scope(SCOPE)
                 .rate("10/min")
                 .algorithm(algorithm)
@@ -298,13 +299,13 @@ async fn rate_repairs(rg: Redguard) {
     for algorithm in Algorithm::ALL {
         let text = format!("login:{}", algorithm.as_str());
         let limiter = || {
-            let l = redguard::limiter(&format!("{text}:"))
-                .part("ip", &"10.0.0.1")
-                .scope(SCOPE)
-                .rate("3/min")
-                .algorithm(algorithm)
-                .block(Duration::from_secs(60))
-                .on(&rg);
+            let l =
+                redguard::limiter(redguard::key(&format!("{text}:{{ip}}")).part("ip", &"10.0.0.1"))
+                    .scope(SCOPE)
+                    .rate("3/min")
+                    .algorithm(algorithm)
+                    .block(Duration::from_secs(60))
+                    .on(&rg);
             if algorithm.is_window() { l } else { l.burst(3) }
         };
         for _ in 0..3 {
@@ -356,8 +357,7 @@ async fn scan_counts(rg: Redguard) {
         guards.push(lock.await.unwrap());
     }
     for i in 0..3 {
-        redguard::limiter("scan:")
-            .part("i", &i)
+        redguard::limiter(redguard::key("scan:{i}").part("i", &i))
             .scope("ops::scan")
             .rate("5/s")
             .on(&rg)
@@ -428,8 +428,7 @@ async fn reset_reaches_another_instances_local_tier() {
     let service = redguard_tests::connect(&server).await;
     let operator = redguard_tests::connect(&server).await;
     let limiter = |rg: &Redguard| {
-        redguard::limiter("export:")
-            .part("user", "u-1")
+        redguard::limiter(redguard::key("export:{user}").part("user", "u-1"))
             .rate("1/h")
             .block(Duration::from_secs(15 * 60))
             .local(true)

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use redguard::admin::Admin;
-use redguard::{Error, GuardKind, Redguard};
+use redguard::{Error, Redguard, key::GuardKind};
 
 const SCOPE: &str = "ops::races";
 
@@ -222,7 +222,7 @@ async fn forget_deletes_only_the_record_it_read(rg: Redguard) {
     use redguard::__private::store::{Begin, Finish, IdemBegin, IdemFinish, IdemFinished};
     let admin = Admin::new(rg.clone());
     let key = admin.key(GuardKind::Idempotency, SCOPE, "order:9").unwrap();
-    let body = redguard::KeyBuilder::new()
+    let body = redguard::key::KeyBuilder::new()
         .text("order:9")
         .finish()
         .unwrap();

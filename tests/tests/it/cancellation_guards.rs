@@ -27,7 +27,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use redguard::{Algorithm, Error, Idempotency, KeyBuilder, Redguard};
+use redguard::{Error, Redguard, key::KeyBuilder, rate::Algorithm};
 use redguard_tests::cancel::{self, Attempt, Harness, Verdict};
 
 const SCOPE: &str = "cx";
@@ -75,7 +75,9 @@ async fn call(
     token: Option<&str>,
     body: Arc<Body>,
 ) -> Result<u32, Error> {
-    let mut idem = Idempotency::new(SCOPE, KeyBuilder::new().text(key).finish()?).expire(EXPIRE);
+    let mut idem = redguard::idempotency(KeyBuilder::new().text(key).finish()?)
+        .scope(SCOPE)
+        .expire(EXPIRE);
     if let Some(token) = token {
         idem = idem.token(SCENE, token);
     }
@@ -236,7 +238,8 @@ async fn detached(at: Attempt) -> Verdict {
     let key = at.key("detached");
     let first = Arc::new(Body::default());
     let body = first.clone();
-    let idem = Idempotency::new(SCOPE, KeyBuilder::new().text(&key).finish().expect("key"))
+    let idem = redguard::idempotency(KeyBuilder::new().text(&key).finish().expect("key"))
+        .scope(SCOPE)
         .expire(EXPIRE)
         .detach();
     let outcome = at
@@ -306,7 +309,7 @@ const WINDOW: Duration = Duration::from_millis(400);
 
 /// A check that is rejected, waits for the window to free a slot, and checks again.
 async fn rate_wait(at: Attempt) -> Verdict {
-    let limiter = redguard::limiter(&at.key("rate"))
+    let limiter = redguard::limiter(at.key("rate"))
         .rate("2/400ms")
         .algorithm(Algorithm::SlidingWindow)
         .wait(WINDOW + Duration::from_millis(200))

@@ -26,8 +26,8 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use axum::routing::{get, post};
 use http_body_util::BodyExt as _;
-use redguard::Algorithm;
 use redguard::http::{ClientIp, IdempotencyLayer, Policy, RateLimitLayer};
+use redguard::rate::Algorithm;
 use redguard_tests::cancel::{self, Attempt, Harness, Verdict};
 use tower::ServiceExt as _;
 
@@ -257,8 +257,7 @@ async fn rate_limited(at: Attempt) -> Verdict {
     let outcome = at.drive(app.oneshot(request)).await;
     at.settle().await;
     let status = outcome.map(|response| response.expect("infallible").status());
-    let peek = redguard::limiter("")
-        .part("key", "203.0.113.7")
+    let peek = redguard::limiter(redguard::key("{key}").part("key", "203.0.113.7"))
         .scope(format!("{scope}.ip"))
         .rate(RATE)
         .algorithm(Algorithm::SlidingWindow)

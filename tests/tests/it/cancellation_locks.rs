@@ -11,7 +11,7 @@
 
 use std::time::Duration;
 
-use redguard::{Error, LockGuard};
+use redguard::{Error, lock::LockGuard};
 use redguard_tests::cancel::{self, Attempt, Harness, LEASE, LockKind, Stall, Verdict};
 
 /// Long enough for the contended waits: the holders release after [`HOLD`].

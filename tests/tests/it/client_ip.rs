@@ -10,7 +10,7 @@ use axum::http::{Request, StatusCode};
 use axum::routing::get;
 use proptest::prelude::*;
 use redguard::http::{ClientIp, KeyExtractor as _, RateLimitLayer};
-use redguard::{KeyBuilder, Redguard};
+use redguard::{Redguard, key::KeyBuilder};
 use tower::ServiceExt as _;
 
 fn app(rg: &Redguard, ip: ClientIp) -> Router {

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use redguard::{Error, FailMode, GuardKind, Idempotency, KeyBuilder, Redguard};
+use redguard::{Error, Redguard, handle::FailMode, key::GuardKind, key::KeyBuilder};
 use redguard_tests::{RedisCluster, after_failover};
 
 async fn call(rg: &Redguard) -> Result<u64, Error> {
@@ -12,7 +12,8 @@ async fn call(rg: &Redguard) -> Result<u64, Error> {
         .part("id", &7u64)
         .finish()?;
     rg.scope(
-        Idempotency::new("failover", key)
+        redguard::idempotency(key)
+            .scope("failover")
             .expire(Duration::from_secs(600))
             .run(async { Ok::<_, Error>(7) }),
     )

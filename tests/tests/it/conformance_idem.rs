@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use redguard::__private::store::{Begin, Finish, IdemBegin, IdemFinish, IdemFinished};
-use redguard::{Classify, Error, ErrorClass, Redguard, idempotent, track_replay};
+use redguard::{Classify, Error, ErrorClass, Redguard, idempotency::track_replay, idempotent};
 use serde::{Deserialize, Serialize};
 
 redguard_tests::conformance!(
@@ -433,9 +433,12 @@ async fn token_mode_consumes_once(rg: Redguard) {
 /// An execution whose record was lost (expired while its renewals could not reach the store)
 /// and begun again by another cannot overwrite the newer record when it finishes.
 async fn a_lost_record_is_not_overwritten_by_its_old_owner(rg: Redguard) {
-    let body = redguard::KeyBuilder::new().text("lost").finish().unwrap();
+    let body = redguard::key::KeyBuilder::new()
+        .text("lost")
+        .finish()
+        .unwrap();
     let key = rg
-        .key(redguard::GuardKind::Idempotency, "conf", &body)
+        .key(redguard::key::GuardKind::Idempotency, "conf", &body)
         .unwrap();
     let store = redguard::__private::store::of(&rg);
     let short = Duration::from_millis(200);
@@ -479,7 +482,7 @@ async fn a_lost_record_is_not_overwritten_by_its_old_owner(rg: Redguard) {
 
 const LONG: Duration = Duration::from_secs(60);
 
-fn begin<'a>(key: &'a redguard::Key, owner: &'a str, ttl: Duration) -> Begin<'a> {
+fn begin<'a>(key: &'a redguard::key::Key, owner: &'a str, ttl: Duration) -> Begin<'a> {
     Begin {
         key,
         owner,
@@ -663,11 +666,12 @@ async fn derived_classify_sees_through_guard_errors(rg: Redguard) {
 async fn a_detached_body_finishes_after_its_caller_is_dropped(rg: Redguard) {
     let runs = counter();
     let call = |runs: Arc<AtomicUsize>| {
-        let key = redguard::KeyBuilder::new()
+        let key = redguard::key::KeyBuilder::new()
             .text("detached")
             .finish()
             .unwrap();
-        redguard::Idempotency::new("conf", key)
+        redguard::idempotency(key)
+            .scope("conf")
             .expire(Duration::from_secs(600))
             .detach()
             .run(async move {
@@ -796,7 +800,7 @@ async fn an_operator_resolves_an_unknown_outcome(rg: Redguard) {
     let key = |order: &str| {
         admin
             .key(
-                redguard::GuardKind::Idempotency,
+                redguard::key::GuardKind::Idempotency,
                 "conf::resolve",
                 &format!("order:{order}"),
             )

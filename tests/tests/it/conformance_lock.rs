@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use redguard::__private::store::{Acquire, LockAcquire, LockRelease, Release};
-use redguard::{Error, GuardKind, KeyBuilder, Redguard};
+use redguard::{Error, Redguard, key::GuardKind, key::KeyBuilder};
 
 redguard_tests::conformance!(
     acquire_is_exclusive_and_fenced,
@@ -24,14 +24,19 @@ redguard_tests::conformance!(
     read_write_modes_exclude,
 );
 
-fn key(rg: &Redguard, body: &str) -> redguard::Key {
+fn key(rg: &Redguard, body: &str) -> redguard::key::Key {
     let body = KeyBuilder::new().text(body).finish().unwrap();
     rg.key(GuardKind::Lock, "conf", &body).unwrap()
 }
 
 const LEASE: Duration = Duration::from_secs(5);
 
-fn acq<'a>(key: &'a redguard::Key, owner: &'a str, lease: Duration, level: u32) -> Acquire<'a> {
+fn acq<'a>(
+    key: &'a redguard::key::Key,
+    owner: &'a str,
+    lease: Duration,
+    level: u32,
+) -> Acquire<'a> {
     Acquire {
         key,
         owner,
@@ -42,7 +47,7 @@ fn acq<'a>(key: &'a redguard::Key, owner: &'a str, lease: Duration, level: u32) 
     }
 }
 
-fn rel<'a>(key: &'a redguard::Key, owner: &'a str, level: u32, keep: Duration) -> Release<'a> {
+fn rel<'a>(key: &'a redguard::key::Key, owner: &'a str, level: u32, keep: Duration) -> Release<'a> {
     Release {
         key,
         owner,
@@ -505,11 +510,11 @@ async fn api_run_exposes_fence_and_reenters(rg: Redguard) {
     let (outer, inner) = rg
         .lock("order:9")
         .run(async {
-            let outer = redguard::fence();
+            let outer = redguard::lock::fence();
             // Same task: re-enters instead of deadlocking on itself, same token.
             let inner = rg
                 .lock("order:9")
-                .run(async { Ok::<_, Error>(redguard::fence()) })
+                .run(async { Ok::<_, Error>(redguard::lock::fence()) })
                 .await?;
             Ok::<_, Error>((outer, inner))
         })

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use redguard::{Algorithm, Error, Limiter, Rate, Redguard};
+use redguard::{Error, Redguard, rate::Algorithm, rate::Limiter, rate::Rate};
 
 redguard_tests::conformance!(
     every_algorithm_admits_its_capacity_then_rejects,
@@ -39,8 +39,7 @@ async fn concurrent_gcra_checks_decide_as_in_sequence(rg: Redguard) {
                 let mut seen = Vec::new();
                 for call in 0..8u64 {
                     let k = (task + call) % KEYS;
-                    let d = redguard::limiter("coalesced")
-                        .part("k", &k)
+                    let d = redguard::limiter(redguard::key("coalesced{k}").part("k", &k))
                         .on(&rg)
                         .rate("1/h")
                         .burst(BURST)
@@ -200,7 +199,7 @@ async fn stacked_rejection_by_user_does_not_charge_global(rg: Redguard) {
         let global = limiter(&rg, "orders", algorithm, "100/min").scope(scope);
         let user = |id: u64| {
             limiter(&rg, "orders:user:", algorithm, "2/min")
-                .part("user", &id)
+                .key(redguard::key("orders:user:{user}").part("user", &id))
                 .scope(scope)
         };
         let both = global.clone().and(user(1));
@@ -227,7 +226,7 @@ async fn stacked_rejection_by_global_does_not_charge_user(rg: Redguard) {
         let global = limiter(&rg, "search", algorithm, "3/min").scope(scope);
         let user = |id: u64| {
             limiter(&rg, "search:user:", algorithm, "10/min")
-                .part("user", &id)
+                .key(redguard::key("search:user:{user}").part("user", &id))
                 .scope(scope)
         };
         for id in 1..=3 {
@@ -487,17 +486,15 @@ async fn bad_runtime_values_are_errors_not_panics(rg: Redguard) {
     let twice = base().rate("5/s").and(base().rate("10/s"));
     let err = twice.decide().await.unwrap_err();
     assert!(matches!(err, Error::InvalidLimit(_)), "{err:?}");
-    let err = redguard::limiter("ip:")
+    let err = redguard::limiter(redguard::key("ip:{ip}").part("ip", "a b"))
         .on(&rg)
-        .part("ip", "a b")
         .rate("5/s")
         .decide()
         .await
         .unwrap_err();
     assert!(matches!(err, Error::InvalidKey { .. }), "{err:?}");
-    let err = redguard::limiter("ip:")
+    let err = redguard::limiter(redguard::key("ip:{ip}").part("ip", &None::<String>))
         .on(&rg)
-        .part("ip", &None::<String>)
         .rate("5/s")
         .decide()
         .await

@@ -14,7 +14,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use redguard::{Error, FailMode, GuardKind, Idempotency, KeyBuilder, track_replay};
+use redguard::{
+    Error, handle::FailMode, idempotency::track_replay, key::GuardKind, key::KeyBuilder,
+};
 use redguard_tests::RedisServer;
 use redguard_tests::faults::*;
 
@@ -505,7 +507,8 @@ async fn idempotent_body_killed() {
         let runs = runs.clone();
         let body = KeyBuilder::new().part("intent", "crash").finish().unwrap();
         rg.scope(track_replay(
-            Idempotency::new("faults", body)
+            redguard::idempotency(body)
+                .scope("faults")
                 .expire(expire)
                 .run(async move {
                     runs.fetch_add(1, Ordering::SeqCst);
@@ -635,30 +638,30 @@ async fn garbage_at_rate_keys() {
     let rg = handle(&server, &[]).await; // rate limits fail open by default
     let key = "redguard:rate:{faults:api}";
     let block = "redguard:rate:{faults:api}:block";
-    let cases: &[(&str, &str, &[&[&str]], redguard::Algorithm)] = &[
+    let cases: &[(&str, &str, &[&[&str]], redguard::rate::Algorithm)] = &[
         (
             "a list at the rate key",
             key,
             &[&["RPUSH", key, "a"], &["EXPIRE", key, "60"]],
-            redguard::Algorithm::Gcra,
+            redguard::rate::Algorithm::Gcra,
         ),
         (
             "a set at the rate key",
             key,
             &[&["SADD", key, "a"], &["EXPIRE", key, "60"]],
-            redguard::Algorithm::FixedWindow,
+            redguard::rate::Algorithm::FixedWindow,
         ),
         (
             "a gcra state that is not <tat>:<T>",
             key,
             &[&["SET", key, "soon", "EX", "60"]],
-            redguard::Algorithm::Gcra,
+            redguard::rate::Algorithm::Gcra,
         ),
         (
             "a gcra-looking string under another algorithm",
             key,
             &[&["SET", key, "12:ab", "EX", "60"]],
-            redguard::Algorithm::SlidingWindow,
+            redguard::rate::Algorithm::SlidingWindow,
         ),
         (
             "a fixed-window count that is not a number",
@@ -667,7 +670,7 @@ async fn garbage_at_rate_keys() {
                 &["HSET", key, "a", "fw", "w", "1", "n", "many"],
                 &["EXPIRE", key, "60"],
             ],
-            redguard::Algorithm::FixedWindow,
+            redguard::rate::Algorithm::FixedWindow,
         ),
         (
             "a token-bucket level that is not a number",
@@ -676,25 +679,25 @@ async fn garbage_at_rate_keys() {
                 &["HSET", key, "a", "tb", "v", "", "u", "1"],
                 &["EXPIRE", key, "60"],
             ],
-            redguard::Algorithm::TokenBucket,
+            redguard::rate::Algorithm::TokenBucket,
         ),
         (
             "a hash with an unknown algorithm tag",
             key,
             &[&["HSET", key, "a", "zz", "n", "1"], &["EXPIRE", key, "60"]],
-            redguard::Algorithm::SlidingCounter,
+            redguard::rate::Algorithm::SlidingCounter,
         ),
         (
             "a block deadline that is not a number",
             block,
             &[&["SET", block, "later", "EX", "60"]],
-            redguard::Algorithm::Gcra,
+            redguard::rate::Algorithm::Gcra,
         ),
         (
             "a hash at the block key",
             block,
             &[&["HSET", block, "until", "1"], &["EXPIRE", block, "60"]],
-            redguard::Algorithm::LeakyBucket,
+            redguard::rate::Algorithm::LeakyBucket,
         ),
     ];
     for (what, blamed, commands, algorithm) in cases {
@@ -740,7 +743,7 @@ async fn garbage_at_rate_keys() {
     assert!(!penalty, "a refused decision wrote a penalty");
     let _: () = redis_cmd(&server, &["FLUSHALL"]);
     // Redguard's own states of every algorithm are still accepted, switching algorithms too.
-    for algorithm in redguard::Algorithm::ALL {
+    for algorithm in redguard::rate::Algorithm::ALL {
         let limiter = redguard::limiter("api")
             .scope("faults")
             .on(&rg)

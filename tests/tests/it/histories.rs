@@ -28,7 +28,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use redguard::GuardKind;
+use redguard::key::GuardKind;
 use redguard_tests::history::{self, FaultSpan, History, LOCK_KEYS, Loss, now_us};
 use redguard_tests::proxy::{Fault, Proxy};
 use redguard_tests::{RedisCluster, RedisSentinel, RedisServer};

@@ -443,12 +443,12 @@ async fn a_record_of_the_first_format_is_answered_not_panicked_on(rg: Redguard) 
         headers: Vec<(String, String)>,
         body: String,
     }
-    let key = redguard::KeyBuilder::new()
+    let key = redguard::key::KeyBuilder::new()
         .part("key", "old-1")
         .finish()
         .unwrap();
     let written = rg
-        .scope(redguard::Idempotency::new("http", key).run(async {
+        .scope(redguard::idempotency(key).scope("http").run(async {
             Ok::<_, redguard::Error>(FirstFormat {
                 status: 201,
                 headers: vec![("location".to_owned(), "/orders/1".to_owned())],

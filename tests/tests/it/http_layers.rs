@@ -145,8 +145,7 @@ async fn stacked_limits_are_all_or_nothing(rg: Redguard) {
         assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
     }
     // The refusals by `small` charged `big` nothing: 2 of 10 used, a peek says 7 after one more.
-    let big = redguard::limiter("")
-        .part("key", "198.51.100.1")
+    let big = redguard::limiter(redguard::key("{key}").part("key", "198.51.100.1"))
         .scope("stacked.big")
         .rate("10/min")
         .on(&rg);
@@ -179,8 +178,7 @@ async fn a_global_policy_is_shared_and_decided_with_the_clients(rg: Redguard) {
         assert_eq!(response.status(), expected, "client {peer}");
     }
     // The refusal by `api` charged client 5's own limit nothing.
-    let ip = redguard::limiter("")
-        .part("key", "198.51.100.5")
+    let ip = redguard::limiter(redguard::key("{key}").part("key", "198.51.100.5"))
         .scope("mixed.ip")
         .rate("2/min")
         .on(&rg);
@@ -471,9 +469,9 @@ async fn business_failures_release_and_unknown_outcomes_keep_the_record(rg: Redg
 async fn error_responses_never_show_keys(rg: Redguard) {
     let key = rg
         .key(
-            redguard::GuardKind::Lock,
+            redguard::key::GuardKind::Lock,
             "shop::stock",
-            &redguard::KeyBuilder::new()
+            &redguard::key::KeyBuilder::new()
                 .part("sku", "tea-1")
                 .finish()
                 .unwrap(),
@@ -493,7 +491,7 @@ async fn error_responses_never_show_keys(rg: Redguard) {
         },
         Error::InvalidKey {
             part: "sku".into(),
-            rule: redguard::KeyRule::Empty,
+            rule: redguard::key::KeyRule::Empty,
         },
         Error::Config("redis://:hunter2@10.1.2.3".into()),
         Error::InProgress,

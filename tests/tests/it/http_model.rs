@@ -25,7 +25,7 @@ use proptest::prelude::*;
 use proptest_state_machine::{ReferenceStateMachine, StateMachineTest};
 use redguard::admin::Admin;
 use redguard::http::{HeaderKey, IdempotencyLayer, RateLimitLayer};
-use redguard::{ErrorClass, GuardKind};
+use redguard::{ErrorClass, key::GuardKind};
 use redguard_tests::model::http::{
     CHECKED, Expect, HttpModel, MAX_RESPONSE, Outcome, QUOTA, REPLAYED, Record, Reply,
     handler_reply, refusal, replay_of,
@@ -159,7 +159,7 @@ struct Sut {
     shared: Arc<Shared>,
     model: HttpModel,
     /// Held for the whole case: `Outcome::LockBusy` handlers find it taken.
-    _busy: redguard::LockGuard,
+    _busy: redguard::lock::LockGuard,
     log: Vec<String>,
 }
 

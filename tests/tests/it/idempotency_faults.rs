@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use redguard::{Error, Idempotency, KeyBuilder, Redguard};
+use redguard::{Error, Redguard, key::KeyBuilder};
 use redguard_tests::RedisServer;
 
 const TIMEOUT: Duration = Duration::from_millis(100);
@@ -23,7 +23,8 @@ async fn place(rg: &Redguard, order: u64, runs: &Arc<AtomicUsize>) -> Result<u64
     let key = KeyBuilder::new().part("order", &order).finish()?;
     let runs = runs.clone();
     rg.scope(
-        Idempotency::new("orders", key)
+        redguard::idempotency(key)
+            .scope("orders")
             .expire(Duration::from_secs(600))
             .run(async move {
                 runs.fetch_add(1, Ordering::SeqCst);

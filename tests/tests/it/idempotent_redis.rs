@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use redguard::{Classify, Error, FailMode, GuardKind, Redguard, idempotent};
+use redguard::{Classify, Error, Redguard, handle::FailMode, idempotent, key::GuardKind};
 use redguard_tests::RedisServer;
 
 #[derive(Debug)]

@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use redguard::{Error, GuardKind, KeyBuilder, Redguard};
+use redguard::{Error, Redguard, key::GuardKind, key::KeyBuilder};
 
 /// xorshift64*: deterministic, so a failure reproduces from the printed seed.
 struct Rng(u64);

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use redguard::lock::OnLost;
-use redguard::{Error, LockKind, ManualClock, Redguard};
+use redguard::{Error, Redguard, clock::ManualClock, lock::LockKind};
 use redguard_tests::RedisServer;
 
 const LEASE: Duration = Duration::from_secs(1);
@@ -331,7 +331,7 @@ async fn reserve(sku: &str, hold: Duration, stock: u32) -> Result<u64, OrderErro
     if stock == 0 {
         return Err(OrderError::OutOfStock);
     }
-    Ok(redguard::fence().expect("a fence inside the lock"))
+    Ok(redguard::lock::fence().expect("a fence inside the lock"))
 }
 
 /// `#[dist_lock]` end to end: exclusion, the fence, the user's error type, refusals.

@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use redguard::lock::Kind;
-use redguard::{Error, LockBuilder, LockKind, Redguard};
+use redguard::{Error, Redguard, lock::LockBuilder, lock::LockKind};
 use redguard_tests::RedisServer;
 
 /// Redis stalls (SIGSTOP) for longer than the handle's timeout while the future runs.

@@ -4,6 +4,7 @@
 
 mod admin;
 mod admin_races;
+mod api_shape;
 mod cancellation_guards;
 mod cancellation_layers;
 mod cancellation_locks;

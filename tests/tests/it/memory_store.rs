@@ -3,7 +3,7 @@
 use std::time::{Duration, Instant};
 
 use redguard::__private::store::MemoryStore;
-use redguard::{Error, ManualClock};
+use redguard::{Error, clock::ManualClock};
 
 #[tokio::test]
 async fn manual_clock_drives_expiry() {
@@ -35,7 +35,7 @@ async fn manual_clock_drives_expiry() {
     assert!(store.is_empty());
     assert_eq!(
         redguard::__private::store::of(&rg).time().await.unwrap(),
-        redguard::Clock::now(&clock)
+        redguard::clock::Clock::now(&clock)
     );
 }
 

@@ -10,7 +10,9 @@ use std::time::Duration;
 
 use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit};
 use redguard::admin::Admin;
-use redguard::{GuardKind, KeyBuilder, METRICS, MetricKind, Redguard};
+use redguard::{
+    Redguard, key::GuardKind, key::KeyBuilder, telemetry::METRICS, telemetry::MetricKind,
+};
 use redguard_tests::RedisServer;
 
 #[derive(Debug, Default)]
@@ -210,7 +212,8 @@ async fn workload(url: String, mut server: RedisServer) {
     for _ in 0..2 {
         let body = KeyBuilder::new().text("w:2").finish().unwrap();
         rg.scope(
-            redguard::Idempotency::new("w::idem", body)
+            redguard::idempotency(body)
+                .scope("w::idem")
                 .run(async { Ok::<_, redguard::Error>(1u8) }),
         )
         .await
@@ -219,10 +222,14 @@ async fn workload(url: String, mut server: RedisServer) {
     let body = KeyBuilder::new().text("w:3").finish().unwrap();
     let key = admin.key(GuardKind::Idempotency, "w::idem", "w:3").unwrap();
     let forget = admin.clone();
-    rg.scope(redguard::Idempotency::new("w::idem", body).run(async move {
-        forget.forget(&key).await?;
-        Ok::<_, redguard::Error>(1u8)
-    }))
+    rg.scope(
+        redguard::idempotency(body)
+            .scope("w::idem")
+            .run(async move {
+                forget.forget(&key).await?;
+                Ok::<_, redguard::Error>(1u8)
+            }),
+    )
     .await
     .unwrap();
     // Rate decisions, then the store gone: a backend error, failing open.

@@ -101,7 +101,7 @@ mod regressions {
     use redguard::__private::store::{
         Acquire, LockAcquire, LockRelease, RateCheck, RateMode, Release,
     };
-    use redguard::{Algorithm, GuardKind, KeyBuilder, Limit, Rate};
+    use redguard::{key::GuardKind, key::KeyBuilder, rate::Algorithm, rate::Limit, rate::Rate};
     use redguard_tests::vclock::{Backend, Expiry, World, with_backend};
 
     /// (allowed, remaining, reset µs, retry µs) of one check of `limit` on key `k`.

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use redguard::{Clock, ManualClock, Redguard};
+use redguard::{Redguard, clock::Clock, clock::ManualClock};
 use redguard_tests::RedisServer;
 
 /// Far enough ahead of the real clock that keys written with absolute expiries (PXAT) on

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use redguard::admin::{Admin, Quota, QuotaTtl};
-use redguard::{Algorithm, Error, GuardKind, Limiter, Redguard};
+use redguard::{Error, Redguard, key::GuardKind, rate::Algorithm, rate::Limiter};
 
 const SCOPE: &str = "api::tenants";
 const HOUR: QuotaTtl = QuotaTtl::For(Duration::from_secs(3600));
@@ -23,8 +23,7 @@ redguard_tests::conformance!(
 );
 
 fn tenant(rg: &Redguard, id: &str) -> Limiter {
-    redguard::limiter("tenant:")
-        .part("id", id)
+    redguard::limiter(redguard::key("tenant:{id}").part("id", id))
         .scope(SCOPE)
         .rate("1/min")
         .on(rg)

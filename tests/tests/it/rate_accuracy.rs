@@ -7,7 +7,7 @@
 use std::process::Command;
 use std::time::Duration;
 
-use redguard::{Algorithm, Rate, Redguard};
+use redguard::{Redguard, rate::Algorithm, rate::Rate};
 use redguard_tests::RedisServer;
 use redguard_tests::rate::{Driven, Load, drive, verdict};
 

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use redguard::__private::store::{RateCheck, RateMode};
-use redguard::{Algorithm, Rate, Redguard};
+use redguard::{Redguard, rate::Algorithm, rate::Rate};
 
 const LIMIT: u64 = 20;
 /// Hammer from this long before a 1 s window edge to as long after it.
@@ -14,13 +14,14 @@ const HALF: Duration = Duration::from_millis(150);
 /// Admitted calls when 4 tasks hammer `algorithm` back to back across a window edge.
 async fn across_edge(rg: &Redguard, algorithm: Algorithm) -> usize {
     let limit =
-        redguard::Limit::new(algorithm, Rate::per_second(LIMIT), None, 1, Duration::ZERO).unwrap();
-    let body = redguard::KeyBuilder::new()
+        redguard::rate::Limit::new(algorithm, Rate::per_second(LIMIT), None, 1, Duration::ZERO)
+            .unwrap();
+    let body = redguard::key::KeyBuilder::new()
         .text(algorithm.as_str())
         .finish()
         .unwrap();
     let key = rg
-        .key(redguard::GuardKind::RateLimit, "edge", &body)
+        .key(redguard::key::GuardKind::RateLimit, "edge", &body)
         .unwrap();
     // Windows are aligned to the store's clock: wait until HALF before its next edge.
     let now = redguard::__private::store::of(rg).time().await.unwrap();

@@ -5,16 +5,14 @@
 
 use std::time::Duration;
 
-use redguard::{Limiter, Rate, Redguard};
+use redguard::{Redguard, rate::Limiter, rate::Rate};
 use redguard_tests::RedisServer;
 use redguard_tests::proxy::{Fault, Proxy};
 
 const BURST: u64 = 5;
 
 fn limiter(rg: &Redguard, key: &str) -> Limiter {
-    redguard::limiter("coalesce:")
-        .on(rg)
-        .part("k", &key)
+    rg.limiter(redguard::key("coalesce:{k}").part("k", &key))
         .rate(Rate::per_second(1))
         .burst(BURST)
 }

@@ -6,7 +6,9 @@
 use std::time::Duration;
 
 use redguard::__private::store::{RateCheck, RateMode};
-use redguard::{Algorithm, GuardKind, KeyBuilder, Limit, Rate, Redguard};
+use redguard::{
+    Redguard, key::GuardKind, key::KeyBuilder, rate::Algorithm, rate::Limit, rate::Rate,
+};
 
 /// The reference: level `x` (µs of work queued) as of `last`; each unit adds the
 /// increment `t`, the bucket drains 1 µs per µs and holds at most `burst · t`.

@@ -8,7 +8,10 @@
 use std::time::Duration;
 
 use redguard::__private::store::{RateCheck, RateMode};
-use redguard::{Algorithm, Error, GuardKind, Key, KeyBuilder, Limit, Rate, Redguard};
+use redguard::{
+    Error, Redguard, key::GuardKind, key::Key, key::KeyBuilder, rate::Algorithm, rate::Limit,
+    rate::Rate,
+};
 
 redguard_tests::conformance!(
     gcra_600k_per_second_refills_at_that_rate,

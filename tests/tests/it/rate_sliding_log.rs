@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 use redguard::__private::store::{RateCheck, RateMode};
 use redguard::rate::MAX_SLIDING_WINDOW_COUNT;
 use redguard::{
-    Algorithm, Clock, Error, GuardKind, Key, KeyBuilder, Limit, ManualClock, Rate, Redguard,
+    Error, Redguard, clock::Clock, clock::ManualClock, key::GuardKind, key::Key, key::KeyBuilder,
+    rate::Algorithm, rate::Limit, rate::Rate,
 };
 use redguard_tests::RedisServer;
 

@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use redguard::{Algorithm, Rate};
+use redguard::{rate::Algorithm, rate::Rate};
 use redguard_tests::RedisServer;
 
 const TASKS: usize = 16;
@@ -25,9 +25,8 @@ async fn checks_per_second() {
             .map(|task| {
                 let rg = rg.clone();
                 tokio::spawn(async move {
-                    let user = redguard::limiter("user:")
-                        .on(&rg)
-                        .part("id", &task)
+                    let user = rg
+                        .limiter(redguard::key("user:{id}").part("id", &task))
                         .algorithm(algorithm)
                         .rate(Rate::per_second(1000));
                     let global = redguard::limiter("all")

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use redguard::{Error, FailMode, GuardKind, Redguard};
+use redguard::{Error, Redguard, handle::FailMode, key::GuardKind};
 use redguard_tests::RedisServer;
 
 const TIMEOUT: Duration = Duration::from_millis(200);

@@ -25,7 +25,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
-use redguard::{Error, Idempotency, Redguard};
+use redguard::{Error, Redguard};
 use redguard_tests::RedisServer;
 use redguard_tests::proxy::{Fault, Proxy};
 
@@ -198,7 +198,7 @@ async fn section(late: Late, fraction: f64) -> Result<String, String> {
             rg.lock("timing")
                 .lease(LEASE)
                 .run(async move {
-                    let fence = redguard::fence().expect("a fence inside run");
+                    let fence = redguard::lock::fence().expect("a fence inside run");
                     *entered.lock().unwrap() = Some((Instant::now(), fence));
                     tokio::time::sleep_until(until.into()).await;
                     Ok::<_, Error>(())
@@ -293,7 +293,7 @@ async fn a_body_blocking_its_thread_loses_the_lock_and_spawn_blocking_keeps_it()
             rg.lock("blocking:kept")
                 .lease(LEASE)
                 .run(async move {
-                    *fence.lock().unwrap() = redguard::fence();
+                    *fence.lock().unwrap() = redguard::lock::fence();
                     tokio::task::spawn_blocking(move || std::thread::sleep(block))
                         .await
                         .unwrap();
@@ -364,8 +364,11 @@ async fn a_body_blocking_its_thread_loses_the_lock_and_spawn_blocking_keeps_it()
 const EXPIRE: Duration = LEASE;
 const RECORD: &str = "redguard:idem:{timing:timing}";
 
-fn record_key() -> redguard::KeyBody {
-    redguard::KeyBuilder::new().text("timing").finish().unwrap()
+fn record_key() -> redguard::key::KeyBody {
+    redguard::key::KeyBuilder::new()
+        .text("timing")
+        .finish()
+        .unwrap()
 }
 
 fn status(conn: &mut redis::Connection) -> Option<String> {
@@ -387,21 +390,22 @@ async fn record(late: Late, fraction: f64) -> Result<String, String> {
     let entered: Arc<Mutex<Option<Instant>>> = Arc::default();
     let sent = point.hold(late, delay);
     let until = sent + delay + EXPIRE * 2;
-    let running =
-        {
-            let (rg, runs, entered) = (point.rg.clone(), runs.clone(), Arc::clone(&entered));
-            tokio::spawn(
-                rg.clone()
-                    .scope(Idempotency::new("timing", record_key()).expire(EXPIRE).run(
-                        async move {
-                            *entered.lock().unwrap() = Some(Instant::now());
-                            runs.fetch_add(1, Ordering::SeqCst);
-                            tokio::time::sleep_until(until.into()).await;
-                            Ok::<_, Error>(1)
-                        },
-                    )),
-            )
-        };
+    let running = {
+        let (rg, runs, entered) = (point.rg.clone(), runs.clone(), Arc::clone(&entered));
+        tokio::spawn(
+            rg.clone().scope(
+                redguard::idempotency(record_key())
+                    .scope("timing")
+                    .expire(EXPIRE)
+                    .run(async move {
+                        *entered.lock().unwrap() = Some(Instant::now());
+                        runs.fetch_add(1, Ordering::SeqCst);
+                        tokio::time::sleep_until(until.into()).await;
+                        Ok::<_, Error>(1)
+                    }),
+            ),
+        )
+    };
     point.release_hold(late, sent, delay).await;
     let mut conn = point.server.connection();
     let mut lapsed = None;
@@ -414,13 +418,16 @@ async fn record(late: Late, fraction: f64) -> Result<String, String> {
                 lapsed = Some(sent.elapsed());
             }
             let runs = runs.clone();
-            let retried =
-                twin.scope(Idempotency::new("timing", record_key()).expire(EXPIRE).run(
-                    async move {
-                        runs.fetch_add(1, Ordering::SeqCst);
-                        Ok::<_, Error>(2)
-                    },
-                ))
+            let retried = twin
+                .scope(
+                    redguard::idempotency(record_key())
+                        .scope("timing")
+                        .expire(EXPIRE)
+                        .run(async move {
+                            runs.fetch_add(1, Ordering::SeqCst);
+                            Ok::<_, Error>(2)
+                        }),
+                )
                 .await;
             if !matches!(retried, Err(Error::InProgress)) && lapsed.is_none() {
                 lapsed = Some(sent.elapsed());
@@ -469,7 +476,8 @@ async fn a_record_stays_processing_while_its_body_blocks_its_thread() {
     let block = EXPIRE * 3 / 2;
     let running = tokio::spawn(
         rg.clone().scope(
-            Idempotency::new("timing", record_key())
+            redguard::idempotency(record_key())
+                .scope("timing")
                 .expire(EXPIRE)
                 .run(async move {
                     std::thread::sleep(block);
@@ -498,20 +506,28 @@ async fn a_record_dropped_while_its_keep_alive_starts_is_undone_as_it_is_dropped
     let rg = Redguard::memory();
     let runs = Arc::new(AtomicU32::new(0));
     let counter = runs.clone();
-    let first = rg.scope(Idempotency::new("timing", record_key()).run(async move {
-        counter.fetch_add(1, Ordering::SeqCst);
-        Ok::<_, Error>(1)
-    }));
+    let first = rg.scope(
+        redguard::idempotency(record_key())
+            .scope("timing")
+            .run(async move {
+                counter.fetch_add(1, Ordering::SeqCst);
+                Ok::<_, Error>(1)
+            }),
+    );
     let dropped = redguard_tests::cancel::poll_at_most(first, 1).await;
     assert!(dropped.is_none(), "the first poll completed: {dropped:?}");
     assert_eq!(runs.load(Ordering::SeqCst), 0, "dropped in its body");
     assert_eq!(rg.live_watchdogs(), 0, "a renewal outlived its execution");
     let counter = runs.clone();
     let retry = rg
-        .scope(Idempotency::new("timing", record_key()).run(async move {
-            counter.fetch_add(1, Ordering::SeqCst);
-            Ok::<_, Error>(2)
-        }))
+        .scope(
+            redguard::idempotency(record_key())
+                .scope("timing")
+                .run(async move {
+                    counter.fetch_add(1, Ordering::SeqCst);
+                    Ok::<_, Error>(2)
+                }),
+        )
         .await;
     assert!(matches!(retry, Ok(2)), "the retry got {retry:?}");
     assert_eq!(runs.load(Ordering::SeqCst), 1);

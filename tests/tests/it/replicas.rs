@@ -14,8 +14,8 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use redguard::{
-    BackendError, Error, FailMode, GuardKind, Idempotency, KeyBuilder, LockGuard, LockKind,
-    Redguard,
+    BackendError, Error, Redguard, handle::FailMode, key::GuardKind, key::KeyBuilder,
+    lock::LockGuard, lock::LockKind,
 };
 use redguard_tests::{RedisCluster, RedisSentinel, RedisServer, after_failover, connect};
 
@@ -40,7 +40,9 @@ async fn idempotent(
     runs: &Arc<AtomicU32>,
 ) -> Result<u32, Error> {
     let key = KeyBuilder::new().text(id).finish()?;
-    let mut guard = Idempotency::new("replicas", key).expire(Duration::from_secs(600));
+    let mut guard = redguard::idempotency(key)
+        .scope("replicas")
+        .expire(Duration::from_secs(600));
     if replicas {
         guard = guard.replicas(1, WAIT);
     }

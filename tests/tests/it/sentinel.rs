@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use redguard::__private::store::{Acquire, LockAcquire, LockRelease, Release};
-use redguard::{Error, FailMode, GuardKind, Idempotency, KeyBuilder, Redguard};
+use redguard::{Error, Redguard, handle::FailMode, key::GuardKind, key::KeyBuilder};
 use redguard_tests::RedisSentinel;
 use redguard_tests::sentinel::role;
 
@@ -184,7 +184,8 @@ impl Load {
                     let started = Instant::now();
                     let outcome = rg
                         .scope(
-                            Idempotency::new("sentinel", key)
+                            redguard::idempotency(key)
+                                .scope("sentinel")
                                 .expire(Duration::from_secs(60))
                                 .run(async move {
                                     *runs.lock().unwrap().entry(intent).or_default() += 1;
@@ -219,13 +220,13 @@ impl Load {
         self.tasks.push(tokio::spawn(async move {
             while !stop.load(Ordering::Relaxed) {
                 let started = Instant::now();
-                let checked = redguard::limiter("sentinel:")
-                    .part("user", &1u64)
-                    .scope("sentinel")
-                    .rate("100000/s")
-                    .on(&rg)
-                    .check()
-                    .await;
+                let checked =
+                    redguard::limiter(redguard::key("sentinel:{user}").part("user", &1u64))
+                        .scope("sentinel")
+                        .rate("100000/s")
+                        .on(&rg)
+                        .check()
+                        .await;
                 match checked {
                     Ok(_) => record("rate_check", started, true),
                     Err(Error::Backend(_)) => record("rate_check", started, false),
@@ -512,7 +513,7 @@ fn first_to_say_master(urls: Vec<String>) -> tokio::task::JoinHandle<Instant> {
     })
 }
 
-fn lock_key(rg: &Redguard, body: &str) -> redguard::Key {
+fn lock_key(rg: &Redguard, body: &str) -> redguard::key::Key {
     let body = KeyBuilder::new().text(body).finish().unwrap();
     rg.key(GuardKind::Lock, "sentinel", &body).unwrap()
 }

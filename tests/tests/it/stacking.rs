@@ -18,7 +18,7 @@ async fn submit(
     runs: Arc<AtomicUsize>,
 ) -> redguard::Result<Option<u64>> {
     runs.fetch_add(1, Ordering::SeqCst);
-    Ok(redguard::fence())
+    Ok(redguard::lock::fence())
 }
 
 /// The other order: the lock is taken before the idempotency record is looked at, so even a
@@ -27,7 +27,7 @@ async fn submit(
 #[dist_lock(key = "stock:{sku}", wait = "100ms")]
 #[idempotent(key = "{request}", expire = 600)]
 async fn lock_first(request: &str, sku: &str) -> redguard::Result<u64> {
-    Ok(redguard::fence().unwrap_or(0))
+    Ok(redguard::lock::fence().unwrap_or(0))
 }
 
 async fn written_order_is_execution_order(rg: Redguard) {

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use redguard::{KeyBuilder, Redguard};
+use redguard::{Redguard, key::KeyBuilder};
 use redguard_tests::RedisServer;
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
@@ -154,15 +154,15 @@ async fn workload(url: String) {
     for _ in 0..2 {
         let body = KeyBuilder::new().text("req-1").finish().unwrap();
         rg.scope(
-            redguard::Idempotency::new("spans::idem", body)
+            redguard::idempotency(body)
+                .scope("spans::idem")
                 .run(async { Ok::<_, redguard::Error>(7u8) }),
         )
         .await
         .unwrap();
     }
     let limiter = || {
-        redguard::limiter("ip:")
-            .part("ip", "10.0.0.1")
+        redguard::limiter(redguard::key("ip:{ip}").part("ip", "10.0.0.1"))
             .scope("spans::rate")
             .rate("1/min")
             .on(&rg)

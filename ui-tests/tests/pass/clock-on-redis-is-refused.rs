@@ -4,7 +4,7 @@
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
     let refused = redguard::Redguard::redis("redis://127.0.0.1:1/")
-        .clock(redguard::ManualClock::new())
+        .clock(redguard::clock::ManualClock::new())
         .connect()
         .await;
     assert!(

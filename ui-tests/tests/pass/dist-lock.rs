@@ -44,7 +44,7 @@ pub struct Service;
 impl Service {
     #[redguard::dist_lock(key = "order:{order.sku}", wait = 1, on_lost = "cancel")]
     pub async fn handle(&self, order: &Order) -> Result<(), redguard::Error> {
-        let _ = redguard::fence();
+        let _ = redguard::lock::fence();
         Ok(())
     }
 }

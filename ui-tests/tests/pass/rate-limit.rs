@@ -1,4 +1,4 @@
-use redguard::Rate;
+use redguard::rate::Rate;
 
 struct Plan {
     rate: String,

@@ -8,7 +8,7 @@
 //! in its own [`Table`] of the shard (key spaces of the guards never overlap), and implements
 //! its operations in its own file here.
 //!
-//! There are no replicas: a write asked to be confirmed by [`Replicas`](crate::Replicas)
+//! There are no replicas: a write asked to be confirmed by [`Replicas`](crate::store::Replicas)
 //! counts as confirmed, as it is as durable as it will ever be (and code configured for a
 //! replicated Redis runs unchanged in its tests).
 
@@ -35,12 +35,12 @@ use crate::key::Key;
 
 /// The in-process [`Store`]. Safe for one instance only: nothing is shared between processes.
 ///
-/// Runs on the system clock, or on a [`ManualClock`](crate::ManualClock) that tests advance:
+/// Runs on the system clock, or on a [`ManualClock`](crate::clock::ManualClock) that tests advance:
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> redguard::Result<()> {
 /// use std::time::Duration;
-/// use redguard::{ManualClock, Redguard};
+/// use redguard::{clock::ManualClock, Redguard};
 ///
 /// let clock = ManualClock::new();
 /// let rg = Redguard::memory_builder().clock(clock.clone()).connect().await?;

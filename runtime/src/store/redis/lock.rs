@@ -327,7 +327,7 @@ fn fair_keys(key: &Key) -> [Key; 3] {
 
 /// Decodes the `{code, fence or wait, depth}` reply of the acquire scripts.
 /// The reply of an acquire script that took the lock (or a nested level): the write a
-/// [`Replicas`](crate::Replicas) confirmation is about.
+/// [`Replicas`](crate::store::Replicas) confirmation is about.
 fn acquired(reply: &(i64, i64, i64)) -> bool {
     reply.0 == 1
 }

@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use proptest_state_machine::{ReferenceStateMachine, StateMachineTest};
-use redguard::{Classify, Error, ErrorClass, GuardKind, Idempotency, KeyBuilder};
+use redguard::{Classify, Error, ErrorClass, key::GuardKind, key::KeyBuilder};
 use redguard_tests::model::idem::{Begin, Finish, IdemModel, Status};
 use redguard_tests::model::token::{Consume, TokenModel};
 use redguard_tests::props::disagreement;
@@ -272,7 +272,7 @@ impl Sut {
         let call = async move {
             // Without a key: token mode alone, as `#[idempotent(token = ..)]` without `key`.
             let guard = match key {
-                Some(key) => Idempotency::new("idem-calls", key),
+                Some(key) => redguard::idempotency(key).scope("idem-calls"),
                 None => redguard::__private::idempotency("idem-calls", None),
             };
             let mut guard = guard.expire(expire).payload(PAYLOADS[payload]);

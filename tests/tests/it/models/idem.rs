@@ -13,7 +13,7 @@ use redguard::__private::store::{
     Begin, Finish as StoreFinish, IdemBegin, IdemFinish, IdemFinished, Resolve, Resolved,
     TokenOutcome,
 };
-use redguard::{GuardKind, Key, KeyBuilder};
+use redguard::{key::GuardKind, key::Key, key::KeyBuilder};
 use redguard_tests::model::idem::{Begin as Began, Finish, IdemModel, Resolved as Verdict};
 use redguard_tests::model::token::{Consume, TokenModel};
 use redguard_tests::props::disagreement;

@@ -11,7 +11,7 @@ use proptest_state_machine::{ReferenceStateMachine, StateMachineTest};
 use redguard::__private::store::{
     Acquire as AcquireOp, LockAcquire, LockRelease, Release as ReleaseOp, rw_readers,
 };
-use redguard::{GuardKind, Key, KeyBuilder};
+use redguard::{key::GuardKind, key::Key, key::KeyBuilder};
 use redguard_tests::model::lock::{Acquire, LockModel, Release, readers};
 use redguard_tests::props::disagreement;
 use redguard_tests::vclock::{Expiry, World};

@@ -20,7 +20,7 @@ use proptest_state_machine::{ReferenceStateMachine, StateMachineTest};
 use redguard::__private::store::{
     Acquire as AcquireOp, LockAcquire, LockRelease, Release as ReleaseOp,
 };
-use redguard::{Error, GuardKind, Key, KeyBuilder, Redguard};
+use redguard::{Error, Redguard, key::GuardKind, key::Key, key::KeyBuilder};
 use redguard_tests::model::lock::{Acquire, LockModel, Release};
 use redguard_tests::props::disagreement;
 use redguard_tests::vclock::{Backend, Expiry, World};
@@ -141,7 +141,7 @@ struct Task {
     commands: mpsc::UnboundedSender<Cmd>,
 }
 
-fn lock(rg: &Redguard) -> redguard::LockBuilder {
+fn lock(rg: &Redguard) -> redguard::lock::LockBuilder {
     rg.lock("nested")
         .scope("nested-model")
         .lease(LEASE)
@@ -170,7 +170,7 @@ fn level<'a>(
 ) -> Pin<Box<dyn Future<Output = Result<(), Error>> + 'a>> {
     Box::pin(async move {
         // Entered: say so, with the fence of the level (the outer one's, when nested).
-        let _ = cx.reports.send(Ok(redguard::fence().unwrap_or(0)));
+        let _ = cx.reports.send(Ok(redguard::lock::fence().unwrap_or(0)));
         loop {
             let Some(cmd) = commands.recv().await else {
                 return std::future::pending().await;

@@ -14,7 +14,9 @@ use std::time::Duration;
 use proptest::prelude::*;
 use proptest_state_machine::{ReferenceStateMachine, StateMachineTest};
 use redguard::__private::store::{RateCheck, RateMode};
-use redguard::{Algorithm, GuardKind, Key, KeyBuilder, Limit, Rate};
+use redguard::{
+    key::GuardKind, key::Key, key::KeyBuilder, rate::Algorithm, rate::Limit, rate::Rate,
+};
 use redguard_tests::model::rate::{LimitSpec, Mode, RateModel, Verdict, rate_accepted};
 use redguard_tests::props::disagreement;
 use redguard_tests::vclock::{EPOCH, Expiry, World};

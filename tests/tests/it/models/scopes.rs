@@ -103,7 +103,7 @@ async fn inside(gate: Option<oneshot::Receiver<()>>) -> Result<Option<u64>, Erro
         let _ = gate.await;
     }
     INSIDE.with(|i| i.set(false));
-    Ok(redguard::fence())
+    Ok(redguard::lock::fence())
 }
 
 /// The lock methods: `skip_if_held`, one key template in each impl.
@@ -221,7 +221,7 @@ pub(crate) struct Sut {
 /// What every impl's attribute is, for the models: 2 per minute, GCRA, burst 2.
 fn two_per_minute() -> LimitSpec {
     LimitSpec {
-        algorithm: redguard::Algorithm::Gcra,
+        algorithm: redguard::rate::Algorithm::Gcra,
         count: 2,
         period: std::time::Duration::from_secs(60),
         burst: None,
