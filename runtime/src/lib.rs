@@ -80,6 +80,8 @@ mod scope;
 mod state;
 pub mod store;
 mod telemetry;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod tokens;
 mod trace;
 mod values;
