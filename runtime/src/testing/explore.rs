@@ -28,17 +28,21 @@ use crate::handle::Redguard;
 /// }
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
-/// let explored = Explore::new()
-///     .runs(20)
-///     .run(async |trial| {
+/// // A redelivered message, charged by a body with no backstop of its own.
+/// let failure = Explore::new()
+///     .runs(50)
+///     .try_run(async |trial| {
 ///         let history = &trial.history;
 ///         let _ = trial.rg.scope(async {
-///             charge(history, 7).await?;
+///             let _ = charge(history, 7).await;
 ///             charge(history, 7).await
 ///         }).await;
 ///     })
-///     .await;
-/// assert_eq!(explored.runs, 20);
+///     .await
+///     .unwrap_err(); // `run` would panic with the same report
+/// // A schedule that lost the record between the deliveries: its seed and faults.
+/// assert!(failure.to_string().contains("never_twice"));
+/// assert!(!failure.schedule.is_empty());
 /// # }
 /// ```
 #[derive(Debug, Clone)]
