@@ -341,12 +341,15 @@ async fn expire_early_exposes_writes_that_ignore_the_fence() {
         let write = |fence: u64| {
             let (history, highest) = (history.clone(), Arc::clone(&highest));
             async move {
-                let mut seen = highest.lock().expect("stock");
-                if fenced && fence < *seen {
+                let refused = {
+                    let mut seen = highest.lock().expect("stock");
+                    let refused = fenced && fence < *seen;
+                    *seen = fence.max(*seen);
+                    refused
+                };
+                if refused {
                     return;
                 }
-                *seen = fence.max(*seen);
-                drop(seen);
                 let _ = history
                     .held("stock", fence, async { Ok::<_, Error>(()) })
                     .await;
