@@ -150,6 +150,36 @@ async fn never_together_catches_work_that_outlives_its_lock() {
     assert_eq!(together.calls.len(), 2, "{together}");
 }
 
+/// An overlap after the earlier holder was told its lock was lost (`LockLost`, or its body
+/// dropped by the lock's `run`) is the documented window, not a violation; the same overlap
+/// by a holder that was never told is.
+#[tokio::test]
+async fn never_together_allows_a_holder_told_its_lock_was_lost() {
+    for told in [true, false] {
+        let history = History::new();
+        let (started, second_started) = tokio::sync::oneshot::channel::<()>();
+        let first = history.held("l", 1, async {
+            let _ = second_started.await;
+            if told {
+                Err(Error::LockLost { key: "l".into() })
+            } else {
+                Ok(())
+            }
+        });
+        let second = history.held("l", 2, async {
+            let _ = started.send(());
+            Ok::<_, Error>(())
+        });
+        let _ = tokio::join!(first, second);
+        assert_eq!(
+            history.check_never_together().is_err(),
+            !told,
+            "{:#?}",
+            history.calls()
+        );
+    }
+}
+
 #[tokio::test]
 async fn fences_increase_catches_a_fence_read_outside_the_lock() {
     let (history, rg) = (History::new(), Redguard::memory());
