@@ -1,7 +1,6 @@
 //! The exploring harness: one test body, many seeded fault schedules.
 
 use std::fmt;
-use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::time::{Duration, Instant};
 
@@ -175,17 +174,13 @@ impl Explore {
 
     /// Runs `body` until a run fails, `runs` runs passed or the time limit came; panics with
     /// the failed run's seed and schedule.
-    #[track_caller]
-    pub fn run<F>(self, body: F) -> impl Future<Output = Explored>
+    pub async fn run<F>(self, body: F) -> Explored
     where
         F: AsyncFnMut(Trial),
     {
-        let explored = self.try_run(body);
-        async move {
-            match explored.await {
-                Ok(explored) => explored,
-                Err(failure) => panic!("{failure}"),
-            }
+        match self.try_run(body).await {
+            Ok(explored) => explored,
+            Err(failure) => panic!("{failure}"),
         }
     }
 

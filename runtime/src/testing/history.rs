@@ -365,7 +365,7 @@ impl History {
         let mut worst: Option<(Duration, String, Vec<Call>)> = None;
         for (key, mut calls) in self.by_key(CallKind::Admitted) {
             calls.sort_by_key(|c| (c.at, c.start));
-            for run in calls.windows(limit + 1) {
+            for run in calls.windows(limit.saturating_add(1)) {
                 let span = run[limit].at - run[0].at;
                 let tighter = worst.as_ref().is_none_or(|(w, _, _)| span < *w);
                 if span < window && tighter {
@@ -379,7 +379,7 @@ impl History {
                 check: "at_most",
                 reason: format!(
                     "`{key}` admitted {} calls within {span:?}, more than {limit} per {window:?}",
-                    limit + 1
+                    calls.len()
                 ),
                 calls,
             }),

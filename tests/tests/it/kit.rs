@@ -469,6 +469,32 @@ async fn stall_exposes_a_body_that_continues_after_its_lock_is_lost() {
     }
 }
 
+/// Rules pick operations by key pattern and by call number; the rest go through.
+#[tokio::test]
+async fn faults_pick_operations_by_key_pattern_and_call_number() {
+    let history = History::new();
+    let faults = Faults::new()
+        .inject(At::any().key("*pay-k2*"), Fault::Fail)
+        .inject(At::point(Point::IdemBegin).nth(3), Fault::Fail);
+    let rg = redguard::testing::faulty(&Redguard::memory(), faults.clone());
+    let results = rg
+        .scope(async {
+            let mut results = Vec::new();
+            for payment in ["pay-k1", "pay-k2", "pay-k3", "pay-k4", "pay-k2"] {
+                results.push(charge(&history, payment).await.is_ok());
+            }
+            results
+        })
+        .await;
+    // The 3rd begin is pay-k3's; both of pay-k2's are refused by the pattern.
+    assert_eq!(results, [true, false, false, true, false]);
+    let injected = faults.injected();
+    let (k2, others): (Vec<_>, Vec<_>) = injected.iter().partition(|i| i.key.contains("pay-k2"));
+    assert!(k2.len() >= 2, "{injected:?}");
+    assert_eq!(others.len(), 1, "{injected:?}");
+    assert!(others[0].point == Point::IdemBegin && others[0].key.contains("pay-k3"));
+}
+
 /// The faulty store works on a real Redis handle too (and writes no key without a TTL).
 #[tokio::test]
 async fn faults_strike_on_redis() {
