@@ -1,6 +1,6 @@
-//! A real Redis Sentinel deployment: one master, two replicas and three `redis-sentinel`
-//! processes on free ports, monitoring the master as [`MASTER_NAME`] with a quorum of 2 and
-//! short timeouts (a dead master is replaced in about 2 s). Torn down on drop.
+//! A real Redis Sentinel deployment: one master, two replicas and three sentinels
+//! (`redis-server --sentinel`) on free ports, monitoring the master as [`MASTER_NAME`] with a
+//! quorum of 2 and short timeouts (a dead master is replaced in about 2 s). Torn down on drop.
 //!
 //! ```no_run
 //! let mut sentinel = redguard_tests::RedisSentinel::start();
@@ -74,7 +74,7 @@ impl Tls {
     }
 }
 
-/// One `redis-sentinel` process with its own config file (Sentinel rewrites it).
+/// One sentinel process (`redis-server --sentinel`) with its own config file (Sentinel rewrites it).
 #[derive(Debug)]
 struct SentinelProcess {
     /// The plain port (the harness's own questions).
@@ -111,7 +111,7 @@ impl RedisSentinel {
     /// replicas have synced.
     ///
     /// # Panics
-    /// When `redis-server` or `redis-sentinel` is missing (naming the package), or the
+    /// When the server binary is missing (naming the package), or the
     /// deployment does not come up within 30 s.
     pub fn start() -> RedisSentinel {
         Self::start_sized(2, 3)

@@ -371,9 +371,11 @@ async fn out_of_memory_is_a_clear_error() {
         assert!(filled < 1000, "maxmemory 1mb never refused a write");
     };
     assert_eq!(oom.code(), Some("OOM"), "{oom}");
-    // Used memory dips under the limit again when a client's query buffer is freed; pin the
-    // limit just under what the junk now takes so every write is refused while it lasts.
-    let limit = (used_memory(&server) - 64 * 1024).to_string();
+    // Used memory dips under the limit again when a client's query buffer is freed, by more
+    // than 64 KiB on Redis 6.2 and Valkey 9 (locks and first executions then got through);
+    // pin the limit at half of what is used now, so every write is refused while the junk
+    // lasts, on every server of the matrix.
+    let limit = (used_memory(&server) / 2).to_string();
     let _: () = redis_cmd(&server, &["CONFIG", "SET", "maxmemory", &limit]);
 
     let down = run_phase(&handles, &shared, Duration::from_millis(300)).await;

@@ -13,7 +13,9 @@
 //!   another master that says it is one.
 //!
 //! A node is only ever used after its own `ROLE` said `master`, and a master is only left for
-//! one the sentinels name: a restarted, empty old master is never returned to.
+//! one the sentinels name: a restarted, empty old master is never returned to. Nor, for 10 s, is a
+//! master left for an announced promotion: it still says master, and the sentinels that have
+//! not heard of the promotion yet name it, but what it acknowledges then is lost.
 
 mod config;
 mod events;
