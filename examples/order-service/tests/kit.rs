@@ -10,6 +10,7 @@ use std::time::Duration;
 use order_service::{Db, Payment};
 use redguard::testing::{At, Explore, Fault, Faults, History, Point};
 use redguard::{ManualClock, Redguard, dist_lock, idempotent};
+use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 fn deadline() -> Instant {
@@ -124,11 +125,12 @@ async fn reserve(
     writes: &History,
     sku: &str,
     user: u64,
-    stalled: Option<tokio::sync::oneshot::Receiver<()>>,
+    stalled: Option<(oneshot::Sender<()>, oneshot::Receiver<()>)>,
 ) -> redguard::Result<bool> {
     let fence = redguard::fence().unwrap_or(0);
-    if let Some(stall) = stalled {
-        let _ = stall.await; // a pause past the lock's (early) expiry
+    if let Some((holding, resume)) = stalled {
+        let _ = holding.send(());
+        let _ = resume.await; // a pause past the lock's (early) expiry
     }
     let placed = db
         .place_order(
@@ -167,12 +169,13 @@ async fn stock_is_not_oversold_when_a_lock_expires_early() {
         .expect("memory handle");
     let rg = redguard::testing::faulty(&rg, faults.clone());
     let writes = History::new();
-    let (resume, stalled) = tokio::sync::oneshot::channel();
+    let (holding, held) = oneshot::channel();
+    let (resume, stalled) = oneshot::channel();
     let (first, second) = rg
         .scope(async {
-            let first = reserve(&db, &writes, "sku-1", 1, Some(stalled));
+            let first = reserve(&db, &writes, "sku-1", 1, Some((holding, stalled)));
             let second = async {
-                tokio::task::yield_now().await; // the first holds the lock now
+                let _ = held.await; // the first holds the lock now
                 clock.advance(Duration::from_secs(2));
                 let bought = reserve(&db, &writes, "sku-1", 2, None).await;
                 let _ = resume.send(());

@@ -77,7 +77,9 @@ async fn restock_detached(
     Ok(tokio::spawn(async move {
         history
             .held(&sku, fence, async {
-                tokio::time::sleep(2 * MS).await;
+                // Long enough that the next holder's work starts before it ends, however
+                // loaded the machine: the lock is released as soon as this is spawned.
+                tokio::time::sleep(50 * MS).await;
                 Ok::<_, Error>(())
             })
             .await
