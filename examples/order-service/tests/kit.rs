@@ -127,7 +127,7 @@ async fn reserve(
     user: u64,
     stalled: Option<(oneshot::Sender<()>, oneshot::Receiver<()>)>,
 ) -> redguard::Result<bool> {
-    let fence = redguard::fence().unwrap_or(0);
+    let fence = redguard::lock::fence().unwrap_or(0);
     if let Some((holding, resume)) = stalled {
         let _ = holding.send(());
         let _ = resume.await; // a pause past the lock's (early) expiry

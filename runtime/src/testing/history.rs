@@ -3,7 +3,7 @@
 //! Bodies record themselves (`History::run`, `History::held`, `History::effect`,
 //! `History::admitted`); each record takes a sequence number from one counter, so "started
 //! before that one ended" is exact whatever the clocks say. Times come from a [`Clock`] (the
-//! store's, when it is a [`ManualClock`](crate::ManualClock)) and serve the rate checker only.
+//! store's, when it is a [`ManualClock`](crate::clock::ManualClock)) and serve the rate checker only.
 
 use std::any::Any;
 use std::fmt;
@@ -164,7 +164,7 @@ impl History {
     }
 
     /// An empty history timed by `clock`: give it the store's clock (a
-    /// [`ManualClock`](crate::ManualClock) you advance) so admissions are timed as the store
+    /// [`ManualClock`](crate::clock::ManualClock) you advance) so admissions are timed as the store
     /// decided them.
     pub fn with_clock(clock: impl Clock) -> History {
         History {
@@ -228,7 +228,7 @@ impl History {
     }
 
     /// Runs a section under the lock at `key` with fencing token `fence` (from
-    /// [`redguard::fence()`](crate::fence) or the guard), recording its start and end, for
+    /// [`redguard::lock::fence()`](crate::lock::fence) or the guard), recording its start and end, for
     /// [`assert_never_together`](History::assert_never_together) and
     /// [`assert_fences_increase`](History::assert_fences_increase).
     pub async fn held<T, E: 'static>(

@@ -8,10 +8,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::future::join_all;
+use redguard::handle::FailMode;
+use redguard::key::GuardKind;
 use redguard::testing::{At, Explore, Fault, Faults, History, Point};
-use redguard::{
-    Error, FailMode, GuardKind, ManualClock, Redguard, dist_lock, idempotent, rate_limit,
-};
+use redguard::{Error, ManualClock, Redguard, dist_lock, idempotent, rate_limit};
 use redguard_tests::RedisServer;
 
 const MS: Duration = Duration::from_millis(1);
@@ -56,7 +56,7 @@ async fn charge_backstopped(
 /// The restock section: its work awaited inside the lock.
 #[dist_lock(key = "sku:{sku}", wait = "5s", lease = "10s")]
 async fn restock(history: &History, sku: &str) -> redguard::Result<()> {
-    let fence = redguard::fence().unwrap_or(0);
+    let fence = redguard::lock::fence().unwrap_or(0);
     history
         .held(sku, fence, async {
             tokio::task::yield_now().await;
@@ -72,7 +72,7 @@ async fn restock_detached(
     history: &History,
     sku: &str,
 ) -> redguard::Result<tokio::task::JoinHandle<redguard::Result<()>>> {
-    let fence = redguard::fence().unwrap_or(0);
+    let fence = redguard::lock::fence().unwrap_or(0);
     let (history, sku) = (history.clone(), sku.to_owned());
     Ok(tokio::spawn(async move {
         history
@@ -189,7 +189,7 @@ async fn fences_increase_catches_a_fence_read_outside_the_lock() {
         for _ in 0..4 {
             // Read inside the section: the lock's own token.
             locked("c", async {
-                let fence = redguard::fence().unwrap_or(0);
+                let fence = redguard::lock::fence().unwrap_or(0);
                 history.held("c", fence, async { Ok::<_, Error>(()) }).await
             })
             .await
@@ -201,7 +201,7 @@ async fn fences_increase_catches_a_fence_read_outside_the_lock() {
         let broken = History::new();
         for _ in 0..4 {
             // Read before the section: no lock is held there, so no token.
-            let fence = redguard::fence().unwrap_or(0);
+            let fence = redguard::lock::fence().unwrap_or(0);
             locked("d", broken.held("d", fence, async { Ok::<_, Error>(()) }))
                 .await
                 .expect("locked")
@@ -391,7 +391,7 @@ async fn expire_early_exposes_writes_that_ignore_the_fence() {
         let (second_done, second_wait) = tokio::sync::oneshot::channel::<()>();
         rg.scope(async {
             let first = locked("e", async {
-                let fence = redguard::fence().unwrap_or(0);
+                let fence = redguard::lock::fence().unwrap_or(0);
                 let _ = first_in.send(());
                 let _ = second_wait.await; // stalled (a GC pause) past its key's expiry
                 write(fence).await;
@@ -399,9 +399,11 @@ async fn expire_early_exposes_writes_that_ignore_the_fence() {
             let second = async {
                 let _ = first_go.await;
                 clock.advance(Duration::from_secs(2));
-                locked("e", async { write(redguard::fence().unwrap_or(0)).await })
-                    .await
-                    .expect("second holder");
+                locked("e", async {
+                    write(redguard::lock::fence().unwrap_or(0)).await
+                })
+                .await
+                .expect("second holder");
                 let _ = second_done.send(());
             };
             let (first, ()) = tokio::join!(first, second);
@@ -431,7 +433,7 @@ async fn stall_exposes_a_body_that_continues_after_its_lock_is_lost() {
         section(history, sku).await
     }
     async fn section(history: &History, sku: &str) -> redguard::Result<()> {
-        let fence = redguard::fence().unwrap_or(0);
+        let fence = redguard::lock::fence().unwrap_or(0);
         history
             .held(sku, fence, async {
                 tokio::time::sleep(Duration::from_millis(2500)).await;
