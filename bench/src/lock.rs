@@ -1,6 +1,7 @@
 //! Locks: acquire + release on random keys (uncontended) three ways, then contenders on one
 //! key, default and fair, with the hand-off latency.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use redguard::{KeyBuilder, LockGuard, LockKind, Redguard, dist_lock};
@@ -59,6 +60,22 @@ pub(crate) async fn cases(bench: &mut Bench, rg: &Redguard, memory: &Redguard) {
         "redlock-cycle",
         &Ways::names(case),
     );
+    let rslock = Arc::new(rslock::LockManager::new(vec![bench.url()]));
+    let manager = rslock.clone();
+    let rslock_cycle = move |i| {
+        let manager = manager.clone();
+        async move {
+            let resource = format!("rslock:l:{i}");
+            let lock = manager
+                .lock(resource.as_str(), Duration::from_secs(30))
+                .await
+                .expect("an rslock lock on a fresh key");
+            manager.unlock(&lock).await;
+        }
+    };
+    bench
+        .run_rust_peer(RSLOCK_RANDOM, &Ways::names(case), rslock_cycle)
+        .await;
     let ways = Ways {
         case,
         base: &[],
@@ -81,6 +98,7 @@ pub(crate) async fn cases(bench: &mut Bench, rg: &Redguard, memory: &Redguard) {
     bench
         .run_memory(case, memory, move |i| section(m.clone(), i))
         .await;
+    bench.compare(&Ways::names(case)[1], "redis", RSLOCK_RANDOM);
     // redlock retries on a timer (its defaults: every 200 ± 100 ms), where ours are woken.
     let ours = [false, true].map(|fair| contended_case(fair).to_owned());
     let peer = bench.run_peer_contended(
@@ -88,12 +106,34 @@ pub(crate) async fn cases(bench: &mut Bench, rg: &Redguard, memory: &Redguard) {
         "redlock-contended",
         &ours,
     );
+    // rslock's acquire: its `lock` (3 tries, 0-200 ms apart) again until it holds the key.
+    let acquire = move || {
+        let manager = rslock.clone();
+        async move {
+            manager
+                .acquire("rslock:contended", Duration::from_secs(30))
+                .await
+                .expect("an rslock lock")
+        }
+    };
+    let release = |guard: rslock::LockGuard| guard.release();
+    bench
+        .run_contended_peer(RSLOCK_CONTENDED, &ours, acquire, release)
+        .await;
     for (store, handle, peer) in [("redis", rg, &peer[..]), ("memory", memory, &[])] {
         for fair in [false, true] {
             contended(bench, store, handle, fair, peer).await;
         }
     }
+    for fair in [false, true] {
+        bench.compare(contended_case(fair), "redis", RSLOCK_CONTENDED);
+    }
 }
+
+/// rslock, the Rust Redlock crate, in this process on the bench's Redis (one instance: a
+/// quorum of one), beside redlock.
+const RSLOCK_RANDOM: &str = "peer rslock acquire+release random keys";
+const RSLOCK_CONTENDED: &str = "peer rslock one key (sections/s, wait)";
 
 fn contended_case(fair: bool) -> &'static str {
     if fair {

@@ -10,10 +10,13 @@
 //! without the redis-benchmark baselines.
 
 mod baseline;
+mod charts;
 mod idem;
+mod inproc;
 mod lock;
 mod measure;
 mod peers;
+mod quota;
 mod rate;
 mod raw;
 mod replicas;
@@ -89,6 +92,8 @@ pub(crate) struct Bench {
     only: Option<String>,
     /// Whether the peers can run; found out when the first one is selected.
     peers: Option<bool>,
+    /// Same-run ratios to the Rust peers, printed under the table.
+    notes: Vec<String>,
     /// The kind of connection the runtime uses, for the raw EVALSHA cases.
     pub(crate) conn: ConnectionManager,
 }
@@ -107,9 +112,80 @@ impl Bench {
         F: Fn(u64) -> Fut + Send + Sync + Clone + 'static,
         Fut: Future<Output = ()> + Send,
     {
-        if !self.selected(case, store) {
-            return;
+        if self.selected(case, store) {
+            self.run_levels(case, store, baseline, ceiling, peer, op)
+                .await;
         }
+    }
+
+    /// A Rust peer library's `op(i)` in the same closed loops, as rows named `case`, when it
+    /// or one of the cases it is the peer of (`ours`, on Redis) is selected. Its ops/s at
+    /// each level.
+    pub(crate) async fn run_rust_peer<F, Fut>(
+        &mut self,
+        case: &str,
+        ours: &[String],
+        op: F,
+    ) -> Vec<Option<f64>>
+    where
+        F: Fn(u64) -> Fut + Send + Sync + Clone + 'static,
+        Fut: Future<Output = ()> + Send,
+    {
+        let wanted = self.selected(case, "peer") || ours.iter().any(|c| self.selected(c, "redis"));
+        if !wanted {
+            return Vec::new();
+        }
+        let first = self.rows.len();
+        self.run_levels(case, "peer", None, None, &[], op).await;
+        self.rows[first..]
+            .iter()
+            .map(|row| Some(row.sample.ops_per_sec))
+            .collect()
+    }
+
+    /// "Ours ÷ peer" for every level at which both rows ran, noted under the table.
+    pub(crate) fn compare(&mut self, ours: &str, store: &str, peer: &str) {
+        let mut notes = Vec::new();
+        for row in self
+            .rows
+            .iter()
+            .filter(|r| r.case == ours && r.store == store)
+        {
+            let theirs = self
+                .rows
+                .iter()
+                .find(|r| r.case == peer && r.in_flight == row.in_flight);
+            if let Some(theirs) = theirs.filter(|t| t.sample.ops_per_sec > 0.0) {
+                notes.push(format!(
+                    "{ours} @{store} ÷ {peer} at {}: {:.2}",
+                    row.in_flight,
+                    row.sample.ops_per_sec / theirs.sample.ops_per_sec
+                ));
+            }
+        }
+        for note in notes {
+            println!("{note}");
+            self.notes.push(note);
+        }
+    }
+
+    /// The bench's Redis, for peers that connect on their own.
+    pub(crate) fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    async fn run_levels<F, Fut>(
+        &mut self,
+        case: &str,
+        store: &'static str,
+        baseline: Option<&[f64]>,
+        ceiling: Option<f64>,
+        peer: &[Option<f64>],
+        op: F,
+    ) where
+        F: Fn(u64) -> Fut + Send + Sync + Clone + 'static,
+        Fut: Future<Output = ()> + Send,
+    {
         for (i, &in_flight) in self.levels.clone().iter().enumerate() {
             let sample = closed_loop(in_flight, self.warmup, self.window, op.clone()).await;
             self.push(Row {
@@ -151,9 +227,47 @@ impl Bench {
         R: Fn(G) -> RF + Send + Sync + Clone + 'static,
         RF: Future<Output = ()> + Send,
     {
-        if !self.selected(case, store) {
-            return;
+        if self.selected(case, store) {
+            self.contended_levels(case, store, peer, acquire, release)
+                .await;
         }
+    }
+
+    /// [`Bench::run_contended`] for a Rust peer library, as rows named `case`, when it or
+    /// one of the cases it is the peer of (`ours`, on Redis) is selected.
+    pub(crate) async fn run_contended_peer<A, AF, G, R, RF>(
+        &mut self,
+        case: &str,
+        ours: &[String],
+        acquire: A,
+        release: R,
+    ) where
+        A: Fn() -> AF + Send + Sync + Clone + 'static,
+        AF: Future<Output = G> + Send,
+        G: Send + 'static,
+        R: Fn(G) -> RF + Send + Sync + Clone + 'static,
+        RF: Future<Output = ()> + Send,
+    {
+        if self.selected(case, "peer") || ours.iter().any(|c| self.selected(c, "redis")) {
+            self.contended_levels(case, "peer", &[], acquire, release)
+                .await;
+        }
+    }
+
+    async fn contended_levels<A, AF, G, R, RF>(
+        &mut self,
+        case: &str,
+        store: &'static str,
+        peer: &[Option<f64>],
+        acquire: A,
+        release: R,
+    ) where
+        A: Fn() -> AF + Send + Sync + Clone + 'static,
+        AF: Future<Output = G> + Send,
+        G: Send + 'static,
+        R: Fn(G) -> RF + Send + Sync + Clone + 'static,
+        RF: Future<Output = ()> + Send,
+    {
         for (i, in_flight) in CONTENDERS.into_iter().enumerate() {
             let (sample, handoff) = contended(
                 in_flight,
@@ -381,6 +495,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         requests: if quick { 20_000 } else { 200_000 },
         only,
         peers: None,
+        notes: Vec::new(),
         conn: ConnectionManager::new(redis::Client::open(server.url())?).await?,
     };
     println!(
@@ -390,10 +505,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     print_header();
     idem::cases(&mut bench, &rg, &memory).await;
     rate::cases(&mut bench, &rg, &memory).await;
+    quota::cases(&mut bench, &rg).await;
+    inproc::cases(&mut bench).await;
     lock::cases(&mut bench, &rg, &memory).await;
     replicas::cases(&mut bench).await;
     scale::cases(&mut bench, &rg, &server.url()).await;
-    write_reports(&bench.rows)?;
+    write_reports(&bench.rows, &bench.notes)?;
     println!(
         "operations: {}",
         measure::OPERATIONS.load(std::sync::atomic::Ordering::Relaxed)
@@ -401,7 +518,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-fn write_reports(rows: &[Row]) -> Result<(), Box<dyn std::error::Error>> {
+fn write_reports(rows: &[Row], notes: &[String]) -> Result<(), Box<dyn std::error::Error>> {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/bench");
     std::fs::create_dir_all(&dir)?;
     std::fs::write(
@@ -429,7 +546,14 @@ fn write_reports(rows: &[Row]) -> Result<(), Box<dyn std::error::Error>> {
             handoff(row, " / ")
         );
     }
+    if !notes.is_empty() {
+        md.push('\n');
+        for note in notes {
+            let _ = writeln!(md, "- {note}");
+        }
+    }
     std::fs::write(dir.join("results.md"), md)?;
+    charts::write(&dir, rows)?;
     println!("wrote {}", dir.join("results.{json,md}").display());
     Ok(())
 }

@@ -95,7 +95,7 @@ impl Latency {
     }
 }
 
-fn sample(latencies: Vec<u64>, elapsed: Duration) -> Sample {
+pub(crate) fn sample(latencies: Vec<u64>, elapsed: Duration) -> Sample {
     let ops = latencies.len() as u64;
     let latency = Latency::of(latencies);
     Sample {

@@ -51,7 +51,7 @@ fn burst(algorithm: Algorithm) -> &'static str {
 fn script_args(sha: &str, algorithm: Algorithm, key: &str) -> Vec<String> {
     raw::evalsha(
         sha,
-        &[key, &format!("{key}:block")],
+        &[key, &format!("{key}:block"), &format!("{key}:quota")],
         // Mode, then algorithm, interval (ns), period (µs), burst, cost, block.
         &[
             "0",
@@ -68,8 +68,12 @@ fn script_args(sha: &str, algorithm: Algorithm, key: &str) -> Vec<String> {
 /// `rate_gcra.lua` (what the runtime sends for one GCRA limit without a penalty) for one
 /// key, unbatched: the raw EVALSHA the GCRA rows compare with.
 fn gcra_args(sha: &str, key: &str) -> Vec<String> {
-    // Mode, then interval (ns), burst, cost.
-    raw::evalsha(sha, &[key], &["0", "1000", "1000", "1"])
+    // Keys: the state and its quota override; mode, then interval (ns), burst, cost.
+    raw::evalsha(
+        sha,
+        &[key, &format!("{key}:quota")],
+        &["0", "1000", "1000", "1"],
+    )
 }
 
 fn key(i: impl std::fmt::Display) -> String {
@@ -81,11 +85,16 @@ pub(crate) async fn check(limiter: Limiter) {
 }
 
 pub(crate) async fn cases(bench: &mut Bench, rg: &Redguard, memory: &Redguard) {
-    let sha = raw::sha(include_str!(
-        "../../runtime/src/store/redis/scripts/rate_check.lua"
+    // The scripts as the runtime loads them, after their preludes (same SHA).
+    let sha = raw::sha(concat!(
+        include_str!("../../runtime/src/store/redis/scripts/expiry.lua"),
+        include_str!("../../runtime/src/store/redis/scripts/quota.lua"),
+        include_str!("../../runtime/src/store/redis/scripts/rate_check.lua")
     ));
-    let gcra_sha = raw::sha(include_str!(
-        "../../runtime/src/store/redis/scripts/rate_gcra.lua"
+    let gcra_sha = raw::sha(concat!(
+        include_str!("../../runtime/src/store/redis/scripts/expiry.lua"),
+        include_str!("../../runtime/src/store/redis/scripts/quota.lua"),
+        include_str!("../../runtime/src/store/redis/scripts/rate_gcra.lua")
     ));
     for algorithm in Algorithm::ALL {
         let name = algorithm.as_str();
@@ -120,7 +129,8 @@ pub(crate) async fn cases(bench: &mut Bench, rg: &Redguard, memory: &Redguard) {
                 api,
                 move |i| {
                     let key = key(i);
-                    let cmd = raw::command(&sha, &[&key], &["0", "1000", "1000", "1"]);
+                    let quota = format!("{key}:quota");
+                    let cmd = raw::command(&sha, &[&key, &quota], &["0", "1000", "1000", "1"]);
                     raw::send(conn.clone(), vec![cmd])
                 },
             )

@@ -45,6 +45,62 @@ pub(crate) enum Command {
     /// Per-guard numbers from the store and, with --metrics-url, the service's redguard
     /// metrics.
     Stats(Stats),
+    /// Quota overrides: the rate and burst of one rate-limit key, changed at run time and
+    /// read by every instance's next call on that key.
+    #[command(subcommand)]
+    Quota(QuotaCommand),
+}
+
+/// `redguard quota ...`.
+#[derive(Debug, Subcommand)]
+pub(crate) enum QuotaCommand {
+    /// Set the override of one key: `quota set SCOPE KEY --rate 100/s [--burst 200]
+    /// (--ttl 30d | --permanent)`. Refused (nothing written) for a rate, burst or TTL out of
+    /// bounds, a key the guards would not render, or a scope with no rate limit in the store.
+    Set(QuotaSet),
+    /// Show the override of one key.
+    Get(QuotaTarget),
+    /// List the overrides of a scope (SCAN, bounded).
+    List(QuotaScope),
+    /// Remove the override of one key: the limit in the code decides again.
+    Clear(QuotaTarget),
+}
+
+/// A rate limit's key: its scope and rendered template.
+#[derive(Debug, Args)]
+pub(crate) struct QuotaTarget {
+    /// The limit's scope: the fn's path or its `scope = ".."`.
+    pub(crate) scope: String,
+    /// The rendered key template (`tenant:acme`).
+    pub(crate) key: String,
+}
+
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("lifetime").required(true).args(["ttl", "permanent"])))]
+pub(crate) struct QuotaSet {
+    #[command(flatten)]
+    pub(crate) target: QuotaTarget,
+    /// The rate (`100/s`, `5000/h`), as the attributes take it.
+    #[arg(long)]
+    pub(crate) rate: String,
+    /// The burst (default: the rate's count); a window algorithm admits the rate's count.
+    #[arg(long)]
+    pub(crate) burst: Option<u64>,
+    /// How long the override lasts (`30d`, `12h`; 1s to 365d).
+    #[arg(long)]
+    pub(crate) ttl: Option<String>,
+    /// Keep the override until cleared.
+    #[arg(long)]
+    pub(crate) permanent: bool,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct QuotaScope {
+    /// The limits' scope.
+    pub(crate) scope: String,
+    /// Look at no more than this many keys of the scope.
+    #[arg(long, default_value_t = 10_000)]
+    pub(crate) limit: usize,
 }
 
 /// Which guard's key.

@@ -2,7 +2,9 @@
 
 use std::fmt::Write as _;
 
-use redguard::admin::{Inspection, LockState, RecordState, Resolve, ScanReport, Unlock};
+use redguard::admin::{
+    Inspection, LockState, QuotaEntry, QuotaList, RecordState, Resolve, ScanReport, Unlock,
+};
 use serde::Serialize;
 
 use crate::metrics::Sample;
@@ -281,6 +283,32 @@ pub(crate) fn stats(stats: &Stats) -> String {
                 let _ = writeln!(out, "  {}{{{}}} {}", s.name, s.labels, s.value);
             }
         }
+    }
+    out
+}
+
+/// One quota override, on one line.
+pub(crate) fn quota(q: &QuotaEntry) -> String {
+    let what = match (&q.rate, q.burst, &q.problem) {
+        (Some(rate), Some(burst), _) => format!("{rate} burst {burst}"),
+        (_, _, Some(problem)) => format!("IGNORED: {problem}"),
+        _ => "IGNORED".to_owned(),
+    };
+    let until = match q.expires_in_ms {
+        Some(ms) => format!("expires in {}", duration(ms)),
+        None => "permanent".to_owned(),
+    };
+    format!("{} {what} ({until})\n", q.key)
+}
+
+/// The overrides of a scope.
+pub(crate) fn quota_list(list: &QuotaList) -> String {
+    let mut out: String = list.overrides.iter().map(quota).collect();
+    if list.overrides.is_empty() {
+        out.push_str("no overrides\n");
+    }
+    if list.truncated {
+        out.push_str("(stopped at --limit keys: more may exist)\n");
     }
     out
 }

@@ -7,12 +7,12 @@ mod metrics;
 use std::process::ExitCode;
 
 use clap::Parser;
-use redguard::admin::{Admin, AdminKey, Resolution, ScanSelect};
+use redguard::admin::{Admin, AdminKey, Quota, QuotaTtl, Resolution, ScanSelect};
 use redguard::store::StoreKind;
 use redguard::{Algorithm, GuardKind, Limit, Rate, Redguard};
 use serde::Serialize;
 
-use crate::args::{Cli, Command, Guard, Target};
+use crate::args::{Cli, Command, Guard, QuotaCommand, Target};
 
 /// Any failure: printed as `redguard: <message>`, exit status 1.
 type Failure = Box<dyn std::error::Error>;
@@ -171,6 +171,49 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             };
             let stats = human::Stats { store, metrics };
             print(json, &stats, human::stats);
+        }
+        Command::Quota(command) => quota(&admin, json, command).await?,
+    }
+    Ok(())
+}
+
+async fn quota(admin: &Admin, json: bool, command: QuotaCommand) -> Result<(), Failure> {
+    match command {
+        QuotaCommand::Set(args) => {
+            // Everything is checked before the store is asked anything.
+            let quota = Quota::new(args.rate.as_str(), args.burst)?;
+            let ttl = match &args.ttl {
+                Some(ttl) => QuotaTtl::For(
+                    redguard_grammar::duration::parse(ttl)
+                        .map_err(|err| format!("--ttl: {err}"))?,
+                ),
+                None => QuotaTtl::Permanent,
+            };
+            let set = admin
+                .quota_set(&args.target.scope, &args.target.key, &quota, ttl)
+                .await?;
+            print(json, &set, |q| format!("set {}", human::quota(q)));
+        }
+        QuotaCommand::Get(target) => {
+            let seen = admin.quota_get(&target.scope, &target.key).await?;
+            print(json, &seen, |q| match q {
+                Some(q) => human::quota(q),
+                None => "no override: the limit in the code decides\n".to_owned(),
+            });
+        }
+        QuotaCommand::List(args) => {
+            let list = admin.quota_list(&args.scope, args.limit).await?;
+            print(json, &list, human::quota_list);
+        }
+        QuotaCommand::Clear(target) => {
+            let cleared = admin.quota_clear(&target.scope, &target.key).await?;
+            print(json, &cleared, |c| {
+                if *c {
+                    "cleared: the limit in the code decides\n".to_owned()
+                } else {
+                    "no override was set\n".to_owned()
+                }
+            });
         }
     }
     Ok(())

@@ -191,6 +191,8 @@ pub fn dist_lock(attr: TokenStream, item: TokenStream) -> TokenStream {
 ///   jitter) and try once more instead of failing at once (at most 1 minute).
 /// - `local = true`: an in-process first tier that repeats the store's rejections of a key
 ///   until its `retry_after` without a round trip (never admits more than the store).
+/// - `shadow = cfg.dry_run` (or `true`): shadow mode — decided and counted as if enforced,
+///   admitted anyway (`outcome="shadow_rejected"`); a bool expression, read per call.
 /// - `scope = "..."`: key namespace (default: the fn's path, impl type and trait included).
 ///
 /// Several `#[rate_limit]`s written next to each other are decided together in one store

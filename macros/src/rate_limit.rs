@@ -37,7 +37,7 @@ const ALGORITHMS: &[(&str, &str)] = &[
 
 arguments! {
     /// `#[rate_limit(key = "..", rate = .., burst = .., algorithm = "..", cost = ..,
-    /// block = "..", wait = "..", local = bool, scope = "..")]`
+    /// block = "..", wait = "..", local = bool, shadow = bool, scope = "..")]`
     RateArgs for "rate_limit" {
         key: Template,
         rate: Expr,
@@ -47,6 +47,7 @@ arguments! {
         block: Duration,
         wait: Duration,
         local: Expr,
+        shadow: Expr,
         scope: Str,
     }
 }
@@ -110,6 +111,20 @@ impl Guard for RateLimit {
             }
         };
 
+        // `shadow = <bool expression>`: evaluated per call, so shadow mode is switched off by
+        // configuration; a literal that is not a bool is refused here, under it.
+        let shadow = match literal(args.shadow.as_ref()) {
+            None | Some((Some(Lit::Bool(_)) | None, _)) => args.shadow.clone(),
+            Some((Some(_), expr)) => {
+                errors.push(
+                    expr.span(),
+                    "`shadow` of `#[rate_limit]` expects `true`, `false` or a bool expression \
+                     (e.g. `shadow = config.dry_run()`)",
+                );
+                None
+            }
+        };
+
         let key = args.key?;
         // Limits merged into one call are refused at runtime when two share a key: the same
         // template under the same written (or default) scope always does.
@@ -131,6 +146,7 @@ impl Guard for RateLimit {
             block_ms,
             wait_ms,
             local,
+            shadow,
         })))
     }
 }
@@ -319,6 +335,8 @@ pub(crate) struct RateLimitExpansion {
     block_ms: u64,
     wait_ms: u64,
     local: bool,
+    /// `shadow = ..` as written (a bool literal or expression).
+    shadow: Option<Expr>,
 }
 
 impl RateLimitExpansion {
@@ -370,6 +388,10 @@ impl RateLimitExpansion {
         }
         if self.local {
             limiter = quote!(#limiter.local(true));
+        }
+        if let Some(shadow) = &self.shadow {
+            let shadow = quote_spanned!(shadow.span()=> #shadow);
+            limiter = quote!(#limiter.shadow(#shadow));
         }
         limiter
     }

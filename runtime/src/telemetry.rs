@@ -108,7 +108,21 @@ pub const METRICS: &[Metric] = &[
         &["scope", "limit", "outcome"],
         "Rate decisions per limit (limit: its position in a stacked call, 0 the first): \
          allowed, rejected, rejected_local (by the in-process tier), not_charged (admitted \
-         by this limit, refused by another).",
+         by this limit, refused by another), shadow_rejected (a shadow limit would have \
+         refused: admitted anyway).",
+    ),
+    counter(
+        "redguard_rate_near_limit_total",
+        &["scope", "limit"],
+        "Admitted rate decisions that left fewer units than the limit's near-limit threshold \
+         (`Limiter::near_limit`): the key is close to refusing.",
+    ),
+    counter(
+        "redguard_rate_quota_invalid_total",
+        &[],
+        "Rate decisions that found a value at the key's quota override (`<key>:quota`) that \
+         is not one (written by hand, or by another version): ignored, the limit in the code \
+         decided.",
     ),
     counter(
         "redguard_backend_errors_total",

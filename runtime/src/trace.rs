@@ -55,6 +55,8 @@ pub(crate) fn rate_limit(scope: &str, limits: usize, store: &'static str) -> Spa
         decision = Empty,
         remaining = Empty,
         retry_after_ms = Empty,
+        shadow_rejected = Empty,
+        near_limit = Empty,
     )
 }
 

@@ -20,6 +20,9 @@ macro_rules! script {
     ($name:literal after $prelude:literal) => {
         concat!(script!($prelude), script!($name))
     };
+    ($name:literal after $first:literal, $second:literal) => {
+        concat!(script!($first), script!($second), script!($name))
+    };
 }
 
 /// Every script the runtime ships, by file name, with its source as the runtime sends it.
@@ -34,8 +37,8 @@ pub const SCRIPTS: &[(&str, &str)] = &[
     ("lock_acquire", script!("lock_acquire" after "fence")),
     ("lock_release", script!("lock_release")),
     ("lock_renew", script!("lock_renew")),
-    ("rate_check", script!("rate_check" after "expiry")),
-    ("rate_gcra", script!("rate_gcra" after "expiry")),
+    ("rate_check", script!("rate_check" after "expiry", "quota")),
+    ("rate_gcra", script!("rate_gcra" after "expiry", "quota")),
     ("rw_acquire", script!("rw_acquire" after "fence")),
     ("rw_release_read", script!("rw_release_read")),
     ("sem_acquire", script!("sem_acquire" after "fence")),

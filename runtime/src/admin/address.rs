@@ -157,7 +157,7 @@ pub(crate) fn raw(handle: &Redguard, raw: &str) -> Result<AdminKey> {
     check_name("key", inside, MAX_KEY_LEN).map_err(|_| foreign(handle))?;
     let lock_kind = match (guard, suffix.strip_prefix(':')) {
         (_, None) if suffix.is_empty() => None,
-        (GuardKind::RateLimit, Some("block")) => None,
+        (GuardKind::RateLimit, Some("block" | "quota")) => None,
         (GuardKind::Lock, Some(suffix)) => {
             let (first, rest) = suffix.split_once(':').unwrap_or((suffix, ""));
             let kind = LockKindName::ALL

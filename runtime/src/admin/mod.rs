@@ -13,7 +13,10 @@
 //!   that raises the fencing counter, so the old holder's token is stale),
 //!   [`forget`](Admin::forget) an idempotency record, [`resolve`](Admin::resolve) one whose
 //!   outcome is unknown, [`reset`](Admin::reset) a rate limit,
-//!   [`refund`](Admin::refund) units to it.
+//!   [`refund`](Admin::refund) units to it;
+//! - quota overrides: [`quota_set`](Admin::quota_set) the rate and burst of one rate-limit
+//!   key at run time (every instance's next call is decided with it), `quota_get`,
+//!   `quota_list`, `quota_clear`.
 //!
 //! Keys are named as the guards name them — guard, scope and rendered template, checked by
 //! the same rules ([`Admin::key`]) — or as found in Redis ([`Admin::raw_key`]); a key that is
@@ -41,13 +44,16 @@
 
 mod address;
 mod decode;
+mod quota;
 mod scan;
 
 use serde::Serialize;
 
 pub use self::address::{AdminKey, LockKindName};
 pub use self::decode::{DecisionState, Holder, Inspection, LockState, RateState, RecordState};
+pub use self::quota::{QuotaEntry, QuotaList};
 pub use self::scan::{DEFAULT_SCAN_LIMIT, ScanGroup, ScanReport, ScanSelect};
+pub use crate::values::{MAX_QUOTA_TTL, Quota, QuotaTtl};
 
 use self::decode::View;
 use crate::error::{Error, Result};

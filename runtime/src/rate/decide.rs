@@ -67,6 +67,10 @@ pub(super) struct Resolved<'a> {
     pub(super) limit: Limit,
     pub(super) scope: &'a str,
     pub(super) local: bool,
+    /// Shadow mode: decided as if enforced, admitted anyway (`Limiter::shadow`).
+    pub(super) shadow: bool,
+    /// The near-limit signal's threshold in units (0: off; `Limiter::near_limit`).
+    pub(super) near_limit: u64,
 }
 
 /// Asks the store (or the local tier), applying the fail mode, and records the outcome.
@@ -143,17 +147,44 @@ async fn decide_traced(
         RateMode::Peek => "rate_peek",
     };
     let outcome = handle.store().rate_check(&checks, mode).await;
-    let Some(outcome) = outcome.or_degrade(handle, GuardKind::RateLimit, op, &first.key)? else {
+    let Some(mut outcome) = outcome.or_degrade(handle, GuardKind::RateLimit, op, &first.key)?
+    else {
         return Ok(limits
             .iter()
             .map(|r| Decision::degraded(r.limit.burst, r.limit.window()))
             .collect());
     };
+    // Refused by shadow limits only: the call goes ahead, so the enforced limits, which the
+    // all-or-nothing call left uncharged, are charged now (a second call, only then).
+    let refused_by_shadow =
+        |d: &[Decision]| limits.iter().zip(d).all(|(r, d)| d.allowed || r.shadow);
+    if mode == RateMode::Consume
+        && !outcome.allowed()
+        && refused_by_shadow(&outcome.decisions)
+        && limits.iter().any(|r| !r.shadow)
+    {
+        let enforced: Vec<RateCheck<'_>> = limits
+            .iter()
+            .zip(&checks)
+            .filter(|(r, _)| !r.shadow)
+            .map(|(_, c)| *c)
+            .collect();
+        let charged = handle.store().rate_check(&enforced, mode).await;
+        if let Some(charged) = charged.or_degrade(handle, GuardKind::RateLimit, op, &first.key)? {
+            let mut charged = charged.decisions.into_iter();
+            for (r, d) in limits.iter().zip(outcome.decisions.iter_mut()) {
+                if !r.shadow {
+                    *d = charged.next().unwrap_or(*d);
+                }
+            }
+        }
+    }
     if mode == RateMode::Consume {
-        let allowed = outcome.allowed();
+        let allowed = refused_by_shadow(&outcome.decisions);
         for (i, (r, decision)) in limits.iter().zip(&outcome.decisions).enumerate() {
             let (key, scope) = (&r.key, r.scope);
-            if r.local {
+            // A shadow limit's refusals are not enforced, so the local tier never repeats them.
+            if r.local && !r.shadow {
                 if decision.allowed {
                     local::forget(handle, key);
                 } else {
@@ -161,8 +192,9 @@ async fn decide_traced(
                 }
             }
             let result = match (allowed, decision.allowed) {
-                (true, _) => "allowed",
-                (false, false) => "rejected",
+                (_, false) if r.shadow => "shadow_rejected",
+                (true, true) => "allowed",
+                (_, false) => "rejected",
                 // Admitted by this limit, turned away by another: not charged.
                 (false, true) => "not_charged",
             };
@@ -173,6 +205,15 @@ async fn decide_traced(
                 "outcome" => result,
             )
             .increment(1);
+            if allowed && decision.allowed && decision.remaining < r.near_limit {
+                metrics::counter!(
+                    "redguard_rate_near_limit_total",
+                    "scope" => scope.to_string(),
+                    "limit" => crate::telemetry::limit_label(i),
+                )
+                .increment(1);
+                tracing::Span::current().record("near_limit", true);
+            }
             if !decision.allowed {
                 tracing::debug!(
                     guard = "rate",
@@ -184,7 +225,27 @@ async fn decide_traced(
             }
         }
     }
-    Ok(outcome.decisions)
+    // Admitted anyway: what a shadow limit would have refused is in the metric and the span.
+    let shadowed = limits
+        .iter()
+        .zip(&outcome.decisions)
+        .filter(|(r, d)| r.shadow && !d.allowed)
+        .count();
+    if shadowed > 0 {
+        tracing::Span::current().record("shadow_rejected", shadowed as u64);
+    }
+    Ok(outcome
+        .decisions
+        .into_iter()
+        .zip(limits)
+        .map(|(mut d, r)| {
+            if r.shadow && !d.allowed {
+                d.allowed = true;
+                d.retry_after = Duration::ZERO;
+            }
+            d
+        })
+        .collect())
 }
 
 /// Decisions when the local tier already knows a limit is exhausted: the known rejection for

@@ -62,6 +62,8 @@ pub struct Limiter {
     block: Duration,
     wait: Duration,
     local: bool,
+    shadow: bool,
+    near_limit: u64,
     /// A configured value that is not one (a negative `cost` expression), reported on use.
     invalid: Option<String>,
 }
@@ -108,6 +110,8 @@ impl Limiter {
             block: Duration::ZERO,
             wait: Duration::ZERO,
             local: false,
+            shadow: false,
+            near_limit: 0,
             invalid: None,
         };
         match key {
@@ -206,6 +210,43 @@ impl Limiter {
         self
     }
 
+    /// Shadow (dry-run) mode: the limit is decided and counted as if enforced, but a call it
+    /// would refuse is admitted anyway, so a new limit can be watched before it is enforced.
+    /// A would-be refusal is counted as `outcome="shadow_rejected"` in
+    /// `redguard_rate_decisions_total` and recorded on the call's span (`shadow_rejected`);
+    /// the decision returned says `allowed`. Stacked with enforced limits, those are still
+    /// enforced and charged. Switching it off is configuration, not code (`.shadow(flag)`).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> redguard::Result<()> {
+    /// # redguard::Redguard::memory().scope(async {
+    /// let watched = redguard::limiter("export").rate("1/h").shadow(true);
+    /// watched.check().await?;
+    /// let d = watched.check().await?; // over the limit: admitted anyway, and counted so
+    /// assert!(d.allowed && d.remaining == 0);
+    /// # Ok(()) }).await }
+    /// ```
+    pub fn shadow(mut self, shadow: bool) -> Self {
+        self.shadow = shadow;
+        self
+    }
+
+    /// The near-limit signal: an admitted call that leaves fewer than `threshold` units is
+    /// counted in `redguard_rate_near_limit_total` and marked on its span (`near_limit`),
+    /// before the key starts refusing (default 0: off).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> redguard::Result<()> {
+    /// # redguard::Redguard::memory().scope(async {
+    /// let api = redguard::limiter("tenant:acme").rate("100/min").near_limit(10);
+    /// api.check().await?; // 99 left: no signal; at 9 left, each call is counted
+    /// # Ok(()) }).await }
+    /// ```
+    pub fn near_limit(mut self, threshold: u64) -> Self {
+        self.near_limit = threshold;
+        self
+    }
+
     /// Runs on `handle` instead of the current one.
     pub fn on(mut self, handle: &Redguard) -> Self {
         self.handle = Some(handle.clone());
@@ -283,6 +324,8 @@ impl Limiter {
             limit,
             scope: &self.scope,
             local: self.local,
+            shadow: self.shadow,
+            near_limit: self.near_limit,
         })
     }
 }

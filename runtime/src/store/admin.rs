@@ -51,6 +51,10 @@ pub trait AdminOps {
     /// Gives back up to `units` units charged to the rate-limit state at `key`; returns the
     /// units given back (a sliding log gives back whole calls only).
     async fn admin_refund(&self, key: &Key, units: u64) -> Result<u64>;
+
+    /// Writes the quota override `value` at `key` (a rate limit's `:quota` companion), for
+    /// `ttl` or, with none, until deleted; replaces one that was there.
+    async fn admin_quota_set(&self, key: &Key, value: &str, ttl: Option<Duration>) -> Result<()>;
 }
 
 /// What [`AdminOps::admin_read`] saw.

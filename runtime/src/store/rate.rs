@@ -58,3 +58,14 @@ impl RateOutcome {
         self.decisions.iter().all(|d| d.allowed)
     }
 }
+
+/// A value at `key`'s override that is not one (written by hand, or by another version):
+/// the limit in the code decided, and the operator is told.
+pub(crate) fn quota_ignored(key: &Key) {
+    metrics::counter!("redguard_rate_quota_invalid_total").increment(1);
+    tracing::warn!(
+        %key,
+        "redguard: the quota override of this rate limit is not one this version reads; \
+         ignored (the limit in the code applies): set it again with `redguard quota set`"
+    );
+}

@@ -230,9 +230,19 @@ async fn workload(url: String, mut server: RedisServer) {
         redguard::limiter("w:4")
             .scope("w::rate")
             .rate("1/s")
+            .near_limit(1)
             .on(&rg)
     };
     let _ = limiter().decide().await.unwrap();
+    let _ = limiter().decide().await.unwrap();
+    // A quota override written by hand that is not one: ignored, counted.
+    let _: () = redis::cmd("SET")
+        .arg("redguard:rate:{w::rate:w:4}:quota")
+        .arg("unlimited")
+        .arg("EX")
+        .arg(60)
+        .query(&mut server.connection())
+        .unwrap();
     let _ = limiter().decide().await.unwrap();
     server.kill();
     let _ = limiter().decide().await.unwrap();

@@ -106,9 +106,10 @@ async fn a_failed_coalesced_call_does_not_admit_its_checks_uncounted() {
     let rg = Redguard::redis(proxy.url())
         .timeout(Duration::from_secs(10))
         .script_transform(|source| {
-            if source.contains("one state key per check") {
+            if source.contains("KEYS[2i] its quota override") {
+                // Two keys per check: its state and its quota override.
                 format!(
-                    "if #KEYS > 1 then return redis.error_reply('INJECTED batch failure') end\n{source}"
+                    "if #KEYS > 2 then return redis.error_reply('INJECTED batch failure') end\n{source}"
                 )
             } else {
                 source.to_owned()

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use super::MemoryStore;
 use super::lock::{raw_set, raw_tickets};
+use super::{MemoryStore, SHARDS, Shard};
 use crate::error::Result;
 use crate::key::Key;
 use crate::store::admin::{AdminOps, ForceUnlock, Raw, RawEntry, ScanKeys, Snapshot, Unlocked};
@@ -15,58 +15,56 @@ use crate::store::lock::FENCE_TTL;
 /// Suffix of a rate limit's penalty key, which memory keeps under the state key.
 const BLOCK: &str = ":block";
 
+/// Suffix of a rate limit's quota override (`quota.rs`).
+const QUOTA: &str = ":quota";
+
 impl MemoryStore {
     /// One key as Redis would hold it, at `now`; with its expiry in ms.
     fn raw_entry(&self, key: &Key, now: Duration) -> (Raw, Option<Duration>) {
         let k = key.as_str();
+        if k.ends_with(QUOTA) {
+            return self.quota_raw(key).unwrap_or((Raw::Absent, None));
+        }
+        // Every key read here shares the hash tag of `key`, so its shard.
+        let mut shard = self.lock_shard(self.shard_of(key));
         if let Some(base) = k.strip_suffix(BLOCK) {
             let base = Key::stored(base);
-            let (blocks, _) = self.lock(&self.tables.rate_blocks);
+            let blocks = shard.rate_blocks.at(now);
             if let Some(until) = blocks.get(&base) {
                 return (Raw::Text(format!("{until:.0}")), blocks.expires_at(&base));
             }
         }
         if let Some(base) = k.strip_suffix(":registered") {
             let queue = Key::stored(format!("{base}:queue"));
-            let (queues, _) = self.lock(&self.tables.fair_queues);
+            let queues = shard.fair_queues.at(now);
             if let Some(waiters) = queues.get(&queue) {
                 let raw = raw_set(waiters.iter().map(|(owner, at)| (owner.as_str(), *at)));
                 return (raw, queues.expires_at(&queue));
             }
             return (Raw::Absent, None);
         }
-        {
-            let (records, _) = self.lock(&self.tables.idem);
-            if let Some(record) = records.get(key) {
-                return (record.raw(), records.expires_at(key));
-            }
+        let records = shard.idem.at(now);
+        if let Some(record) = records.get(key) {
+            return (record.raw(), records.expires_at(key));
         }
-        {
-            let (locks, _) = self.lock(&self.tables.locks);
-            if let Some(state) = locks.get(key) {
-                return (state.raw(k.ends_with(":intent")), locks.expires_at(key));
-            }
+        let locks = shard.locks.at(now);
+        if let Some(state) = locks.get(key) {
+            return (state.raw(k.ends_with(":intent")), locks.expires_at(key));
         }
-        {
-            let (sems, _) = self.lock(&self.tables.semaphores);
-            if let Some(holders) = sems.get(key) {
-                let raw = raw_set(holders.iter().map(|(owner, at)| (owner.as_str(), *at)));
-                return (raw, sems.expires_at(key));
-            }
+        let sems = shard.semaphores.at(now);
+        if let Some(holders) = sems.get(key) {
+            let raw = raw_set(holders.iter().map(|(owner, at)| (owner.as_str(), *at)));
+            return (raw, sems.expires_at(key));
         }
-        {
-            let (queues, _) = self.lock(&self.tables.fair_queues);
-            if let Some(queue) = queues.get(key) {
-                return (raw_tickets(queue), queues.expires_at(key));
-            }
+        let queues = shard.fair_queues.at(now);
+        if let Some(queue) = queues.get(key) {
+            return (raw_tickets(queue), queues.expires_at(key));
         }
-        {
-            let (fences, _) = self.lock(&self.tables.fences);
-            if let Some(fence) = fences.get(key) {
-                return (Raw::Text(fence.to_string()), fences.expires_at(key));
-            }
+        let fences = shard.fences.at(now);
+        if let Some(fence) = fences.get(key) {
+            return (Raw::Text(fence.to_string()), fences.expires_at(key));
         }
-        let (rates, _) = self.lock(&self.tables.rates);
+        let rates = shard.rates.at(now);
         if let Some(state) = rates.get(key) {
             let (raw, at_ms) = state.raw(now.as_nanos());
             let at = at_ms.map(Duration::from_millis).or(rates.expires_at(key));
@@ -96,36 +94,66 @@ impl AdminOps for MemoryStore {
 
     async fn admin_scan(&self, prefix: &str, limit: usize) -> Result<ScanKeys> {
         let mut keys: Vec<String> = Vec::new();
-        let mut collect = |table_keys: &mut dyn Iterator<Item = &str>| {
+        let matching = |key: &&str| key.starts_with(prefix);
+        for index in 0..SHARDS {
+            let mut shard = self.lock_shard(index);
+            let now = self.clock.now();
             keys.extend(
-                table_keys
-                    .filter(|k| k.starts_with(prefix))
+                shard
+                    .idem
+                    .at(now)
+                    .keys()
+                    .filter(matching)
                     .map(str::to_owned),
             );
-        };
-        collect(&mut self.lock(&self.tables.idem).0.keys());
-        collect(&mut self.lock(&self.tables.locks).0.keys());
-        collect(&mut self.lock(&self.tables.semaphores).0.keys());
-        collect(&mut self.lock(&self.tables.fences).0.keys());
-        collect(&mut self.lock(&self.tables.rates).0.keys());
-        {
-            let (queues, _) = self.lock(&self.tables.fair_queues);
-            for key in queues.keys().filter(|k| k.starts_with(prefix)) {
+            keys.extend(
+                shard
+                    .locks
+                    .at(now)
+                    .keys()
+                    .filter(matching)
+                    .map(str::to_owned),
+            );
+            keys.extend(
+                shard
+                    .semaphores
+                    .at(now)
+                    .keys()
+                    .filter(matching)
+                    .map(str::to_owned),
+            );
+            keys.extend(
+                shard
+                    .fences
+                    .at(now)
+                    .keys()
+                    .filter(matching)
+                    .map(str::to_owned),
+            );
+            keys.extend(
+                shard
+                    .rates
+                    .at(now)
+                    .keys()
+                    .filter(matching)
+                    .map(str::to_owned),
+            );
+            for key in shard.fair_queues.at(now).keys().filter(matching) {
                 keys.push(key.to_owned());
                 if let Some(base) = key.strip_suffix(":queue") {
                     keys.push(format!("{base}:registered"));
                 }
             }
-        }
-        {
-            let (blocks, _) = self.lock(&self.tables.rate_blocks);
             keys.extend(
-                blocks
+                shard
+                    .rate_blocks
+                    .at(now)
                     .keys()
                     .map(|k| format!("{k}{BLOCK}"))
                     .filter(|k| k.starts_with(prefix)),
             );
         }
+        keys.extend(self.quota_keys(prefix));
         keys.sort();
         keys.dedup();
         let truncated = keys.len() > limit;
@@ -136,60 +164,64 @@ impl AdminOps for MemoryStore {
     async fn admin_unlock(&self, unlock: ForceUnlock<'_>) -> Result<Unlocked> {
         let freed = |owner: &str| unlock.owners.contains(&owner);
         let mut removed = 0u64;
-        {
-            // Same order as the lock operations: locks, then semaphores, then fences.
-            let (mut locks, now) = self.lock(&self.tables.locks);
-            let (mut sems, _) = self.lock(&self.tables.semaphores);
-            let mut drop_holders = |key: &Key| {
-                if let Some(holders) = sems.get_mut(key) {
-                    let before = holders.len();
-                    holders.retain(|owner, _| !freed(owner));
-                    removed += (before - holders.len()) as u64;
-                    if holders.is_empty() {
-                        sems.remove(key);
-                    }
-                }
-            };
-            if unlock.semaphore {
-                drop_holders(unlock.lock);
-            } else {
-                if let Some(readers) = unlock.readers {
-                    drop_holders(readers);
-                }
-                if locks
-                    .get(unlock.lock)
-                    .is_some_and(|state| freed(state.owner()))
-                {
-                    locks.remove(unlock.lock);
-                    removed += 1;
+        // The lock, its readers and its fence share a hash tag, so a shard.
+        let (mut shard, now) = self.shard(unlock.lock);
+        let Shard {
+            locks,
+            semaphores,
+            fences,
+            ..
+        } = &mut *shard;
+        let mut locks = locks.at(now);
+        let mut sems = semaphores.at(now);
+        let mut drop_holders = |key: &Key| {
+            if let Some(holders) = sems.get_mut(key) {
+                let before = holders.len();
+                holders.retain(|owner, _| !freed(owner));
+                removed += (before - holders.len()) as u64;
+                if holders.is_empty() {
+                    sems.remove(key);
                 }
             }
-            if removed == 0 {
-                return Ok(Unlocked {
-                    removed: 0,
-                    fence: None,
-                });
+        };
+        if unlock.semaphore {
+            drop_holders(unlock.lock);
+        } else {
+            if let Some(readers) = unlock.readers {
+                drop_holders(readers);
             }
-            let (mut fences, _) = self.lock(&self.tables.fences);
-            let clock = u64::try_from(now.as_micros()).unwrap_or(u64::MAX);
-            let fence = fences
-                .get(unlock.fence)
-                .map_or(0, |last| last.saturating_add(1))
-                .max(clock);
-            fences.put(unlock.fence, fence, now + FENCE_TTL);
-            drop(fences);
-            drop(sems);
-            drop(locks);
-            self.tables.lock_waiters.notify(unlock.lock.as_str());
-            Ok(Unlocked {
-                removed,
-                fence: Some(fence),
-            })
+            if locks
+                .get(unlock.lock)
+                .is_some_and(|state| freed(state.owner()))
+            {
+                locks.remove(unlock.lock);
+                removed += 1;
+            }
         }
+        if removed == 0 {
+            return Ok(Unlocked {
+                removed: 0,
+                fence: None,
+            });
+        }
+        let mut fences = fences.at(now);
+        let clock = u64::try_from(now.as_micros()).unwrap_or(u64::MAX);
+        let fence = fences
+            .get(unlock.fence)
+            .map_or(0, |last| last.saturating_add(1))
+            .max(clock);
+        fences.put(unlock.fence, fence, now + FENCE_TTL);
+        drop(shard);
+        self.tables.lock_waiters.notify(unlock.lock.as_str());
+        Ok(Unlocked {
+            removed,
+            fence: Some(fence),
+        })
     }
 
     async fn admin_forget(&self, key: &Key, fields: &[(String, String)]) -> Result<bool> {
-        let (mut records, _) = self.lock(&self.tables.idem);
+        let (mut shard, now) = self.shard(key);
+        let mut records = shard.idem.at(now);
         let unchanged = records.get(key).is_some_and(|record| match record.raw() {
             Raw::Hash { fields: now, .. } => fields.iter().all(|seen| now.contains(seen)),
             _ => false,
@@ -204,27 +236,40 @@ impl AdminOps for MemoryStore {
         let mut deleted = 0;
         for key in keys {
             let k = key.as_str();
+            if k.ends_with(QUOTA) {
+                deleted += u64::from(self.quota_remove(key));
+                continue;
+            }
+            let (mut shard, now) = self.shard(key);
             let existed = if let Some(base) = k.strip_suffix(BLOCK) {
-                self.lock(&self.tables.rate_blocks)
-                    .0
+                shard
+                    .rate_blocks
+                    .at(now)
                     .remove(&Key::stored(base))
                     .is_some()
             } else {
-                self.lock(&self.tables.idem).0.remove(key).is_some()
-                    || self.lock(&self.tables.rates).0.remove(key).is_some()
-                    || self.lock(&self.tables.locks).0.remove(key).is_some()
-                    || self.lock(&self.tables.semaphores).0.remove(key).is_some()
-                    || self.lock(&self.tables.fair_queues).0.remove(key).is_some()
-                    || self.lock(&self.tables.fences).0.remove(key).is_some()
+                shard.idem.at(now).remove(key).is_some()
+                    || shard.rates.at(now).remove(key).is_some()
+                    || shard.locks.at(now).remove(key).is_some()
+                    || shard.semaphores.at(now).remove(key).is_some()
+                    || shard.fair_queues.at(now).remove(key).is_some()
+                    || shard.fences.at(now).remove(key).is_some()
             };
             deleted += u64::from(existed);
         }
         Ok(deleted)
     }
 
+    async fn admin_quota_set(&self, key: &Key, value: &str, ttl: Option<Duration>) -> Result<()> {
+        self.quota_put(key, value, ttl);
+        Ok(())
+    }
+
     async fn admin_refund(&self, key: &Key, units: u64) -> Result<u64> {
-        let (mut rates, now) = self.lock(&self.tables.rates);
-        Ok(rates
+        let (mut shard, now) = self.shard(key);
+        Ok(shard
+            .rates
+            .at(now)
             .get_mut(key)
             .map_or(0, |state| state.refund(units, now.as_nanos())))
     }

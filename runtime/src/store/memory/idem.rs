@@ -70,7 +70,8 @@ impl IdemOps for MemoryStore {
             // No replicas: a record here is as durable as it gets, so it counts as confirmed.
             replicas: _,
         } = begin;
-        let (mut records, now) = self.lock(&self.tables.idem);
+        let (mut shard, now) = self.shard(key);
+        let mut records = shard.idem.at(now);
         let Some(record) = records.get_mut(key) else {
             let record = Record {
                 status: Status::Processing,
@@ -102,7 +103,8 @@ impl IdemOps for MemoryStore {
     }
 
     async fn idem_renew(&self, key: &Key, owner: &str, ttl: Duration) -> Result<bool> {
-        let (mut records, now) = self.lock(&self.tables.idem);
+        let (mut shard, now) = self.shard(key);
+        let mut records = shard.idem.at(now);
         let owned = records.get(key).is_some_and(|record| {
             matches!(record.status, Status::Processing) && record.owner == owner
         });
@@ -113,7 +115,8 @@ impl IdemOps for MemoryStore {
     }
 
     async fn idem_abandon(&self, key: &Key, owner: &str) -> Result<()> {
-        let (mut records, _) = self.lock(&self.tables.idem);
+        let (mut shard, now) = self.shard(key);
+        let mut records = shard.idem.at(now);
         let owned = records.get(key).is_some_and(|record| {
             matches!(record.status, Status::Processing) && record.owner == owner
         });
@@ -131,7 +134,8 @@ impl IdemOps for MemoryStore {
             ttl,
             replicas: _,
         } = finish;
-        let (mut records, now) = self.lock(&self.tables.idem);
+        let (mut shard, now) = self.shard(key);
+        let mut records = shard.idem.at(now);
         let Some(record) = records.get_mut(key) else {
             return Ok(IdemFinished::NotOwner);
         };
@@ -149,7 +153,8 @@ impl IdemOps for MemoryStore {
 
     async fn idem_resolve(&self, resolve: Resolve<'_>) -> Result<Resolved> {
         let Resolve { key, result, force } = resolve;
-        let (mut records, _) = self.lock(&self.tables.idem);
+        let (mut shard, now) = self.shard(key);
+        let mut records = shard.idem.at(now);
         let Some(record) = records.get_mut(key) else {
             return Ok(Resolved::Missing);
         };

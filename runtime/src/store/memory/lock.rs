@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use super::MemoryStore;
-use super::table::Table;
+use super::table::{Live, Table};
+use super::{MemoryStore, Shard};
 use crate::error::Result;
 use crate::key::Key;
 use crate::store::admin::{Raw, SNAPSHOT_MEMBERS};
@@ -17,7 +17,7 @@ use crate::store::{Acquire, LockAcquire, LockOps, LockRelease, LockWatch, Releas
 pub(super) type Holders = HashMap<String, Duration>;
 
 /// Stores `holders` back, living as long as the longest lease; an empty set is dropped.
-fn put_holders(sems: &mut Table<Holders>, key: &Key, holders: Holders) {
+fn put_holders(sems: &mut Live<'_, Holders>, key: &Key, holders: Holders) {
     if let Some(last) = holders.values().max().copied() {
         sems.put(key, holders, last);
     }
@@ -27,7 +27,7 @@ fn put_holders(sems: &mut Table<Holders>, key: &Key, holders: Holders) {
 pub(super) type FairQueue = Vec<(String, Duration)>;
 
 /// Stores `queue` back, living as long as its last registration; an empty one is dropped.
-fn put_queue(queues: &mut Table<FairQueue>, key: &Key, queue: FairQueue) {
+fn put_queue(queues: &mut Live<'_, FairQueue>, key: &Key, queue: FairQueue) {
     if let Some(last) = queue.iter().map(|(_, until)| *until).max() {
         queues.put(key, queue, last);
     }
@@ -87,11 +87,11 @@ impl LockState {
 }
 
 impl MemoryStore {
-    /// The exclusive acquisition, on the locks table already locked (fair locks call it after
+    /// The exclusive acquisition, on the shard already locked (fair locks call it after
     /// checking their queue, atomically).
     fn acquire_in(
-        &self,
-        locks: &mut Table<LockState>,
+        locks: &mut Live<'_, LockState>,
+        fences: &mut Table<u64>,
         now: Duration,
         key: &Key,
         owner: &str,
@@ -120,7 +120,7 @@ impl MemoryStore {
         if level > 1 {
             return LockAcquire::Lost;
         }
-        let fence = self.next_fence(key, now, lease);
+        let fence = Self::next_fence(fences, key, now, lease);
         let state = LockState {
             owner: owner.to_owned(),
             depth: 1,
@@ -132,9 +132,9 @@ impl MemoryStore {
 
     /// The next fencing token of `key`, as the scripts' `next_fence`: above the counter and
     /// never below the clock in microseconds.
-    fn next_fence(&self, key: &Key, now: Duration, lease: Duration) -> u64 {
+    fn next_fence(fences: &mut Table<u64>, key: &Key, now: Duration, lease: Duration) -> u64 {
         let fence_key = key.companion("fence");
-        let (mut fences, _) = self.lock(&self.tables.fences);
+        let mut fences = fences.at(now);
         let clock = u64::try_from(now.as_micros()).unwrap_or(u64::MAX);
         let fence = fences
             .get(&fence_key)
@@ -147,7 +147,7 @@ impl MemoryStore {
     /// Leaves `level` of the lock at `key` (and every level above it); true when that freed
     /// the key.
     fn leave(
-        locks: &mut Table<LockState>,
+        locks: &mut Live<'_, LockState>,
         now: Duration,
         key: &Key,
         owner: &str,
@@ -185,9 +185,16 @@ impl MemoryStore {
         keep: Duration,
         leaving: bool,
     ) -> LockRelease {
-        let (mut locks, now) = self.lock(&self.tables.locks);
+        let (mut shard, now) = self.shard(key);
+        let Shard {
+            locks,
+            fair_queues,
+            fences,
+            ..
+        } = &mut *shard;
+        let mut locks = locks.at(now);
         let queue_key = key.companion("queue");
-        let (mut queues, _) = self.lock(&self.tables.fair_queues);
+        let mut queues = fair_queues.at(now);
         let mut queue = queues.remove(&queue_key).unwrap_or_default();
         let released = if leaving {
             queue.retain(|(waiter, _)| waiter != owner);
@@ -202,7 +209,7 @@ impl MemoryStore {
         queue.retain(|(_, until)| *until > now);
         let handed = if locks.get(key).is_none() && !queue.is_empty() {
             let (head, _) = queue.remove(0);
-            match self.acquire_in(&mut locks, now, key, &head, FAIR_REGISTRATION, 1) {
+            match Self::acquire_in(&mut locks, fences, now, key, &head, FAIR_REGISTRATION, 1) {
                 LockAcquire::Acquired { fence, .. } => Some((head, fence)),
                 LockAcquire::Held { .. } | LockAcquire::Lost => None,
             }
@@ -210,8 +217,7 @@ impl MemoryStore {
             None
         };
         put_queue(&mut queues, &queue_key, queue);
-        drop(queues);
-        drop(locks);
+        drop(shard);
         if let Some((head, fence)) = handed {
             self.tables
                 .lock_waiters
@@ -231,12 +237,17 @@ impl LockOps for MemoryStore {
             level,
             ..
         } = acquire;
-        let (mut locks, now) = self.lock(&self.tables.locks);
-        Ok(self.acquire_in(&mut locks, now, key, owner, lease, level))
+        let (mut shard, now) = self.shard(key);
+        let Shard { locks, fences, .. } = &mut *shard;
+        let mut locks = locks.at(now);
+        Ok(Self::acquire_in(
+            &mut locks, fences, now, key, owner, lease, level,
+        ))
     }
 
     async fn lock_renew(&self, key: &Key, owner: &str, lease: Duration) -> Result<bool> {
-        let (mut locks, now) = self.lock(&self.tables.locks);
+        let (mut shard, now) = self.shard(key);
+        let mut locks = shard.locks.at(now);
         let owned = locks
             .get(key)
             .is_some_and(|state| !owner.is_empty() && state.owner == owner);
@@ -253,9 +264,10 @@ impl LockOps for MemoryStore {
             level,
             keep,
         } = release;
-        let (mut locks, now) = self.lock(&self.tables.locks);
+        let (mut shard, now) = self.shard(key);
+        let mut locks = shard.locks.at(now);
         let (released, freed) = Self::leave(&mut locks, now, key, owner, level, keep);
-        drop(locks);
+        drop(shard);
         if freed {
             self.tables.lock_waiters.notify(key.as_str());
         }
@@ -266,7 +278,11 @@ impl LockOps for MemoryStore {
         let Acquire {
             key, owner, lease, ..
         } = acquire;
-        let (mut sems, now) = self.lock(&self.tables.semaphores);
+        let (mut shard, now) = self.shard(key);
+        let Shard {
+            semaphores, fences, ..
+        } = &mut *shard;
+        let mut sems = semaphores.at(now);
         let mut holders = sems.remove(key).unwrap_or_default();
         holders.retain(|_, until| *until > now);
         let count = u32::try_from(holders.len()).unwrap_or(u32::MAX);
@@ -276,14 +292,15 @@ impl LockOps for MemoryStore {
             put_holders(&mut sems, key, holders);
             return Ok(LockAcquire::Held { ttl });
         }
-        let fence = self.next_fence(key, now, lease);
+        let fence = Self::next_fence(fences, key, now, lease);
         holders.insert(owner.to_owned(), now + lease);
         put_holders(&mut sems, key, holders);
         Ok(LockAcquire::Acquired { fence, depth: 1 })
     }
 
     async fn semaphore_renew(&self, key: &Key, owner: &str, lease: Duration) -> Result<bool> {
-        let (mut sems, now) = self.lock(&self.tables.semaphores);
+        let (mut shard, now) = self.shard(key);
+        let mut sems = shard.semaphores.at(now);
         let Some(mut holders) = sems.remove(key) else {
             return Ok(false);
         };
@@ -300,7 +317,8 @@ impl LockOps for MemoryStore {
     }
 
     async fn semaphore_release(&self, key: &Key, owner: &str) -> Result<LockRelease> {
-        let (mut sems, now) = self.lock(&self.tables.semaphores);
+        let (mut shard, now) = self.shard(key);
+        let mut sems = shard.semaphores.at(now);
         let Some(mut holders) = sems.remove(key) else {
             return Ok(LockRelease::NotOwner);
         };
@@ -308,7 +326,7 @@ impl LockOps for MemoryStore {
         holders.retain(|_, until| *until > now);
         let released = holders.remove(owner).is_some();
         put_holders(&mut sems, key, holders);
-        drop(sems);
+        drop(shard);
         if !released {
             return Ok(LockRelease::NotOwner);
         }
@@ -324,8 +342,14 @@ impl LockOps for MemoryStore {
             waiting: announce,
             ..
         } = acquire;
-        // Same order as everywhere: locks, then semaphores, then fences.
-        let (mut locks, now) = self.lock(&self.tables.locks);
+        let (mut shard, now) = self.shard(key);
+        let Shard {
+            locks,
+            semaphores,
+            fences,
+            ..
+        } = &mut *shard;
+        let mut locks = locks.at(now);
         if let Some(at) = locks.expires_at(key) {
             return Ok(LockAcquire::Held {
                 ttl: at.saturating_sub(now),
@@ -337,7 +361,7 @@ impl LockOps for MemoryStore {
             .expires_at(&intent_key)
             .map_or(Duration::ZERO, |at| at.saturating_sub(now));
         let readers_key = rw_readers(key);
-        let (mut sems, _) = self.lock(&self.tables.semaphores);
+        let mut sems = semaphores.at(now);
         let mut readers = sems.remove(&readers_key).unwrap_or_default();
         readers.retain(|_, until| *until > now);
         if write {
@@ -363,7 +387,7 @@ impl LockOps for MemoryStore {
             put_holders(&mut sems, &readers_key, readers);
             return Ok(LockAcquire::Held { ttl: intent_ttl });
         }
-        let fence = self.next_fence(key, now, lease);
+        let fence = Self::next_fence(fences, key, now, lease);
         if write {
             let state = LockState {
                 owner: owner.to_owned(),
@@ -379,7 +403,8 @@ impl LockOps for MemoryStore {
     }
 
     async fn rw_release_read(&self, key: &Key, owner: &str) -> Result<LockRelease> {
-        let (mut sems, now) = self.lock(&self.tables.semaphores);
+        let (mut shard, now) = self.shard(key);
+        let mut sems = shard.semaphores.at(now);
         let readers_key = rw_readers(key);
         let Some(mut readers) = sems.remove(&readers_key) else {
             return Ok(LockRelease::NotOwner);
@@ -388,7 +413,7 @@ impl LockOps for MemoryStore {
         readers.retain(|_, until| *until > now);
         let released = readers.remove(owner).is_some();
         put_holders(&mut sems, &readers_key, readers);
-        drop(sems);
+        drop(shard);
         if !released {
             return Ok(LockRelease::NotOwner);
         }
@@ -405,10 +430,16 @@ impl LockOps for MemoryStore {
             waiting: join,
             ..
         } = acquire;
-        // Same order as everywhere: locks, then queues, then fences.
-        let (mut locks, now) = self.lock(&self.tables.locks);
+        let (mut shard, now) = self.shard(key);
+        let Shard {
+            locks,
+            fair_queues,
+            fences,
+            ..
+        } = &mut *shard;
+        let mut locks = locks.at(now);
         let queue_key = key.companion("queue");
-        let (mut queues, _) = self.lock(&self.tables.fair_queues);
+        let mut queues = fair_queues.at(now);
         let mut queue = queues.remove(&queue_key).unwrap_or_default();
         // Waiters that stopped retrying (gave up, crashed) lose their place.
         queue.retain(|(_, until)| *until > now);
@@ -423,14 +454,16 @@ impl LockOps for MemoryStore {
             }
             _ if level > 1 => {
                 put_queue(&mut queues, &queue_key, queue);
-                drop(queues);
-                return Ok(self.acquire_in(&mut locks, now, key, owner, lease, level));
+                return Ok(Self::acquire_in(
+                    &mut locks, fences, now, key, owner, lease, level,
+                ));
             }
             None if queue.first().is_none_or(|(head, _)| head == owner) => {
                 queue.retain(|(waiter, _)| waiter != owner);
                 put_queue(&mut queues, &queue_key, queue);
-                drop(queues);
-                return Ok(self.acquire_in(&mut locks, now, key, owner, lease, 1));
+                return Ok(Self::acquire_in(
+                    &mut locks, fences, now, key, owner, lease, 1,
+                ));
             }
             Some(_) => LockAcquire::Held {
                 ttl: locks

@@ -1,8 +1,12 @@
 //! [`Store`] in process memory: the embedded default for a single instance and for users'
 //! own tests.
 //!
-//! Each guard keeps its entries in its own [`Table`] behind its own mutex (key spaces of the
-//! guards never overlap), and implements its operations in its own file here.
+//! Keys are spread over [`SHARDS`] shards, each behind its own mutex, by the hash of their
+//! hash tag (the text inside `{}`, as Redis Cluster picks a slot): a guard's companion keys
+//! (a lock's fencing counter, a fair lock's queue) share their key's shard, so every
+//! operation but a check of several limits takes a single lock. Each guard keeps its entries
+//! in its own [`Table`] of the shard (key spaces of the guards never overlap), and implements
+//! its operations in its own file here.
 //!
 //! There are no replicas: a write asked to be confirmed by [`Replicas`](crate::Replicas)
 //! counts as confirmed, as it is as durable as it will ever be (and code configured for a
@@ -11,10 +15,12 @@
 mod admin;
 mod idem;
 mod lock;
+mod quota;
 mod rate;
 mod table;
 mod token;
 
+use std::hash::{BuildHasher, RandomState};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -25,6 +31,7 @@ use super::lock::Waiters;
 use super::{Store, StoreKind};
 use crate::clock::{Clock, SystemClock};
 use crate::error::Result;
+use crate::key::Key;
 
 /// The in-process [`Store`]. Safe for one instance only: nothing is shared between processes.
 ///
@@ -49,19 +56,78 @@ pub struct MemoryStore {
     clock: Arc<dyn Clock>,
 }
 
-#[derive(Debug, Default)]
+/// Shards of the store. Many small ones: a shard's maps hold a few thousand entries at a
+/// million live keys, so growing one moves little, and callers on other shards never wait.
+pub(super) const SHARDS: usize = 256;
+
 struct Tables {
-    tokens: Mutex<Table<token::TokenState>>,
-    idem: Mutex<Table<idem::Record>>,
-    rates: Mutex<Table<rate::RateState>>,
-    /// Penalty ends (µs since the epoch) of rate-limit keys under `block`.
-    rate_blocks: Mutex<Table<f64>>,
-    locks: Mutex<Table<lock::LockState>>,
-    semaphores: Mutex<Table<lock::Holders>>,
-    fair_queues: Mutex<Table<lock::FairQueue>>,
-    /// Fencing counters of locks, kept apart so they outlive the locks.
-    fences: Mutex<Table<u64>>,
+    shards: Box<[Mutex<Shard>]>,
+    /// Seeds the shard pick per store: which keys share a shard differs between stores.
+    seed: u64,
     lock_waiters: Waiters,
+}
+
+impl Default for Tables {
+    fn default() -> Self {
+        Tables {
+            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+            seed: RandomState::new().hash_one(SHARDS),
+            lock_waiters: Waiters::default(),
+        }
+    }
+}
+
+impl std::fmt::Debug for Tables {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tables")
+            .field("shards", &self.shards.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The entries of every guard whose keys hash to one shard.
+#[derive(Debug, Default)]
+pub(super) struct Shard {
+    tokens: Table<token::TokenState>,
+    idem: Table<idem::Record>,
+    rates: Table<rate::RateState>,
+    /// Penalty ends (µs since the epoch) of rate-limit keys under `block`.
+    rate_blocks: Table<f64>,
+    /// Quota overrides of rate-limit keys (`quota.rs`).
+    quotas: quota::Quotas,
+    locks: Table<lock::LockState>,
+    semaphores: Table<lock::Holders>,
+    fair_queues: Table<lock::FairQueue>,
+    /// Fencing counters of locks, kept apart so they outlive the locks.
+    fences: Table<u64>,
+}
+
+/// A seeded hash of `bytes`, a word at a time: the shard pick needs spread, not the flood
+/// resistance of the maps' SipHash (keys aimed at one shard would only make it a larger map).
+fn spread(seed: u64, bytes: &[u8]) -> u64 {
+    const K: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut h = seed ^ (bytes.len() as u64).wrapping_mul(K);
+    for chunk in bytes.chunks(8) {
+        let mut word = [0u8; 8];
+        word[..chunk.len()].copy_from_slice(chunk);
+        h = (h ^ u64::from_le_bytes(word))
+            .wrapping_mul(K)
+            .rotate_left(31);
+    }
+    // splitmix64's finish: every input bit reaches the low bits the modulo keeps.
+    h = (h ^ (h >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    h = (h ^ (h >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    h ^ (h >> 31)
+}
+
+/// The part of `key` that picks its shard: its hash tag, as Redis Cluster reads one (the
+/// text between the first `{` and the next `}`, when not empty), or the whole key.
+fn hash_tag(key: &str) -> &str {
+    key.split_once('{')
+        .and_then(|(_, rest)| rest.split_once('}'))
+        .map(|(tag, _)| tag)
+        .filter(|tag| !tag.is_empty())
+        .unwrap_or(key)
 }
 
 impl MemoryStore {
@@ -78,28 +144,44 @@ impl MemoryStore {
         }
     }
 
-    /// Locks `table` after dropping what has expired; returns the time used.
-    fn lock<'a, V>(&self, table: &'a Mutex<Table<V>>) -> (MutexGuard<'a, Table<V>>, Duration) {
-        let now = self.clock.now();
+    /// Which shard holds `key`.
+    fn shard_of(&self, key: &Key) -> usize {
+        (spread(self.tables.seed, hash_tag(key.as_str()).as_bytes()) % SHARDS as u64) as usize
+    }
+
+    /// Locks shard `index`.
+    fn lock_shard(&self, index: usize) -> MutexGuard<'_, Shard> {
         // Every mutation is a single map operation, so a panic elsewhere while the lock was
-        // held cannot have left an entry half-written: a poisoned table is still consistent.
-        let mut table = table
+        // held cannot have left an entry half-written: a poisoned shard is still consistent.
+        self.tables.shards[index]
             .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        table.sweep(now);
-        (table, now)
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Locks the shard of `key` (and its companions); returns the time, read once locked so
+    /// that time never runs backwards for the callers of one shard.
+    fn shard(&self, key: &Key) -> (MutexGuard<'_, Shard>, Duration) {
+        let shard = self.lock_shard(self.shard_of(key));
+        (shard, self.clock.now())
     }
 
     /// Number of live entries across all guards; for tests and diagnostics.
     pub fn len(&self) -> usize {
-        self.lock(&self.tables.tokens).0.len()
-            + self.lock(&self.tables.idem).0.len()
-            + self.lock(&self.tables.rates).0.len()
-            + self.lock(&self.tables.rate_blocks).0.len()
-            + self.lock(&self.tables.locks).0.len()
-            + self.lock(&self.tables.semaphores).0.len()
-            + self.lock(&self.tables.fair_queues).0.len()
-            + self.lock(&self.tables.fences).0.len()
+        (0..SHARDS)
+            .map(|index| {
+                let mut shard = self.lock_shard(index);
+                let now = self.clock.now();
+                shard.tokens.at(now).len()
+                    + shard.idem.at(now).len()
+                    + shard.rates.at(now).len()
+                    + shard.rate_blocks.at(now).len()
+                    + shard.quotas.at(now).len()
+                    + shard.locks.at(now).len()
+                    + shard.semaphores.at(now).len()
+                    + shard.fair_queues.at(now).len()
+                    + shard.fences.at(now).len()
+            })
+            .sum()
     }
 
     /// True when no entry is live.
@@ -122,5 +204,44 @@ impl Store for MemoryStore {
 
     async fn time(&self) -> Result<Duration> {
         Ok(self.clock.now())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn companions_share_their_keys_shard() {
+        let store = MemoryStore::new();
+        let lock = Key::stored("redguard:lock:{app:order=7}");
+        for suffix in ["fence", "queue", "intent", "readers", "block"] {
+            let companion = lock.companion(suffix);
+            assert_eq!(
+                store.shard_of(&companion),
+                store.shard_of(&lock),
+                "{companion}"
+            );
+        }
+        assert_eq!(hash_tag("a:{}:b"), "a:{}:b");
+        assert_eq!(hash_tag("a{b}{c}"), "b");
+        assert_eq!(hash_tag("no tag"), "no tag");
+    }
+
+    #[test]
+    fn keys_spread_over_every_shard() {
+        let store = MemoryStore::new();
+        let mut counts = vec![0usize; SHARDS];
+        for i in 0..SHARDS * 100 {
+            let key = Key::stored(format!(
+                "redguard:rate:{{app:ip=10.0.{}.{}}}",
+                i / 256,
+                i % 256
+            ));
+            counts[store.shard_of(&key)] += 1;
+        }
+        // 100 a shard on average: none empty, none holding a crowd.
+        let (min, max) = (counts.iter().min(), counts.iter().max());
+        assert!(min > Some(&40) && max < Some(&200), "{min:?}..{max:?}");
     }
 }

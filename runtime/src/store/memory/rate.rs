@@ -2,12 +2,14 @@
 //! store's clock, under one lock so several limits are decided all-or-nothing.
 
 use std::collections::VecDeque;
+use std::sync::MutexGuard;
 use std::time::Duration;
 
 use async_trait::async_trait;
 
-use super::MemoryStore;
+use super::{MemoryStore, Shard};
 use crate::error::Result;
+use crate::key::Key;
 use crate::store::admin::{Raw, SNAPSHOT_MEMBERS};
 use crate::store::{RateCheck, RateMode, RateOps, RateOutcome};
 use crate::values::{Algorithm, Decision, Limit, micros};
@@ -276,17 +278,58 @@ fn gcra(state: Option<&RateState>, limit: &Limit, now_us: u64) -> Gcra {
     }
 }
 
+/// The shards of a check's keys, locked in index order (so two multi-key checks never wait
+/// on each other in a cycle). Almost every check has one shard: no allocation for it.
+enum Shards<'a> {
+    One(MutexGuard<'a, Shard>),
+    Many(Vec<(usize, MutexGuard<'a, Shard>)>),
+}
+
+impl Shards<'_> {
+    /// The shard of `key`, one of those locked.
+    fn of(&mut self, store: &MemoryStore, key: &Key) -> &mut Shard {
+        match self {
+            Shards::One(shard) => shard,
+            Shards::Many(shards) => {
+                let index = store.shard_of(key);
+                let at = shards.partition_point(|(i, _)| *i < index);
+                &mut shards[at].1
+            }
+        }
+    }
+}
+
+impl MemoryStore {
+    fn lock_shards(&self, checks: &[RateCheck<'_>]) -> Shards<'_> {
+        let first = checks.first().map_or(0, |check| self.shard_of(check.key));
+        if checks
+            .iter()
+            .skip(1)
+            .all(|check| self.shard_of(check.key) == first)
+        {
+            return Shards::One(self.lock_shard(first));
+        }
+        let mut indices: Vec<usize> = checks.iter().map(|c| self.shard_of(c.key)).collect();
+        indices.sort_unstable();
+        indices.dedup();
+        let locked = indices.into_iter().map(|i| (i, self.lock_shard(i)));
+        Shards::Many(locked.collect())
+    }
+}
+
 #[async_trait]
 impl RateOps for MemoryStore {
     async fn rate_check(&self, checks: &[RateCheck<'_>], mode: RateMode) -> Result<RateOutcome> {
-        let (mut blocks, _) = self.lock(&self.tables.rate_blocks);
-        let (mut states, now_d) = self.lock(&self.tables.rates);
+        let mut shards = self.lock_shards(checks);
+        let now_d = self.clock.now();
         let now = micros(now_d) as f64;
         let peek = mode == RateMode::Peek;
         let mut decisions = Vec::with_capacity(checks.len());
         let mut commits: Vec<Option<(Commit, f64)>> = Vec::with_capacity(checks.len());
         for check in checks {
-            let limit = check.limit;
+            let quota =
+                super::quota::with_quota(shards.of(self, check.key), now_d, check.key, check.limit);
+            let limit = quota.as_ref().unwrap_or(check.limit);
             let period = micros(limit.rate.period()) as f64;
             let burst = limit.burst as f64;
             let cost = limit.cost as f64;
@@ -295,11 +338,14 @@ impl RateOps for MemoryStore {
             let mut commit = None;
             // As in the script: a limit without a penalty ignores one a former
             // configuration left.
+            let shard = shards.of(self, check.key);
+            let mut blocks = shard.rate_blocks.at(now_d);
             let until = if block > 0.0 {
                 blocks.get(check.key).copied().unwrap_or(0.0)
             } else {
                 0.0
             };
+            let states = shard.rates.at(now_d);
             let state = states.get(check.key);
             if until > now {
                 retry = until - now;
@@ -419,6 +465,7 @@ impl RateOps for MemoryStore {
                     continue;
                 };
                 let expires = Duration::from_micros((now + ceil_ms_us(ttl)) as u64);
+                let mut states = shards.of(self, check.key).rates.at(now_d);
                 match commit {
                     Commit::Put(state) => states.put(check.key, state, expires),
                     Commit::Append { lo, entry } => {

@@ -27,7 +27,8 @@ impl TokenOps for MemoryStore {
         // confirmed (the memory store is for tests and single-process use).
         _replicas: Option<Replicas>,
     ) -> Result<()> {
-        let (mut tokens, now) = self.lock(&self.tables.tokens);
+        let (mut shard, now) = self.shard(key);
+        let mut tokens = shard.tokens.at(now);
         let state = TokenState::Live {
             scene: scene.to_owned(),
         };
@@ -36,7 +37,8 @@ impl TokenOps for MemoryStore {
     }
 
     async fn token_consume(&self, key: &Key, scene: &str, owner: &str) -> Result<TokenOutcome> {
-        let (mut tokens, _) = self.lock(&self.tables.tokens);
+        let (mut shard, now) = self.shard(key);
+        let mut tokens = shard.tokens.at(now);
         let Some(token) = tokens.get_mut(key) else {
             return Ok(TokenOutcome::Unknown);
         };
@@ -54,7 +56,8 @@ impl TokenOps for MemoryStore {
     }
 
     async fn token_restore(&self, key: &Key, scene: &str, owner: &str) -> Result<bool> {
-        let (mut tokens, _) = self.lock(&self.tables.tokens);
+        let (mut shard, now) = self.shard(key);
+        let mut tokens = shard.tokens.at(now);
         let Some(token) = tokens.get_mut(key) else {
             return Ok(false);
         };

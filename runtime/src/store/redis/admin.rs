@@ -150,6 +150,20 @@ impl AdminOps for RedisStore {
         Ok(())
     }
 
+    async fn admin_quota_set(&self, key: &Key, value: &str, ttl: Option<Duration>) -> Result<()> {
+        let mut cmd = redis::cmd("SET");
+        cmd.arg(key.as_str()).arg(value);
+        if let Some(ttl) = ttl {
+            cmd.arg("PX")
+                .arg(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX));
+        }
+        let mut conn = self.conn();
+        bounded("admin_quota_set", self.timeout, async move {
+            cmd.query_async::<()>(&mut conn).await
+        })
+        .await
+    }
+
     async fn admin_refund(&self, key: &Key, units: u64) -> Result<u64> {
         self.eval("admin_refund", &REFUND, &[key], &[&units]).await
     }

@@ -26,8 +26,9 @@ use super::lua::{Lua, lua};
 use crate::error::{BackendError, Error, Result, StoreFailure};
 use crate::key::Key;
 use crate::store::{RateCheck, RateMode, RateOutcome};
+use crate::values::QUOTA_SUFFIX;
 
-lua!(GCRA = "rate_gcra.lua" after "expiry.lua");
+lua!(GCRA = "rate_gcra.lua" after "expiry.lua", "quota.lua");
 
 pub(super) fn scripts() -> Vec<&'static Lua> {
     vec![&GCRA]
@@ -41,10 +42,10 @@ const DEPTH: usize = 2;
 /// 3 µs each).
 const MAX_BATCH: usize = 128;
 
-/// What the script said about one check: `[allowed, remaining, reset_us, retry_us]` at
-/// `now_us`, or `None` when `rate_check.lua` must decide it (a state of another interval or
-/// format, another type).
-type Figures = Option<(i64, [i64; 4])>;
+/// What the script said about one check: `[allowed, remaining, reset_us, retry_us,
+/// override burst, override interval_ns]` at `now_us`, or `None` when `rate_check.lua` must
+/// decide it (a state of another interval or format, another type).
+type Figures = Option<(i64, [i64; 6])>;
 
 /// One check as the script takes it.
 struct Item<'a> {
@@ -121,7 +122,7 @@ impl RedisStore {
         };
         figures
             .map(|(now, d)| {
-                let reply = [now, d[0], d[1], d[2], d[3]];
+                let reply = [now, d[0], d[1], d[2], d[3], d[4], d[5]];
                 super::rate::parse(&reply, std::slice::from_ref(check), check.key)
             })
             .transpose()
@@ -184,13 +185,14 @@ impl RedisStore {
         &self,
         items: &[Item<'_>],
         mode: RateMode,
-    ) -> Result<(i64, Vec<Option<[i64; 4]>>)> {
+    ) -> Result<(i64, Vec<Option<[i64; 6]>>)> {
         let Some(first) = items.first() else {
             return Ok((0, Vec::new()));
         };
-        let mut cmd = super::evalsha(&GCRA, items.len(), 1 + 3 * items.len());
+        let mut cmd = super::evalsha(&GCRA, 2 * items.len(), 1 + 3 * items.len());
         for item in items {
-            cmd.arg(item.key.as_str());
+            cmd.arg(item.key.as_str())
+                .arg(item.key.companion(QUOTA_SUFFIX).as_str());
         }
         cmd.arg(if mode == RateMode::Peek { "1" } else { "0" });
         for item in items {
@@ -207,7 +209,7 @@ impl RedisStore {
         let now = numbers.next().and_then(Result::ok).ok_or_else(corrupt)?;
         let mut figures = Vec::with_capacity(items.len());
         for _ in items {
-            let mut d = [0; 4];
+            let mut d = [0; 6];
             for v in &mut d {
                 *v = numbers.next().and_then(Result::ok).ok_or_else(corrupt)?;
             }

@@ -47,6 +47,16 @@ macro_rules! lua {
                 $crate::store::redis::lua::Lua::new(include_str!(concat!("scripts/", $file)))
             });
     };
+    ($name:ident = $file:literal after $first:literal, $second:literal) => {
+        static $name: once_cell::sync::Lazy<$crate::store::redis::lua::Lua> =
+            once_cell::sync::Lazy::new(|| {
+                $crate::store::redis::lua::Lua::new(concat!(
+                    include_str!(concat!("scripts/", $first)),
+                    include_str!(concat!("scripts/", $second)),
+                    include_str!(concat!("scripts/", $file))
+                ))
+            });
+    };
     ($name:ident = $file:literal after $prelude:literal) => {
         static $name: once_cell::sync::Lazy<$crate::store::redis::lua::Lua> =
             once_cell::sync::Lazy::new(|| {

@@ -9,9 +9,9 @@ use super::{RedisStore, evalsha};
 use crate::error::{Error, Result};
 use crate::key::Key;
 use crate::store::{RateCheck, RateMode, RateOps, RateOutcome, Store as _};
-use crate::values::{Decision, micros};
+use crate::values::{Decision, QUOTA_SUFFIX, micros};
 
-lua!(CHECK = "rate_check.lua" after "expiry.lua");
+lua!(CHECK = "rate_check.lua" after "expiry.lua", "quota.lua");
 
 pub(super) fn scripts() -> Vec<&'static Lua> {
     vec![&CHECK]
@@ -143,11 +143,13 @@ impl RedisStore {
                 decisions: Vec::new(),
             });
         };
-        // Every key first, then the arguments: EVALSHA's order. Each limit passes six.
-        let mut cmd = evalsha(&CHECK, checks.len() * 2, 1 + checks.len() * 6);
+        // Every key first, then the arguments: EVALSHA's order. Each limit passes three
+        // keys and six arguments.
+        let mut cmd = evalsha(&CHECK, checks.len() * 3, 1 + checks.len() * 6);
         for check in checks {
             cmd.arg(check.key.as_str())
-                .arg(format!("{}{BLOCK_SUFFIX}", check.key));
+                .arg(format!("{}{BLOCK_SUFFIX}", check.key))
+                .arg(check.key.companion(QUOTA_SUFFIX).as_str());
         }
         cmd.arg(match phase {
             Phase::Consume => "0",
@@ -176,7 +178,7 @@ pub(super) fn parse(reply: &[i64], checks: &[RateCheck<'_>], key: &Key) -> Resul
         detail: format!("rate script returned {reply:?}"),
     };
     let (&now, rest) = reply.split_first().ok_or_else(corrupt)?;
-    if rest.len() != checks.len() * 4 {
+    if rest.len() != checks.len() * 6 {
         return Err(corrupt());
     }
     let us = |v: i64| {
@@ -185,16 +187,33 @@ pub(super) fn parse(reply: &[i64], checks: &[RateCheck<'_>], key: &Key) -> Resul
             .map_err(|_| corrupt())
     };
     let decisions = rest
-        .chunks_exact(4)
+        .chunks_exact(6)
         .zip(checks)
         .map(|(d, check)| {
+            let (limit, window) = match d[4] {
+                0 => (check.limit.burst, check.limit.window()),
+                -1 => {
+                    crate::store::rate::quota_ignored(check.key);
+                    (check.limit.burst, check.limit.window())
+                }
+                cap => {
+                    let cap = u64::try_from(cap).map_err(|_| corrupt())?;
+                    let unit = u64::try_from(d[5]).map_err(|_| corrupt())?;
+                    let window = if check.limit.algorithm.is_window() {
+                        Duration::from_micros(unit)
+                    } else {
+                        Duration::from_nanos(cap.saturating_mul(unit))
+                    };
+                    (cap, window)
+                }
+            };
             Ok(Decision {
                 allowed: d[0] == 1,
-                limit: check.limit.burst,
+                limit,
                 remaining: u64::try_from(d[1]).map_err(|_| corrupt())?,
                 reset_after: us(d[2])?,
                 retry_after: us(d[3])?,
-                window: check.limit.window(),
+                window,
             })
         })
         .collect::<Result<Vec<_>>>()?;

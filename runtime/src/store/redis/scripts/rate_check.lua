@@ -1,10 +1,14 @@
 -- Check several rate limits all-or-nothing at Redis's time.
--- KEYS: per limit i, KEYS[2i-1] its state key and KEYS[2i] its block (penalty) key.
+-- KEYS: per limit i, KEYS[3i-2] its state key, KEYS[3i-1] its block (penalty) key and
+-- KEYS[3i] its quota override (quota.lua).
 -- ARGV[1] '0' to charge every limit when all admit, '1' to peek (write nothing), '2' to
 -- judge (charge nothing, but write the penalties of limits that reject: phase one of a call
 -- whose limits are in several Cluster slots); then per limit 6 values: algorithm,
--- interval_ns (the emission interval), period_us, burst, cost, block_us.
--- Returns { now_us, then per limit: allowed (0/1), remaining, reset_us, retry_us }.
+-- interval_ns (the emission interval), period_us, burst, cost, block_us (the code's; an
+-- override replaces the interval, the period and the burst, or a window's count).
+-- Returns { now_us, then per limit: allowed (0/1), remaining, reset_us, retry_us, the
+-- override's capacity (0: none, -1: one that is not an override, ignored) and its
+-- interval_ns (buckets) or period_us (windows) }.
 --
 -- Numbers: every quantity is an integer number of microseconds (nanoseconds for GCRA
 -- intervals below 1 ms, counted relative to now) or units below 2^53, so Lua's doubles hold
@@ -19,7 +23,7 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local peek = ARGV[1] == '1'
 local charge = ARGV[1] == '0'
-local n = #KEYS / 2
+local n = #KEYS / 3
 
 local function int(x) return string.format('%.0f', x) end
 local function num(x) return string.format('%.17g', x) end
@@ -108,7 +112,7 @@ local penalties = {}
 local all = true
 
 for i = 1, n do
-  local key, bkey = KEYS[2 * i - 1], KEYS[2 * i]
+  local key, bkey = KEYS[3 * i - 2], KEYS[3 * i - 1]
   local b = 1 + (i - 1) * 6
   local algo = ARGV[b + 1]
   local interval = tonumber(ARGV[b + 2])
@@ -116,6 +120,18 @@ for i = 1, n do
   local burst = tonumber(ARGV[b + 4])
   local cost = tonumber(ARGV[b + 5])
   local block = tonumber(ARGV[b + 6])
+  local q_cap, q_unit = 0, 0
+  local qi, qp, qc, qb = quota(KEYS[3 * i])
+  local window = algo == 'fixed_window' or algo == 'sliding_window' or algo == 'sliding_counter'
+  if qi == false or (qi and algo == 'sliding_window' and qc > 10000) then
+    -- Not an override, or one a sliding log cannot hold (one entry per call, 10,000 at
+    -- most): the code's limit applies.
+    q_cap = -1
+  elseif qi then
+    interval, period = qi, qp
+    if window then burst, q_unit = qc, qp else burst, q_unit = qb, qi end
+    q_cap = burst
+  end
   -- The interval in µs; a fraction when it is below 1 ms and not whole µs (then GCRA
   -- counts in ns).
   local T = interval / 1000
@@ -479,6 +495,8 @@ for i = 1, n do
   out[#out + 1] = math.max(remaining, 0)
   out[#out + 1] = math.max(reset, 0)
   out[#out + 1] = math.max(retry, 0)
+  out[#out + 1] = q_cap
+  out[#out + 1] = q_unit
 end
 
 for _, p in ipairs(penalties) do

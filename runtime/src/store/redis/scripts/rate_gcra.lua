@@ -2,10 +2,12 @@
 -- store coalesces concurrent calls on a connection into one run): rate_check.lua's GCRA
 -- path with only what such a check needs, so one decision costs Redis a GET, a PEXPIRETIME
 -- and a SET and no closures or tables beyond the reply.
--- KEYS: one state key per check. ARGV[1] '0' to charge each check that admits, '1' to peek
--- (write nothing); then per check 3 values: interval_ns, burst, cost.
+-- KEYS: per check i, KEYS[2i-1] its state key and KEYS[2i] its quota override (quota.lua).
+-- ARGV[1] '0' to charge each check that admits, '1' to peek (write nothing); then per check
+-- 3 values: interval_ns, burst, cost (the code's; an override replaces the first two).
 -- Returns one string of integers separated by spaces: now_us, then per check allowed (0/1),
--- remaining, reset_us, retry_us, with allowed = -1 (and nothing written) for a key this
+-- remaining, reset_us, retry_us, then the override's burst (0: none, -1: one that is not
+-- an override, ignored) and interval_ns, with allowed = -1 (and nothing written) for a key this
 -- script does not read: another type, a state of another interval or an earlier format. The
 -- store decides those with rate_check.lua, which converts or refuses them. One string rather
 -- than an array: the client parses an array's integers one by one, at several times the
@@ -20,11 +22,18 @@ local charge = ARGV[1] == '0'
 local ms_now = math.floor(now / 1000)
 local out = { string.format('%.0f', now) }
 
-for i = 1, #KEYS do
-  local key = KEYS[i]
+for i = 1, #KEYS / 2 do
+  local key = KEYS[2 * i - 1]
   local interval = tonumber(ARGV[3 * i - 1])
   local burst = tonumber(ARGV[3 * i])
   local cost = tonumber(ARGV[3 * i + 1])
+  local q_burst = 0
+  local qi, _, _, qb = quota(KEYS[2 * i])
+  if qi then
+    interval, burst, q_burst = qi, qb, qb
+  elseif qi == false then
+    q_burst = -1
+  end
   local fine = interval % 1000 ~= 0
   local unit_t = interval
   if not fine then unit_t = interval / 1000 end
@@ -80,10 +89,10 @@ for i = 1, #KEYS do
     if fine then
       reset, retry = math.ceil(reset / 1000), math.ceil(retry / 1000)
     end
-    out[i + 1] = string.format('%d %.0f %.0f %.0f', allowed, math.max(remaining, 0),
-      math.max(reset, 0), math.max(retry, 0))
+    out[i + 1] = string.format('%d %.0f %.0f %.0f %d %.0f', allowed, math.max(remaining, 0),
+      math.max(reset, 0), math.max(retry, 0), q_burst, interval)
   else
-    out[i + 1] = '-1 0 0 0'
+    out[i + 1] = '-1 0 0 0 0 0'
   end
 end
 return table.concat(out, ' ')

@@ -1,0 +1,257 @@
+//! `redguard quota set/get/list/clear` as an operator runs it, against a running service (a
+//! library handle standing for another instance): an override set by the binary decides
+//! the service's next call on that key; bad input and a service's own credential are refused
+//! with exit status 1 and nothing written.
+
+use std::process::Output;
+
+use redguard::Redguard;
+use redguard_tests::{RedisCluster, RedisServer};
+use serde_json::Value;
+
+const SCOPE: &str = "api::tenants";
+
+/// Runs the binary with `env` as its only redguard settings.
+async fn redguard(env: Vec<(&'static str, String)>, args: &[&str]) -> Output {
+    let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+    tokio::task::spawn_blocking(move || {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_redguard"));
+        for var in [
+            "REDGUARD_REDIS_URL",
+            "REDIS_URL",
+            "REDGUARD_REDIS_CLUSTER_URLS",
+            "REDGUARD_REDIS_SENTINELS",
+            "REDGUARD_REDIS_MASTER",
+            "REDGUARD_TLS_CA",
+            "REDGUARD_PREFIX",
+            "RUST_LOG",
+        ] {
+            cmd.env_remove(var);
+        }
+        cmd.envs(env).args(&args).output().expect("run redguard")
+    })
+    .await
+    .expect("join")
+}
+
+fn ok(output: &Output) -> String {
+    assert!(
+        output.status.success(),
+        "redguard failed: {}\n{}",
+        String::from_utf8_lossy(&output.stderr),
+        String::from_utf8_lossy(&output.stdout)
+    );
+    String::from_utf8(output.stdout.clone()).expect("utf-8")
+}
+
+fn json(output: &Output) -> Value {
+    serde_json::from_str(&ok(output)).expect("JSON output")
+}
+
+/// Refused: exit status 1, `redguard: <why>` on stderr.
+fn refused(output: &Output) -> String {
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("redguard: "), "{stderr}");
+    stderr
+}
+
+fn tenant(rg: &Redguard, id: &str) -> redguard::Limiter {
+    redguard::limiter("tenant:")
+        .part("id", id)
+        .scope(SCOPE)
+        .rate("1/min")
+        .on(rg)
+}
+
+/// The whole session on one deployment: set, get, list, effect on the service, clear.
+async fn session(env: Vec<(&'static str, String)>, service: Redguard) {
+    tenant(&service, "acme").check().await.unwrap();
+    assert!(!tenant(&service, "acme").decide().await.unwrap().allowed);
+    let set = json(
+        &redguard(
+            env.clone(),
+            &[
+                "--json",
+                "quota",
+                "set",
+                SCOPE,
+                "tenant:acme",
+                "--rate",
+                "100/h",
+                "--burst",
+                "3",
+                "--ttl",
+                "30d",
+            ],
+        )
+        .await,
+    );
+    assert_eq!(set["burst"], 3);
+    assert_eq!(set["expires_in_ms"], 30 * 86_400_000u64);
+    // The service's next call is decided with the override.
+    let d = tenant(&service, "acme").decide().await.unwrap();
+    assert!(d.allowed && d.limit == 3, "{d:?}");
+
+    let got = json(
+        &redguard(
+            env.clone(),
+            &["--json", "quota", "get", SCOPE, "tenant:acme"],
+        )
+        .await,
+    );
+    assert_eq!(got["rate"], "100/3600s");
+    let text = ok(&redguard(env.clone(), &["quota", "get", SCOPE, "tenant:acme"]).await);
+    assert!(text.contains("100/3600s burst 3"), "{text}");
+    let list = json(&redguard(env.clone(), &["--json", "quota", "list", SCOPE]).await);
+    assert_eq!(list["overrides"].as_array().unwrap().len(), 1, "{list}");
+    assert_eq!(list["truncated"], false);
+
+    let cleared = ok(&redguard(env.clone(), &["quota", "clear", SCOPE, "tenant:acme"]).await);
+    assert!(cleared.contains("cleared"), "{cleared}");
+    let d = tenant(&service, "acme").decide().await.unwrap();
+    assert!(!d.allowed && d.limit == 1, "{d:?}");
+    let none = ok(&redguard(env.clone(), &["quota", "get", SCOPE, "tenant:acme"]).await);
+    assert!(none.contains("no override"), "{none}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn set_get_list_clear_on_a_running_service() {
+    let server = RedisServer::start();
+    let service = redguard_tests::connect(&server).await;
+    session(vec![("REDGUARD_REDIS_URL", server.url())], service).await;
+    server.assert_every_key_has_ttl();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn set_get_list_clear_on_a_cluster() {
+    let cluster = RedisCluster::start();
+    let service = cluster.connect().await;
+    session(
+        vec![("REDGUARD_REDIS_CLUSTER_URLS", cluster.urls().join(","))],
+        service,
+    )
+    .await;
+    cluster.assert_every_key_has_ttl();
+}
+
+/// Every override key in the server.
+fn overrides(server: &RedisServer) -> Vec<String> {
+    redis::cmd("KEYS")
+        .arg("*:quota")
+        .query(&mut server.connection())
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_is_refused_and_nothing_is_written() {
+    let server = RedisServer::start();
+    let service = redguard_tests::connect(&server).await;
+    tenant(&service, "acme").check().await.unwrap();
+    let env = vec![("REDGUARD_REDIS_URL", server.url())];
+    let cases: &[(&[&str], &str)] = &[
+        (&["--rate", "0/s", "--ttl", "1h"], "rate"),
+        (&["--rate", "2000000000/s", "--ttl", "1h"], "maximum"),
+        (&["--rate", "10/31d", "--ttl", "1h"], "30 days"),
+        (&["--rate", "ten/s", "--ttl", "1h"], "rate"),
+        (&["--rate", "10/s", "--burst", "0", "--ttl", "1h"], "burst"),
+        (
+            &["--rate", "10/s", "--burst", "2000000000", "--ttl", "1h"],
+            "burst",
+        ),
+        (&["--rate", "10/s", "--ttl", "0s"], "TTL"),
+        (&["--rate", "10/s", "--ttl", "400d"], "permanent"),
+        (&["--rate", "10/s", "--ttl", "soon"], "--ttl"),
+    ];
+    for (extra, why) in cases {
+        let mut args = vec!["quota", "set", SCOPE, "tenant:acme"];
+        args.extend_from_slice(extra);
+        let stderr = refused(&redguard(env.clone(), &args).await);
+        assert!(stderr.contains(why), "{extra:?}: {stderr}");
+    }
+    let keys: &[(&str, &str, &str)] = &[
+        ("api::unused", "tenant:acme", "no rate limit of scope"),
+        (SCOPE, "tenant:*", "prefix"),
+        (SCOPE, "tenant:{acme}", "key"),
+        ("bad scope", "tenant:acme", "scope"),
+    ];
+    for (scope, key, why) in keys {
+        let args = ["quota", "set", scope, key, "--rate", "10/s", "--permanent"];
+        let stderr = refused(&redguard(env.clone(), &args).await);
+        assert!(stderr.contains(why), "{scope} {key}: {stderr}");
+    }
+    // Neither a TTL nor `--permanent`: a usage error (clap's exit status 2).
+    let out = redguard(
+        env.clone(),
+        &["quota", "set", SCOPE, "tenant:acme", "--rate", "10/s"],
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(2));
+    assert!(overrides(&server).is_empty(), "{:?}", overrides(&server));
+    assert_eq!(tenant(&service, "acme").peek().await.unwrap().limit, 1);
+}
+
+/// The services' ACL user (the guide's line) cannot set an override: the scope check needs
+/// `SCAN`, one of the operator's grants, so Redis refuses before anything is written. The
+/// operator's user (the services' line plus the operations page's grants) can.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_operator_credential_sets_an_override() {
+    let server = RedisServer::start();
+    let service = redguard_tests::connect(&server).await;
+    tenant(&service, "acme").check().await.unwrap();
+    let guide = |page: &str| {
+        std::fs::read_to_string(format!(
+            "{}/../runtime/docs/{page}",
+            env!("CARGO_MANIFEST_DIR")
+        ))
+        .unwrap()
+    };
+    let service_rules = guide("servers.md")
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("ACL SETUSER redguard "))
+        .expect("the guide's ACL line")
+        .to_owned();
+    let operator_rules = guide("operations.md")
+        .lines()
+        .find_map(|l| {
+            l.split_once("operator's user needs `")
+                .map(|(_, rest)| rest)
+        })
+        .and_then(|rest| rest.split('`').next())
+        .expect("the guide's operator grants")
+        .to_owned();
+    let mut conn = server.connection();
+    for (user, rules) in [
+        ("svc", service_rules.clone()),
+        ("operator", format!("{service_rules} {operator_rules}")),
+    ] {
+        let mut cmd = redis::cmd("ACL");
+        cmd.arg("SETUSER").arg(user);
+        for rule in rules.split_whitespace() {
+            cmd.arg(rule);
+        }
+        let _: () = cmd.query(&mut conn).unwrap();
+    }
+    let url = |user: &str| format!("redis://{user}:secret@127.0.0.1:{}", server.port());
+    let set = [
+        "quota",
+        "set",
+        SCOPE,
+        "tenant:acme",
+        "--rate",
+        "10/s",
+        "--ttl",
+        "1h",
+    ];
+    let stderr = refused(&redguard(vec![("REDGUARD_REDIS_URL", url("svc"))], &set).await);
+    assert!(
+        stderr.to_lowercase().contains("noperm") || stderr.contains("permission"),
+        "{stderr}"
+    );
+    assert!(overrides(&server).is_empty());
+    ok(&redguard(vec![("REDGUARD_REDIS_URL", url("operator"))], &set).await);
+    assert_eq!(overrides(&server).len(), 1);
+    let d = tenant(&service, "acme").decide().await.unwrap();
+    assert_eq!(d.limit, 10);
+    server.assert_every_key_has_ttl();
+}

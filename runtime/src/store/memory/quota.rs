@@ -1,0 +1,82 @@
+//! Quota overrides in memory: the `:quota` companion keys `redguard::admin` writes, kept in
+//! their own table of the limit's shard (same hash tag), applied by `rate_check` as the
+//! scripts apply them (quota.lua).
+
+use std::time::Duration;
+
+use super::table::Table;
+use super::{MemoryStore, SHARDS, Shard};
+use crate::key::Key;
+use crate::store::admin::Raw;
+use crate::values::{Limit, QUOTA_SUFFIX, Quota};
+
+/// Overrides by their `:quota` key, as stored: the text and its expiry.
+pub(super) type Quotas = Table<String>;
+
+/// The expiry a permanent override is kept at: never reached.
+const PERMANENT: Duration = Duration::MAX;
+
+/// `limit` with the override of the state at `key` applied, read from `shard` (locked by
+/// the caller: the override shares the state's hash tag), if one is set; an override that
+/// is not one is ignored (warned, counted), as the scripts ignore it.
+pub(super) fn with_quota(
+    shard: &mut Shard,
+    now: Duration,
+    key: &Key,
+    limit: &Limit,
+) -> Option<Limit> {
+    let stored = shard
+        .quotas
+        .at(now)
+        .get(&key.companion(QUOTA_SUFFIX))?
+        .clone();
+    let applied = Quota::decode(&stored)
+        .ok()
+        .and_then(|quota| quota.apply(limit));
+    if applied.is_none() {
+        crate::store::rate::quota_ignored(key);
+    }
+    applied
+}
+
+impl MemoryStore {
+    /// The override at `key` (a `:quota` key) as Redis holds it, with its expiry.
+    pub(super) fn quota_raw(&self, key: &Key) -> Option<(Raw, Option<Duration>)> {
+        let (mut shard, now) = self.shard(key);
+        let quotas = shard.quotas.at(now);
+        let value = quotas.get(key)?.clone();
+        let at = quotas.expires_at(key).filter(|at| *at != PERMANENT);
+        Some((Raw::Text(value), at))
+    }
+
+    /// Every override key starting with `prefix`.
+    pub(super) fn quota_keys(&self, prefix: &str) -> Vec<String> {
+        let mut keys = Vec::new();
+        for index in 0..SHARDS {
+            let mut shard = self.lock_shard(index);
+            let now = self.clock.now();
+            keys.extend(
+                shard
+                    .quotas
+                    .at(now)
+                    .keys()
+                    .filter(|k| k.starts_with(prefix))
+                    .map(str::to_owned),
+            );
+        }
+        keys
+    }
+
+    /// Removes the override at `key`; whether there was one.
+    pub(super) fn quota_remove(&self, key: &Key) -> bool {
+        let (mut shard, now) = self.shard(key);
+        shard.quotas.at(now).remove(key).is_some()
+    }
+
+    /// Writes `value` at `key`, for `ttl` or (none) for good.
+    pub(super) fn quota_put(&self, key: &Key, value: &str, ttl: Option<Duration>) {
+        let (mut shard, now) = self.shard(key);
+        let at = ttl.map_or(PERMANENT, |ttl| now.saturating_add(ttl));
+        shard.quotas.at(now).put(key, value.to_owned(), at);
+    }
+}

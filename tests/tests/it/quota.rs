@@ -1,0 +1,433 @@
+//! Quota overrides changed at run time (issue 28): `redguard::admin`'s `quota_*` on every
+//! store, read by the deciding script itself, so one handle's override decides another
+//! handle's next call; bad input refused with nothing written; a value that is not an
+//! override ignored, never an unlimited key.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use redguard::admin::{Admin, Quota, QuotaTtl};
+use redguard::{Algorithm, Error, GuardKind, Limiter, Redguard};
+
+const SCOPE: &str = "api::tenants";
+const HOUR: QuotaTtl = QuotaTtl::For(Duration::from_secs(3600));
+
+redguard_tests::conformance!(
+    an_override_decides_the_next_call_and_clearing_restores,
+    every_algorithm_takes_the_override,
+    an_override_expires_with_its_ttl,
+    a_rate_lowered_while_calls_are_in_flight_admits_nothing_beyond_it,
+    bad_overrides_are_refused_and_nothing_is_written,
+    listing_finds_the_overrides_of_a_scope,
+);
+
+fn tenant(rg: &Redguard, id: &str) -> Limiter {
+    redguard::limiter("tenant:")
+        .part("id", id)
+        .scope(SCOPE)
+        .rate("1/min")
+        .on(rg)
+}
+
+async fn an_override_decides_the_next_call_and_clearing_restores(rg: Redguard) {
+    let admin = Admin::new(rg.clone());
+    tenant(&rg, "acme").check().await.unwrap();
+    assert!(!tenant(&rg, "acme").decide().await.unwrap().allowed);
+    // Slow enough that nothing drains during the test on a loaded machine.
+    let gold = Quota::new("100/h", Some(5)).unwrap();
+    let set = admin
+        .quota_set(SCOPE, "tenant:acme", &gold, HOUR)
+        .await
+        .unwrap();
+    assert_eq!(
+        (set.rate.as_deref(), set.burst),
+        (Some("100/3600s"), Some(5))
+    );
+    // The unit owed at 1/min is one unit at 100/h: four more fit the burst of 5.
+    for remaining in (0..4).rev() {
+        let d = tenant(&rg, "acme").decide().await.unwrap();
+        assert!(d.allowed, "{d:?}");
+        assert_eq!((d.limit, d.remaining), (5, remaining));
+    }
+    assert!(!tenant(&rg, "acme").decide().await.unwrap().allowed);
+    // Only that key: its neighbour keeps the code's limit.
+    let other = tenant(&rg, "globex").decide().await.unwrap();
+    assert_eq!(other.limit, 1);
+    let seen = admin
+        .quota_get(SCOPE, "tenant:acme")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(seen.burst, Some(5));
+    assert!(seen.expires_in_ms.unwrap() > 3_500_000, "{seen:?}");
+    assert!(seen.problem.is_none());
+
+    assert!(admin.quota_clear(SCOPE, "tenant:acme").await.unwrap());
+    assert!(!admin.quota_clear(SCOPE, "tenant:acme").await.unwrap());
+    assert!(
+        admin
+            .quota_get(SCOPE, "tenant:acme")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    // The five units owed are five units at 1/min again: rejected, for about five minutes.
+    let d = tenant(&rg, "acme").decide().await.unwrap();
+    assert!(!d.allowed);
+    assert_eq!(d.limit, 1);
+    assert!(d.retry_after > Duration::from_secs(230), "{d:?}");
+}
+
+async fn every_algorithm_takes_the_override(rg: Redguard) {
+    let admin = Admin::new(rg.clone());
+    for algorithm in Algorithm::ALL {
+        let key = format!("algo:{}", algorithm.as_str());
+        let limiter = || {
+            redguard::limiter(&key)
+                .scope(SCOPE)
+                .rate("1/h")
+                .algorithm(algorithm)
+                .on(&rg)
+        };
+        limiter().check().await.unwrap();
+        admin
+            .quota_set(SCOPE, &key, &Quota::new("4/h", Some(4)).unwrap(), HOUR)
+            .await
+            .unwrap();
+        let mut admitted = 1;
+        for _ in 0..10 {
+            let d = limiter().decide().await.unwrap();
+            assert_eq!(d.limit, 4, "{algorithm:?}");
+            admitted += u64::from(d.allowed);
+        }
+        assert_eq!(admitted, 4, "{algorithm:?}");
+        admin.quota_clear(SCOPE, &key).await.unwrap();
+    }
+}
+
+async fn an_override_expires_with_its_ttl(rg: Redguard) {
+    let admin = Admin::new(rg.clone());
+    tenant(&rg, "brief").check().await.unwrap();
+    let ttl = QuotaTtl::For(Duration::from_secs(1));
+    admin
+        .quota_set(
+            SCOPE,
+            "tenant:brief",
+            &Quota::new("1000/s", None).unwrap(),
+            ttl,
+        )
+        .await
+        .unwrap();
+    assert!(tenant(&rg, "brief").decide().await.unwrap().allowed);
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    assert!(
+        admin
+            .quota_get(SCOPE, "tenant:brief")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    // The units owed at 1000/s were repaid meanwhile: the code's 1/min admits one call.
+    let d = tenant(&rg, "brief").decide().await.unwrap();
+    assert!(d.allowed && d.limit == 1, "{d:?}");
+    assert!(!tenant(&rg, "brief").decide().await.unwrap().allowed);
+}
+
+/// 64 tasks call one key at 100/h (burst 100) while the operator lowers it to 10/h (burst
+/// 10). The state is kept in units and the script reads the override with the state, so
+/// the calls decided after the change see every unit admitted before it: together they
+/// never pass the new burst.
+async fn a_rate_lowered_while_calls_are_in_flight_admits_nothing_beyond_it(rg: Redguard) {
+    let admin = Admin::new(rg.clone());
+    let limiter = || {
+        redguard::limiter("tenant:busy")
+            .scope(SCOPE)
+            .rate("100/h")
+            .on(&rg)
+    };
+    let old_admitted = Arc::new(AtomicU64::new(0));
+    let new_admitted = Arc::new(AtomicU64::new(0));
+    let new_seen = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let tasks: Vec<_> = (0..64)
+        .map(|_| {
+            let limiter = limiter();
+            let (old_admitted, new_admitted, new_seen, stop) = (
+                old_admitted.clone(),
+                new_admitted.clone(),
+                new_seen.clone(),
+                stop.clone(),
+            );
+            tokio::spawn(async move {
+                while !stop.load(Ordering::SeqCst) {
+                    // The memory store answers without yielding: let the operator's task run.
+                    tokio::task::yield_now().await;
+                    let d = limiter.decide().await.unwrap();
+                    match (d.limit, d.allowed) {
+                        (100, true) => {
+                            old_admitted.fetch_add(1, Ordering::SeqCst);
+                            // Slow the old limit down so the change lands mid-way.
+                            tokio::time::sleep(Duration::from_millis(20)).await;
+                        }
+                        (100, false) => {}
+                        (10, allowed) => {
+                            new_seen.fetch_add(1, Ordering::SeqCst);
+                            new_admitted.fetch_add(u64::from(allowed), Ordering::SeqCst);
+                        }
+                        other => panic!("unexpected decision {other:?}"),
+                    }
+                }
+            })
+        })
+        .collect();
+    while old_admitted.load(Ordering::SeqCst) < 4 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    admin
+        .quota_set(
+            SCOPE,
+            "tenant:busy",
+            &Quota::new("10/h", None).unwrap(),
+            HOUR,
+        )
+        .await
+        .unwrap();
+    // Every task sees the new limit many times over.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while new_seen.load(Ordering::SeqCst) < 500 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    stop.store(true, Ordering::SeqCst);
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let (old, new) = (
+        old_admitted.load(Ordering::SeqCst),
+        new_admitted.load(Ordering::SeqCst),
+    );
+    assert!(
+        new_seen.load(Ordering::SeqCst) >= 500,
+        "the new limit was not seen"
+    );
+    assert!(old >= 4);
+    assert_eq!(
+        new,
+        10u64.saturating_sub(old),
+        "{old} admitted at 100/h, then {new} at 10/h: the new burst is 10 in all"
+    );
+    admin.quota_clear(SCOPE, "tenant:busy").await.unwrap();
+}
+
+async fn bad_overrides_are_refused_and_nothing_is_written(rg: Redguard) {
+    let admin = Admin::new(rg.clone());
+    tenant(&rg, "acme").check().await.unwrap();
+    let ok = Quota::new("10/s", None).unwrap();
+    for (rate, burst) in [
+        ("0/s", None),
+        ("10/s", Some(0)),
+        ("10/s", Some(2_000_000_000)),
+        ("2000000000/s", None),
+        ("10/31d", None),
+        ("10/0ms", None),
+        ("ten/s", None),
+    ] {
+        assert!(
+            matches!(Quota::new(rate, burst), Err(Error::InvalidLimit(_))),
+            "{rate} {burst:?}"
+        );
+    }
+    let refused = [
+        ("api::unused", "tenant:acme", HOUR),
+        (SCOPE, "tenant:acme", QuotaTtl::For(Duration::ZERO)),
+        (
+            SCOPE,
+            "tenant:acme",
+            QuotaTtl::For(Duration::from_secs(400 * 86_400)),
+        ),
+        (SCOPE, "tenant:*", HOUR),
+        (SCOPE, "tenant:{acme}", HOUR),
+        (SCOPE, "", HOUR),
+        ("bad scope", "tenant:acme", HOUR),
+    ];
+    for (scope, key, ttl) in refused {
+        let err = admin.quota_set(scope, key, &ok, ttl).await.unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::Config(_) | Error::InvalidLimit(_) | Error::InvalidKey { .. }
+            ),
+            "{scope} {key}: {err:?}"
+        );
+        assert!(!err.to_string().is_empty());
+    }
+    assert!(
+        admin
+            .quota_get(SCOPE, "tenant:acme")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        admin
+            .quota_list(SCOPE, 1000)
+            .await
+            .unwrap()
+            .overrides
+            .is_empty()
+    );
+    assert_eq!(tenant(&rg, "acme").peek().await.unwrap().limit, 1);
+}
+
+async fn listing_finds_the_overrides_of_a_scope(rg: Redguard) {
+    let admin = Admin::new(rg.clone());
+    tenant(&rg, "a").check().await.unwrap();
+    let quota = Quota::new("5/s", Some(9)).unwrap();
+    for id in ["a", "b", "c"] {
+        let key = format!("tenant:{id}");
+        admin.quota_set(SCOPE, &key, &quota, HOUR).await.unwrap();
+    }
+    // A permanent one is kept without a TTL: cleared below, so no key is left without one.
+    admin
+        .quota_set(SCOPE, "tenant:d", &quota, QuotaTtl::Permanent)
+        .await
+        .unwrap();
+    let listed = admin.quota_list(SCOPE, 1000).await.unwrap();
+    assert!(!listed.truncated);
+    let keys: Vec<&str> = listed.overrides.iter().map(|o| o.key.as_str()).collect();
+    assert_eq!(keys.len(), 4, "{keys:?}");
+    assert!(keys.iter().all(|k| k.contains("{api::tenants:tenant:")));
+    let permanent: Vec<_> = listed
+        .overrides
+        .iter()
+        .filter(|o| o.expires_in_ms.is_none())
+        .collect();
+    assert_eq!(permanent.len(), 1);
+    assert!(permanent[0].key.ends_with(":tenant:d}"));
+    for id in ["a", "b", "c", "d"] {
+        assert!(
+            admin
+                .quota_clear(SCOPE, &format!("tenant:{id}"))
+                .await
+                .unwrap()
+        );
+    }
+    assert!(
+        admin
+            .quota_list(SCOPE, 1000)
+            .await
+            .unwrap()
+            .overrides
+            .is_empty()
+    );
+}
+
+/// Two handles (two instances of a service) on one Redis: one sets the override, the
+/// other's very next call is decided with it; clearing it restores the other's limit.
+async fn set_on_one_handle_decides_on_another(one: Redguard, other: Redguard) {
+    tenant(&other, "acme").check().await.unwrap();
+    assert!(!tenant(&other, "acme").decide().await.unwrap().allowed);
+    let admin = Admin::new(one);
+    admin
+        .quota_set(
+            SCOPE,
+            "tenant:acme",
+            &Quota::new("100/s", Some(3)).unwrap(),
+            HOUR,
+        )
+        .await
+        .unwrap();
+    let d = tenant(&other, "acme").decide().await.unwrap();
+    assert!(d.allowed && d.limit == 3, "{d:?}");
+    admin.quota_clear(SCOPE, "tenant:acme").await.unwrap();
+    let d = tenant(&other, "acme").decide().await.unwrap();
+    assert!(!d.allowed && d.limit == 1, "{d:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn set_on_one_redis_handle_decides_on_another() {
+    let server = redguard_tests::RedisServer::start();
+    let one = redguard_tests::connect(&server).await;
+    let other = redguard_tests::connect(&server).await;
+    set_on_one_handle_decides_on_another(one, other).await;
+    server.assert_every_key_has_ttl();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn set_on_one_cluster_handle_decides_on_another() {
+    let cluster = redguard_tests::RedisCluster::start();
+    let one = cluster.connect().await;
+    let other = cluster.connect().await;
+    set_on_one_handle_decides_on_another(one, other).await;
+    cluster.assert_every_key_has_ttl();
+}
+
+/// Values at the override key that are not overrides (written by hand: another shape,
+/// numbers outside the grammar's bounds, another type) are ignored: the code's limit
+/// decides, never an unlimited key, and `quota get` shows the problem.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_value_that_is_not_an_override_is_ignored() {
+    let server = redguard_tests::RedisServer::start();
+    let rg = redguard_tests::connect(&server).await;
+    let admin = Admin::new(rg.clone());
+    tenant(&rg, "edited").check().await.unwrap();
+    let state = admin
+        .key(GuardKind::RateLimit, SCOPE, "tenant:edited")
+        .unwrap();
+    let key = format!("{}:quota", state.as_str());
+    assert_eq!(admin.raw_key(&key).unwrap().as_str(), state.as_str());
+    let mut conn = server.connection();
+    let set = |conn: &mut ::redis::Connection, value: &str| {
+        let _: () = ::redis::cmd("SET")
+            .arg(&key)
+            .arg(value)
+            .arg("EX")
+            .arg(60)
+            .query(conn)
+            .unwrap();
+    };
+    let garbage = [
+        "unlimited",
+        "q1 1000 1000000 1000 1",
+        "q1 100 1000000 0 10000000",
+        "q1 100 1000000 2000000000 10000000",
+        "q1 100 1000000 200 10000000 extra",
+        "q1 100 100 200 1000",
+    ];
+    for value in garbage {
+        set(&mut conn, value);
+        // The code's limit decides (1/min, one unit owed), on both scripts.
+        let d = tenant(&rg, "edited").decide().await.unwrap();
+        assert!(!d.allowed && d.limit == 1, "{value:?}: {d:?}");
+        let both = tenant(&rg, "edited").and(tenant(&rg, "other"));
+        let ds = both.decide().await.unwrap();
+        assert!(!ds[0].allowed && ds[0].limit == 1, "{value:?}: {ds:?}");
+        let seen = admin
+            .quota_get(SCOPE, "tenant:edited")
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(seen.problem.is_some(), "{value:?}: {seen:?}");
+    }
+    let _: () = ::redis::cmd("DEL").arg(&key).query(&mut conn).unwrap();
+    let _: () = ::redis::cmd("HSET")
+        .arg(&key)
+        .arg("rate")
+        .arg("1000000/s")
+        .query(&mut conn)
+        .unwrap();
+    let _: () = ::redis::cmd("EXPIRE")
+        .arg(&key)
+        .arg(60)
+        .query(&mut conn)
+        .unwrap();
+    let d = tenant(&rg, "edited").decide().await.unwrap();
+    assert!(!d.allowed && d.limit == 1, "a hash: {d:?}");
+    let seen = admin
+        .quota_get(SCOPE, "tenant:edited")
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(seen.problem.is_some());
+    server.assert_every_key_has_ttl();
+}
