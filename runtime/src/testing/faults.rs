@@ -713,6 +713,10 @@ impl AdminOps for FaultyStore {
     async fn admin_refund(&self, key: &Key, units: u64) -> Result<u64> {
         self.inner.admin_refund(key, units).await
     }
+
+    async fn admin_quota_set(&self, key: &Key, value: &str, ttl: Option<Duration>) -> Result<()> {
+        self.inner.admin_quota_set(key, value, ttl).await
+    }
 }
 
 #[cfg(test)]

@@ -208,4 +208,8 @@ impl AdminOps for PassStore {
     async fn admin_refund(&self, _: &Key, _: u64) -> Result<u64> {
         Ok(0)
     }
+
+    async fn admin_quota_set(&self, _: &Key, _: &str, _: Option<Duration>) -> Result<()> {
+        Ok(())
+    }
 }
