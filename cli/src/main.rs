@@ -8,7 +8,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use redguard::admin::{Admin, AdminKey, Quota, QuotaTtl, Resolution, ScanSelect};
-use redguard::store::StoreKind;
+use redguard::handle::StoreKind;
 use redguard::{Algorithm, GuardKind, Limit, Rate, Redguard};
 use serde::Serialize;
 
@@ -70,7 +70,7 @@ fn print<T: Serialize>(json: bool, value: &T, text: impl FnOnce(&T) -> String) {
 
 async fn run(cli: Cli) -> Result<(), Failure> {
     let rg = Redguard::from_env().await?;
-    if rg.store().kind() == StoreKind::Memory {
+    if rg.kind() == StoreKind::Memory {
         return Err(
             "no Redis configured: set REDGUARD_REDIS_URL (or REDGUARD_REDIS_CLUSTER_URLS, or \
                     REDGUARD_REDIS_SENTINELS) \

@@ -102,7 +102,7 @@ fn snapshot(conn: &mut redis::Connection) -> Vec<(Vec<u8>, Vec<u8>)> {
 /// A held lock, a PROCESSING record and a charged rate limit in scope `shop`, made through
 /// the store (no watchdog renews the lock, so nothing changes by itself).
 fn state(rt: &tokio::runtime::Runtime, rg: &redguard::Redguard) {
-    use redguard::store::{Acquire, Begin};
+    use redguard::__private::store::{Acquire, Begin};
     use redguard::{GuardKind, KeyBuilder};
     rt.block_on(async {
         let lock = rg
@@ -112,8 +112,7 @@ fn state(rt: &tokio::runtime::Runtime, rg: &redguard::Redguard) {
                 &KeyBuilder::new().text("stock:SK-1").finish().unwrap(),
             )
             .unwrap();
-        let _ = rg
-            .store()
+        let _ = redguard::__private::store::of(rg)
             .lock_acquire(Acquire {
                 key: &lock,
                 owner: "holder-1",
@@ -131,8 +130,7 @@ fn state(rt: &tokio::runtime::Runtime, rg: &redguard::Redguard) {
                 &KeyBuilder::new().text("order:1").finish().unwrap(),
             )
             .unwrap();
-        let _ = rg
-            .store()
+        let _ = redguard::__private::store::of(rg)
             .idem_begin(Begin {
                 key: &record,
                 owner: "exec-1",

@@ -5,8 +5,8 @@
 use std::process::Output;
 use std::time::Duration;
 
+use redguard::__private::store::{Begin, Finish, IdemBegin, IdemFinish};
 use redguard::admin::Admin;
-use redguard::store::{Begin, Finish, IdemBegin, IdemFinish};
 use redguard::{Algorithm, GuardKind, KeyBuilder};
 use redguard_tests::{RedisCluster, RedisServer};
 use serde_json::Value;
@@ -127,7 +127,10 @@ async fn inspect_and_forget_a_record() {
         ttl: Duration::from_secs(600),
         replicas: None,
     };
-    rg.store().idem_begin(begin).await.unwrap();
+    redguard::__private::store::of(&rg)
+        .idem_begin(begin)
+        .await
+        .unwrap();
     let seen = inspect_json(&server, "idem", "7:req-1", &[]).await;
     assert_eq!(seen["record"]["status"], "processing");
     assert_eq!(seen["record"]["owner"], "crashed-execution");
@@ -242,7 +245,7 @@ async fn unlock_frees_and_fences() {
 async fn resolve_an_unknown_outcome() {
     let server = RedisServer::start();
     let rg = redguard_tests::connect(&server).await;
-    let store = rg.store();
+    let store = redguard::__private::store::of(&rg);
     let record = |name: &str| {
         let body = KeyBuilder::new().text(name).finish().unwrap();
         rg.key(GuardKind::Idempotency, SCOPE, &body).unwrap()

@@ -226,3 +226,7 @@ pub mod stack_order {
     )]
     pub fn dist_lock_above_idempotent() {}
 }
+
+/// The store seam, for redguard's own tests (feature `test-util`); unstable, see its docs.
+#[cfg(feature = "test-util")]
+pub mod store;

@@ -4,7 +4,7 @@
 //! | variable | meaning |
 //! |---|---|
 //! | `REDGUARD_REDIS_CLUSTER_URLS` | comma-separated Cluster node URLs (takes precedence) |
-//! | `REDGUARD_REDIS_SENTINELS` | comma-separated sentinel `host:port`s: Redis Sentinel (not with `REDGUARD_REDIS_URL`) |
+//! | `REDGUARD_REDIS_SENTINELS` | comma-separated sentinel `host:port`s or `redis://host:port/`s: Redis Sentinel (not with `REDGUARD_REDIS_URL`) |
 //! | `REDGUARD_REDIS_MASTER` | the master name the sentinels monitor (default `mymaster`) |
 //! | `REDGUARD_REDIS_SENTINEL_USERNAME`, `_PASSWORD` | the sentinels' credentials |
 //! | `REDGUARD_REDIS_USERNAME`, `_PASSWORD`, `_DB` | the data nodes' credentials and database, with Sentinel |
@@ -94,7 +94,7 @@ fn sentinel(sentinels: &str, var: &dyn Fn(&str) -> Option<String>) -> Result<Bui
         })?;
         builder = builder.node_db(db);
     }
-    Ok(builder)
+    Ok(builder.into())
 }
 
 #[cfg(not(feature = "sentinel"))]

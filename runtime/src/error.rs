@@ -36,13 +36,24 @@ pub enum Error {
 
     /// A guard ran in a task with no handle while a [`Redguard::scope`](crate::Redguard::scope)
     /// is running elsewhere: a scope does not reach into tasks started with `tokio::spawn`.
-    /// Start them with [`redguard::spawn`](crate::spawn), which carries the handle along.
-    #[error(
+    /// Start them with [`redguard::spawn`](crate::spawn), which carries the handle along, or
+    /// [`Redguard::spawn`](crate::Redguard::spawn).
+    #[error("{}", if *spawned_unscoped {
+        "no redguard handle in this task: it was started by `redguard::spawn` outside any \
+         scope, which takes the handle scoped where it is called; `rg.scope(redguard::spawn(fut))` \
+         spawns before the scope exists. Write `rg.spawn(fut)` (a task on `rg`), or call \
+         `redguard::spawn` inside the scope: `rg.scope(async { redguard::spawn(fut).await })`"
+    } else {
         "no redguard handle in this task: `Redguard::scope` does not reach into tasks started \
          with `tokio::spawn`; start the task with `redguard::spawn(..)` (it carries the current \
-         handle), run its future under `handle.scope(..)`, or install a default handle"
-    )]
-    NotInScope,
+         handle) or `rg.spawn(..)`, run its future under `handle.scope(..)`, or install a \
+         default handle"
+    })]
+    NotInScope {
+        /// The task was started by [`redguard::spawn`](crate::spawn) where no handle was
+        /// scoped (not by `tokio::spawn`).
+        spawned_unscoped: bool,
+    },
 
     /// A value rendered into a key broke a key rule; nothing was sent to the store.
     #[error("invalid key part `{part}`: {rule}; reject this input before it reaches the guard")]
@@ -238,7 +249,7 @@ pub enum BackendError {
 /// sent one.
 ///
 /// ```
-/// use redguard::store::StoreFailure;
+/// use redguard::StoreFailure;
 /// let failure = StoreFailure::new(std::io::Error::other("connection reset"));
 /// assert_eq!(failure.to_string(), "connection reset");
 /// assert_eq!(failure.code(), None);

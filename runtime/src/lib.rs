@@ -78,7 +78,7 @@ pub mod lock;
 pub mod rate;
 mod scope;
 mod state;
-pub mod store;
+mod store;
 mod telemetry;
 #[cfg(feature = "testing")]
 pub mod testing;
@@ -90,9 +90,9 @@ mod values;
 pub mod __private;
 
 // The root holds what users write; each module above also holds its limits and defaults
-// (`redguard::lock::MAX_WAIT`), and `redguard::store` the seam for those who implement a store.
-pub use crate::clock::{Clock, ManualClock, SystemClock};
-pub use crate::error::{BackendError, Error, Result};
+// (`redguard::lock::MAX_WAIT`).
+pub use crate::clock::{Clock, ManualClock, SystemClock, TokioClock};
+pub use crate::error::{BackendError, Error, Result, StoreFailure};
 pub use crate::handle::{Builder, FailMode, Redguard, spawn};
 pub use crate::idempotency::{
     Classify, Detached, ErrorClass, Idempotency, idempotency, track_replay,

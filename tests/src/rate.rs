@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use redguard::store::{RateCheck, RateMode};
+use redguard::__private::store::{RateCheck, RateMode};
 use redguard::{Algorithm, GuardKind, KeyBuilder, Limit, Rate, Redguard};
 
 /// One driven run: which limit, how hard, how long.
@@ -98,7 +98,10 @@ pub async fn drive(rg: &Redguard, load: &Load) -> Driven {
                         key: &key,
                         limit: &limit,
                     }];
-                    match rg.store().rate_check(&checks, RateMode::Consume).await {
+                    match redguard::__private::store::of(&rg)
+                        .rate_check(&checks, RateMode::Consume)
+                        .await
+                    {
                         Ok(outcome) if outcome.allowed() => {
                             seen.admitted.push(outcome.now.as_micros() as u64)
                         }

@@ -253,7 +253,7 @@ impl RedisSentinel {
     }
 
     /// The builder of a handle on this deployment, for settings of the test's own.
-    pub fn builder(&self) -> redguard::Builder {
+    pub fn builder(&self) -> redguard::Builder<redguard::handle::Sentinel> {
         redguard::Redguard::redis_sentinel(self.sentinel_addrs(), MASTER_NAME)
     }
 

@@ -49,7 +49,7 @@ pub async fn run(config: Config) -> Result<(), Box<dyn std::error::Error>> {
     println!(
         "order-service {instance} listening on http://{} (store: {}, database: {})",
         listener.local_addr()?,
-        rg.store().kind(),
+        rg.kind(),
         db_path.display()
     );
     if config.dev {
@@ -57,7 +57,7 @@ pub async fn run(config: Config) -> Result<(), Box<dyn std::error::Error>> {
     }
     let app = Arc::new(App {
         db,
-        store: rg.store().kind().as_str(),
+        store: rg.kind().as_str(),
         instance,
         keys: auth::Keys::new(&config),
         writes: Arc::default(),

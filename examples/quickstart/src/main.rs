@@ -48,7 +48,7 @@ async fn submit_order(user_id: u64, request_id: &str) -> Result<Receipt, OrderEr
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let rg = Redguard::from_env().await?.install()?;
-    println!("redguard quickstart: store = {}", rg.store().kind());
+    println!("redguard quickstart: store = {}", rg.kind());
 
     for attempt in 1..=3 {
         let (receipt, replayed) = track_replay(submit_order(42, "req-7f3a")).await;

@@ -51,7 +51,7 @@ impl Error {
             | Error::LockLost { .. }
             | Error::Cancelled => StatusCode::SERVICE_UNAVAILABLE,
             Error::NotInstalled
-            | Error::NotInScope
+            | Error::NotInScope { .. }
             | Error::Config(_)
             | Error::Corrupt { .. }
             | Error::InvalidLimit(_)
@@ -80,7 +80,7 @@ impl Error {
             | Error::LockLost { .. }
             | Error::Cancelled => "unavailable",
             Error::NotInstalled
-            | Error::NotInScope
+            | Error::NotInScope { .. }
             | Error::Config(_)
             | Error::Corrupt { .. }
             | Error::InvalidLimit(_)

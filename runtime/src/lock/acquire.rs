@@ -1,8 +1,9 @@
 //! The acquire loop: try, wait for a release notification (or poll), try again, until the
 //! lock is taken or `wait` runs out; and what undoes an acquisition whose outcome is unknown.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::context::{new_owner, owner_for};
@@ -43,7 +44,7 @@ impl InFlight {
             return;
         };
         let undo = ops::undo(*kind, handle.store().as_ref(), key, owner, *level);
-        match tokio::time::timeout_at(deadline.into(), undo).await {
+        match tokio::time::timeout_at(deadline, undo).await {
             Ok(Ok(())) => self.undo = None,
             Ok(Err(err)) => {
                 tracing::debug!(%key, error = %err, "could not undo an unconfirmed acquisition; sent again");
@@ -142,7 +143,7 @@ async fn acquire_traced(handle: Redguard, key: Key, spec: Spec) -> Result<LockGu
     let _turn = match &watch {
         Some(_) if spec.kind != LockKind::Fair => {
             let queue = handle.state().lock_queues.queue(&key);
-            match tokio::time::timeout_at(deadline.into(), queue.lock_owned()).await {
+            match tokio::time::timeout_at(deadline, queue.lock_owned()).await {
                 Ok(turn) => Some(turn),
                 Err(_) => {
                     record(&spec.scope, "timeout", started);
@@ -251,10 +252,10 @@ async fn acquire_traced(handle: Redguard, key: Key, spec: Spec) -> Result<LockGu
             Some(watch) => {
                 tokio::select! {
                     () = watch.changed() => {}
-                    () = tokio::time::sleep_until(wake.into()) => {}
+                    () = tokio::time::sleep_until(wake) => {}
                 }
             }
-            None => tokio::time::sleep_until(wake.into()).await,
+            None => tokio::time::sleep_until(wake).await,
         }
     }
 }

@@ -1,9 +1,10 @@
 //! [`LockGuard`]: a held lock, its watchdog, and its release on every path.
 
 use std::future::Future;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::sync::watch;
+use tokio::time::Instant;
 
 use super::acquire::Spec;
 use super::context::with_context;
@@ -259,7 +260,7 @@ impl LockGuard {
                         // The renewal ended without finding a loss: it never will.
                         Err(_) => watching = false,
                     },
-                    () = tokio::time::sleep_until(due.unwrap_or_else(Instant::now).into()), if due.is_some() => {
+                    () = tokio::time::sleep_until(due.unwrap_or_else(Instant::now)), if due.is_some() => {
                         renewal = renewal
                             .take()
                             .map(|r| r.start(&held.handle, &self.key, &held.owner, &held.spec));

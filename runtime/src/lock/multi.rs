@@ -1,6 +1,8 @@
 //! Several locks taken all-or-nothing, without deadlock.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use super::{DEFAULT_LEASE, DEFAULT_LOCK_SCOPE, LockGuard, LockKey};
 use crate::error::{Error, Result};

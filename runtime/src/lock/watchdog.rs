@@ -1,10 +1,11 @@
 //! The renewal task of a held lock.
 
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 
 use super::acquire::Spec;
 use super::ops;
@@ -140,7 +141,7 @@ async fn renew_until_lost(handle: &Redguard, key: &Key, owner: &str, spec: &Spec
     let mut valid_until = tenure.valid_until;
     let mut next = tenure.renew_at;
     loop {
-        tokio::time::sleep_until(next.into()).await;
+        tokio::time::sleep_until(next).await;
         let sent_at = Instant::now();
         if sent_at >= valid_until {
             tracing::warn!(%key, "lock lease ran out before it could be renewed; lock lost");

@@ -7,8 +7,14 @@
 //! together.
 //! [`RedisStore`] implements them as Lua scripts that read Redis's own clock;
 //! [`MemoryStore`] implements the same semantics in-process. Both run the same conformance
-//! suite (`tests/tests/conformance*.rs`), so a guard behaves the same on either, and the guards
-//! never know which one is behind.
+//! suite (`tests/tests/it/conformance*.rs`), so a guard behaves the same on either, and the
+//! guards never know which one is behind.
+//!
+//! Not a public API: guards are what users call. Its items are `pub` so that redguard's own
+//! tests reach them, with the `test-util` feature only, through
+//! `redguard::__private::store` (unstable: it changes with any release).
+// Without `test-util` nothing outside the crate reaches these `pub` items.
+#![cfg_attr(not(feature = "test-util"), allow(unreachable_pub))]
 
 pub mod admin;
 mod idem;
@@ -30,16 +36,18 @@ pub use self::idem::{
     Begin, Finish, IdemBegin, IdemFinish, IdemFinished, IdemOps, IdemStatus, Resolve, Resolved,
 };
 pub use self::lock::{
-    Acquire, FAIR_REGISTRATION, FENCE_TTL, LockAcquire, LockOps, LockRelease, LockWatch, Release,
-    WRITER_INTENT, rw_readers,
+    Acquire, FAIR_REGISTRATION, LockAcquire, LockOps, LockRelease, LockWatch, Release, rw_readers,
 };
+#[cfg(feature = "test-util")]
+pub use self::lock::{FENCE_TTL, WRITER_INTENT};
 pub use self::memory::MemoryStore;
 pub use self::rate::{RateCheck, RateMode, RateOps, RateOutcome};
 pub use self::redis::RedisStore;
 #[cfg(feature = "sentinel")]
 pub(crate) use self::redis::{Auth as SentinelAuth, SentinelTarget};
-pub(crate) use self::redis::{Conn, Existing, RedisTarget};
+pub(crate) use self::redis::{Conn, Endpoint, Existing, Options, RedisTarget};
 pub use self::token::{TokenOps, TokenOutcome};
+#[cfg(feature = "test-util")]
 pub use crate::error::StoreFailure;
 
 /// Where guard state lives. Implemented by [`RedisStore`] and [`MemoryStore`].
@@ -47,17 +55,6 @@ pub use crate::error::StoreFailure;
 /// Every operation is atomic with respect to every other operation on the same key, writes
 /// only keys with a TTL, and is bounded in time (the Redis store by its per-call timeout).
 ///
-/// ```
-/// # #[tokio::main(flavor = "current_thread")] async fn main() -> redguard::Result<()> {
-/// use redguard::Redguard;
-/// use redguard::store::StoreKind;
-///
-/// let rg = Redguard::memory();
-/// assert_eq!(rg.store().kind(), StoreKind::Memory);
-/// let now = rg.store().time().await?;
-/// assert!(now.as_secs() > 1_700_000_000);
-/// # Ok(()) }
-/// ```
 #[async_trait]
 pub trait Store:
     TokenOps + IdemOps + LockOps + RateOps + AdminOps + Send + Sync + fmt::Debug + 'static
@@ -87,25 +84,70 @@ pub trait Store:
     /// Starts listening for [`rate_reset_after`](Store::rate_reset_after)'s notifications
     /// (the default: there are none).
     fn listen_rate_resets(&self) {}
+
+    /// One bounded round trip to the store, and the server that answered when it says (the
+    /// default: the round trip of [`time`](Store::time), no server).
+    async fn health(&self) -> Result<Health> {
+        let started = std::time::Instant::now();
+        self.time().await?;
+        Ok(Health {
+            kind: self.kind(),
+            round_trip: started.elapsed(),
+            server: None,
+        })
+    }
 }
 
-/// Which [`Store`] implementation is behind a handle.
+/// What is behind a handle: the in-process store, or Redis as a single node, a Cluster or
+/// the master Redis Sentinel names.
+///
+/// ```
+/// use redguard::handle::StoreKind;
+///
+/// assert_eq!(redguard::Redguard::memory().kind(), StoreKind::Memory);
+/// assert_eq!(StoreKind::Cluster.to_string(), "redis-cluster");
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum StoreKind {
-    /// Redis (single node).
+    /// Redis, a single node (opened by redguard or handed over by the application).
     Redis,
+    /// A Redis Cluster.
+    Cluster,
+    /// The master Redis Sentinel names, followed through failovers.
+    Sentinel,
     /// The in-process store.
     Memory,
 }
 
 impl StoreKind {
-    /// `"redis"` or `"memory"`.
+    /// `"redis"`, `"redis-cluster"`, `"redis-sentinel"` or `"memory"`.
     pub fn as_str(self) -> &'static str {
         match self {
             StoreKind::Redis => "redis",
+            StoreKind::Cluster => "redis-cluster",
+            StoreKind::Sentinel => "redis-sentinel",
             StoreKind::Memory => "memory",
         }
     }
+
+    /// Whether Redis is behind the handle (in any topology).
+    pub fn is_redis(self) -> bool {
+        self != StoreKind::Memory
+    }
+}
+
+/// What [`Redguard::health`](crate::Redguard::health) found: the store answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Health {
+    /// What is behind the handle.
+    pub kind: StoreKind,
+    /// How long the store took to answer one round trip.
+    pub round_trip: Duration,
+    /// The server that answered, as `INFO server` names it (`"Redis 7.2.4"`); `None` for the
+    /// in-process store, or when the user may not run `INFO`.
+    pub server: Option<String>,
 }
 
 impl fmt::Display for StoreKind {

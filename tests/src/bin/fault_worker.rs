@@ -41,7 +41,7 @@ struct Tally {
 
 fn backend(op: &'static str) -> impl Fn(redis::RedisError) -> Error {
     move |source| {
-        let source = redguard::store::StoreFailure::new(source);
+        let source = redguard::StoreFailure::new(source);
         redguard::BackendError::Failed { op, source }.into()
     }
 }

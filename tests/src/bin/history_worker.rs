@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::Duration;
 
-use redguard::store::{RateCheck, RateMode};
+use redguard::__private::store::{RateCheck, RateMode};
 use redguard::{Error, GuardKind, Idempotency, Key, Limit, LockKind, Redguard, track_replay};
 use redguard_tests::history::{
     Event, IdemOutcome, LEASE, LOCK_KEYS, LockStyle, Outcome, REGISTER_SCRIPT, RateOutcome, SCOPE,
@@ -268,9 +268,7 @@ async fn rate_op(worker: &Arc<Worker>, rng: &mut fastrand::Rng) {
     let invoke = now_us();
     // The store's own answer, with the Redis time it decided at (the limiter API would fail
     // open on an error, admitting what Redis never counted).
-    let outcome = match worker
-        .rg
-        .store()
+    let outcome = match redguard::__private::store::of(&worker.rg)
         .rate_check(&checks, RateMode::Consume)
         .await
     {
@@ -307,7 +305,7 @@ async fn connect(target: &str) -> Redguard {
     let builder = if let Some(nodes) = target.strip_prefix("cluster:") {
         Redguard::redis_cluster(nodes.split(','))
     } else if let Some(sentinels) = target.strip_prefix("sentinel:") {
-        Redguard::redis_sentinel(sentinels.split(','), redguard_tests::sentinel::MASTER_NAME)
+        Redguard::redis_sentinel(sentinels.split(','), redguard_tests::sentinel::MASTER_NAME).into()
     } else {
         Redguard::redis(target)
     };

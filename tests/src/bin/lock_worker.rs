@@ -26,7 +26,7 @@ type Result<T> = std::result::Result<T, redguard::Error>;
 
 fn backend(op: &'static str) -> impl Fn(redis::RedisError) -> redguard::Error {
     move |source| {
-        let source = redguard::store::StoreFailure::new(source);
+        let source = redguard::StoreFailure::new(source);
         redguard::BackendError::Failed { op, source }.into()
     }
 }

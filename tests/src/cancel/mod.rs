@@ -241,7 +241,11 @@ impl Attempt {
                 tokio::task::yield_now().await;
             }
             let deadline = Instant::now() + Duration::from_secs(5);
-            while self.rg.store().time().await.is_err() {
+            while redguard::__private::store::of(&self.rg)
+                .time()
+                .await
+                .is_err()
+            {
                 assert!(Instant::now() < deadline, "the store did not answer again");
             }
         }

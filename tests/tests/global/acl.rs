@@ -310,7 +310,10 @@ async fn sentinel_works_under_the_documented_acls() {
     let body = KeyBuilder::new().text("acl:watch").finish().unwrap();
     let key = rg.key(redguard::GuardKind::Lock, "acl", &body).unwrap();
     assert!(
-        rg.store().lock_watch(&key).await.is_live(),
+        redguard::__private::store::of(&rg)
+            .lock_watch(&key)
+            .await
+            .is_live(),
         "no release subscription on the new master"
     );
     sentinel.assert_every_key_has_ttl();

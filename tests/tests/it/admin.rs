@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
+use redguard::__private::store::{Begin, Finish, IdemFinish};
 use redguard::admin::{Admin, LockKindName, ScanSelect};
-use redguard::store::{Begin, Finish, IdemFinish};
 use redguard::{Algorithm, Error, GuardKind, KeyBuilder, Limit, Rate, Redguard};
 
 const SCOPE: &str = "ops::admin";
@@ -36,7 +36,10 @@ async fn idempotency_record(rg: Redguard) {
         ttl,
         replicas: None,
     };
-    rg.store().idem_begin(begin).await.unwrap();
+    redguard::__private::store::of(&rg)
+        .idem_begin(begin)
+        .await
+        .unwrap();
     let seen = admin.inspect(&key).await.unwrap();
     let record = seen.record.expect("a record");
     assert_eq!(record.status, "processing");
@@ -54,7 +57,10 @@ async fn idempotency_record(rg: Redguard) {
         ttl,
         replicas: None,
     };
-    rg.store().idem_finish(finish).await.unwrap();
+    redguard::__private::store::of(&rg)
+        .idem_finish(finish)
+        .await
+        .unwrap();
     let record = admin.inspect(&key).await.unwrap().record.unwrap();
     assert_eq!(record.status, "success");
     assert_eq!(record.result_bytes, Some(14));
@@ -64,8 +70,11 @@ async fn idempotency_record(rg: Redguard) {
     assert!(admin.inspect(&key).await.unwrap().is_empty());
     // The retry runs again.
     assert_eq!(
-        rg.store().idem_begin(begin).await.unwrap(),
-        redguard::store::IdemBegin::Started
+        redguard::__private::store::of(&rg)
+            .idem_begin(begin)
+            .await
+            .unwrap(),
+        redguard::__private::store::IdemBegin::Started
     );
 }
 
@@ -459,7 +468,7 @@ async fn reset_reaches_another_instances_local_tier() {
     // The announcement reaches the refusing instance's store.
     let body = KeyBuilder::new().text("export:u-1").finish().unwrap();
     let full = service.key(GuardKind::RateLimit, "limiter", &body).unwrap();
-    while !service.store().rate_reset_after(&full, before_reset) {
+    while !redguard::__private::store::of(&service).rate_reset_after(&full, before_reset) {
         assert!(
             before_reset.elapsed() < Duration::from_secs(10),
             "the reset was never announced to the other instance"

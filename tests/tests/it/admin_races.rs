@@ -219,7 +219,7 @@ async fn refunds_racing_checks_give_back_only_what_was_charged(rg: Redguard) {
 /// state: a forget that read a PROCESSING record and then deleted the SUCCESS written
 /// meanwhile would let a retry run a finished operation again.
 async fn forget_deletes_only_the_record_it_read(rg: Redguard) {
-    use redguard::store::{Begin, Finish, IdemBegin, IdemFinish, IdemFinished};
+    use redguard::__private::store::{Begin, Finish, IdemBegin, IdemFinish, IdemFinished};
     let admin = Admin::new(rg.clone());
     let key = admin.key(GuardKind::Idempotency, SCOPE, "order:9").unwrap();
     let body = redguard::KeyBuilder::new()
@@ -254,7 +254,11 @@ async fn forget_deletes_only_the_record_it_read(rg: Redguard) {
                     ttl,
                     replicas: None,
                 };
-                match rg.store().idem_begin(begin).await.expect("begin") {
+                match redguard::__private::store::of(&rg)
+                    .idem_begin(begin)
+                    .await
+                    .expect("begin")
+                {
                     IdemBegin::Started => {
                         if let Some(owner) = succeeded.take() {
                             lost.push(("success".to_owned(), owner));
@@ -274,7 +278,11 @@ async fn forget_deletes_only_the_record_it_read(rg: Redguard) {
                     ttl,
                     replicas: None,
                 };
-                match rg.store().idem_finish(finish).await.expect("finish") {
+                match redguard::__private::store::of(&rg)
+                    .idem_finish(finish)
+                    .await
+                    .expect("finish")
+                {
                     IdemFinished::Recorded => succeeded = Some(owner),
                     _ => {
                         lost.push(("processing".to_owned(), owner));

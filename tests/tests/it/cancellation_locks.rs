@@ -124,7 +124,7 @@ async fn writer_waiting_for_readers(at: Attempt) -> Verdict {
     let taken = tokio::spawn(async move {
         let guard = LockKind::Write
             .builder(&probe, &probe_key)
-            .wait(redguard::store::WRITER_INTENT + Duration::from_millis(500))
+            .wait(redguard::__private::store::WRITER_INTENT + Duration::from_millis(500))
             .acquire()
             .await?;
         guard.release().await
@@ -134,7 +134,7 @@ async fn writer_waiting_for_readers(at: Attempt) -> Verdict {
     v.check(taken.is_ok(), || {
         format!(
             "still taken {:?} after the drop: {taken:?}",
-            redguard::store::WRITER_INTENT
+            redguard::__private::store::WRITER_INTENT
         )
     });
     v

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use redguard::store::{Begin, Finish, IdemBegin, IdemFinish, IdemFinished};
+use redguard::__private::store::{Begin, Finish, IdemBegin, IdemFinish, IdemFinished};
 use redguard::{Classify, Error, ErrorClass, Redguard, idempotent, track_replay};
 use serde::{Deserialize, Serialize};
 
@@ -399,7 +399,7 @@ async fn a_lost_record_is_not_overwritten_by_its_old_owner(rg: Redguard) {
     let key = rg
         .key(redguard::GuardKind::Idempotency, "conf", &body)
         .unwrap();
-    let store = rg.store();
+    let store = redguard::__private::store::of(&rg);
     let short = Duration::from_millis(200);
     assert_eq!(
         store.idem_begin(begin(&key, "old", short)).await.unwrap(),

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use redguard::store::{Acquire, LockAcquire, LockRelease, Release};
+use redguard::__private::store::{Acquire, LockAcquire, LockRelease, Release};
 use redguard::{Error, GuardKind, KeyBuilder, Redguard};
 
 redguard_tests::conformance!(
@@ -53,7 +53,7 @@ fn rel<'a>(key: &'a redguard::Key, owner: &'a str, level: u32, keep: Duration) -
 
 async fn acquire_is_exclusive_and_fenced(rg: Redguard) {
     let k = key(&rg, "a");
-    let store = rg.store();
+    let store = redguard::__private::store::of(&rg);
     let first = store
         .lock_acquire(acq(&k, "alice", LEASE, 1))
         .await
@@ -70,7 +70,7 @@ async fn acquire_is_exclusive_and_fenced(rg: Redguard) {
 
 async fn fences_increase_across_owners(rg: Redguard) {
     let k = key(&rg, "f");
-    let store = rg.store();
+    let store = redguard::__private::store::of(&rg);
     let mut last = 0;
     for i in 0..20 {
         let owner = format!("o{i}");
@@ -91,7 +91,7 @@ async fn fences_increase_across_owners(rg: Redguard) {
 
 async fn renew_only_by_owner(rg: Redguard) {
     let k = key(&rg, "r");
-    let store = rg.store();
+    let store = redguard::__private::store::of(&rg);
     assert!(!store.lock_renew(&k, "alice", LEASE).await.unwrap());
     store
         .lock_acquire(acq(&k, "alice", LEASE, 1))
@@ -103,7 +103,7 @@ async fn renew_only_by_owner(rg: Redguard) {
 
 async fn release_is_compare_and_delete(rg: Redguard) {
     let k = key(&rg, "d");
-    let store = rg.store();
+    let store = redguard::__private::store::of(&rg);
     assert_eq!(
         store
             .lock_release(rel(&k, "alice", 1, Duration::ZERO))
@@ -145,7 +145,7 @@ async fn release_is_compare_and_delete(rg: Redguard) {
 /// depth, so no lost reply can leave the key taken or free it under an outer level.
 async fn nested_levels_are_named(rg: Redguard) {
     let k = key(&rg, "n");
-    let store = rg.store();
+    let store = redguard::__private::store::of(&rg);
     let LockAcquire::Acquired { fence, depth: 1 } = store
         .lock_acquire(acq(&k, "alice", LEASE, 1))
         .await
@@ -233,7 +233,7 @@ async fn nested_levels_are_named(rg: Redguard) {
 /// Tokens are never below the store's clock in microseconds, so they keep increasing when the
 /// counter is lost (a failover that dropped the last writes, or expiry).
 async fn fences_follow_the_store_clock(rg: Redguard) {
-    let store = rg.store();
+    let store = redguard::__private::store::of(&rg);
     for kind in 0..3 {
         let k = key(&rg, &format!("clock{kind}"));
         let mut last = 0;
@@ -274,7 +274,7 @@ async fn fences_follow_the_store_clock(rg: Redguard) {
 
 async fn release_keeps_key_for_hold_at_least(rg: Redguard) {
     let k = key(&rg, "h");
-    let store = rg.store();
+    let store = redguard::__private::store::of(&rg);
     store
         .lock_acquire(acq(&k, "alice", LEASE, 1))
         .await
@@ -301,7 +301,7 @@ async fn release_keeps_key_for_hold_at_least(rg: Redguard) {
 
 async fn lease_expiry_frees_the_key(rg: Redguard) {
     let k = key(&rg, "e");
-    let store = rg.store();
+    let store = redguard::__private::store::of(&rg);
     let short = Duration::from_millis(200);
     store
         .lock_acquire(acq(&k, "alice", short, 1))
@@ -326,7 +326,7 @@ async fn lease_expiry_frees_the_key(rg: Redguard) {
 
 async fn watch_wakes_on_release(rg: Redguard) {
     let k = key(&rg, "w");
-    let store = rg.store();
+    let store = redguard::__private::store::of(&rg);
     store
         .lock_acquire(acq(&k, "alice", LEASE, 1))
         .await
@@ -356,7 +356,7 @@ async fn watch_wakes_on_release(rg: Redguard) {
 /// path); the in-memory store may announce it anyway.
 async fn a_release_nobody_waits_for_is_not_announced(rg: Redguard) {
     let k = key(&rg, "quiet");
-    let store = rg.store();
+    let store = redguard::__private::store::of(&rg);
     store
         .lock_acquire(acq(&k, "alice", LEASE, 1))
         .await
@@ -369,7 +369,7 @@ async fn a_release_nobody_waits_for_is_not_announced(rg: Redguard) {
     let announced = tokio::time::timeout(Duration::from_millis(300), watch.changed())
         .await
         .is_ok();
-    if rg.store().kind() != redguard::store::StoreKind::Memory {
+    if rg.kind() != redguard::handle::StoreKind::Memory {
         assert!(!announced, "an uncontended release was published");
     }
 }
@@ -379,7 +379,7 @@ async fn a_release_nobody_waits_for_is_not_announced(rg: Redguard) {
 /// `FAIR_REGISTRATION`, not for a lease.
 async fn fair_release_hands_over_to_the_head(rg: Redguard) {
     let k = key(&rg, "fair");
-    let store = rg.store();
+    let store = redguard::__private::store::of(&rg);
     let quiet = Duration::from_millis(300);
     let fired = Duration::from_secs(2);
     let fair = |owner: &'static str| {
@@ -466,7 +466,8 @@ async fn fair_release_hands_over_to_the_head(rg: Redguard) {
     };
     assert!(matches!(erin, LockAcquire::Acquired { .. }), "{erin:?}");
     assert!(
-        started.elapsed() <= redguard::store::FAIR_REGISTRATION + Duration::from_millis(500),
+        started.elapsed()
+            <= redguard::__private::store::FAIR_REGISTRATION + Duration::from_millis(500),
         "{:?}",
         started.elapsed()
     );
@@ -561,7 +562,7 @@ async fn api_rejects_bad_settings(rg: Redguard) {
 
 async fn semaphore_admits_n_holders(rg: Redguard) {
     let k = key(&rg, "s");
-    let store = rg.store();
+    let store = redguard::__private::store::of(&rg);
     let mut last = 0;
     for owner in ["a", "b", "c"] {
         let LockAcquire::Acquired { fence, .. } = store
@@ -629,7 +630,7 @@ async fn semaphore_admits_n_holders(rg: Redguard) {
 
 async fn read_write_modes_exclude(rg: Redguard) {
     let k = key(&rg, "rw");
-    let store = rg.store();
+    let store = redguard::__private::store::of(&rg);
     let acquired = |outcome: LockAcquire| matches!(outcome, LockAcquire::Acquired { .. });
     // Readers share.
     assert!(acquired(
@@ -707,7 +708,7 @@ async fn read_write_modes_exclude(rg: Redguard) {
             .await
             .unwrap()
     ));
-    let readers = redguard::store::rw_readers(&k);
+    let readers = redguard::__private::store::rw_readers(&k);
     assert!(store.semaphore_renew(&readers, "r1", LEASE).await.unwrap());
     for reader in ["r1", "r2"] {
         assert_eq!(

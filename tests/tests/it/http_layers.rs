@@ -734,7 +734,7 @@ async fn spawned_tasks_and_the_scope() {
         let issue = || async { redguard::tokens().issue("s", Duration::from_secs(60)).await };
         let lost = tokio::spawn(issue()).await.unwrap();
         let err = lost.unwrap_err();
-        assert!(matches!(err, Error::NotInScope), "{err:?}");
+        assert!(matches!(err, Error::NotInScope { .. }), "{err:?}");
         assert!(err.to_string().contains("redguard::spawn"), "{err}");
         let carried = redguard::spawn(issue()).await.unwrap();
         assert!(carried.is_ok());

@@ -618,9 +618,9 @@ async fn fair_lock_is_fifo(handles: Vec<Redguard>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fair_lock_is_fifo_memory() {
-    let store = redguard::store::MemoryStore::new();
+    let store = redguard::__private::store::MemoryStore::new();
     let handles = (0..7)
-        .map(|_| Redguard::from_store(store.clone()))
+        .map(|_| redguard::__private::store::handle(store.clone()))
         .collect();
     fair_lock_is_fifo(handles).await;
 }

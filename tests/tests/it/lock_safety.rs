@@ -40,7 +40,7 @@ async fn free_for_others<K: Kind + Send + 'static>(
 /// Waits until Redis has answered everything that was queued while it was stopped.
 async fn settle(rg: &Redguard) {
     let deadline = Instant::now() + Duration::from_secs(5);
-    while rg.store().time().await.is_err() {
+    while redguard::__private::store::of(rg).time().await.is_err() {
         assert!(Instant::now() < deadline, "Redis did not come back");
     }
 }

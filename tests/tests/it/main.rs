@@ -14,6 +14,7 @@ mod conformance_idem;
 mod conformance_lock;
 mod conformance_rate;
 mod faults;
+mod handle;
 mod histories;
 mod http_idempotency;
 mod http_layers;

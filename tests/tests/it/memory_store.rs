@@ -2,14 +2,14 @@
 
 use std::time::{Duration, Instant};
 
-use redguard::store::MemoryStore;
-use redguard::{Error, ManualClock, Redguard};
+use redguard::__private::store::MemoryStore;
+use redguard::{Error, ManualClock};
 
 #[tokio::test]
 async fn manual_clock_drives_expiry() {
     let clock = ManualClock::new();
     let store = MemoryStore::with_clock(clock.clone());
-    let rg = Redguard::from_store(store.clone());
+    let rg = redguard::__private::store::handle(store.clone());
     let short = rg
         .tokens()
         .issue("a", Duration::from_secs(10))
@@ -34,7 +34,7 @@ async fn manual_clock_drives_expiry() {
     clock.advance(Duration::from_secs(90));
     assert!(store.is_empty());
     assert_eq!(
-        rg.store().time().await.unwrap(),
+        redguard::__private::store::of(&rg).time().await.unwrap(),
         redguard::Clock::now(&clock)
     );
 }
@@ -48,7 +48,7 @@ async fn a_mass_expiry_does_not_stall_the_next_call() {
     const PER_GROUP: usize = 20_000;
     let clock = ManualClock::new();
     let store = MemoryStore::with_clock(clock.clone());
-    let rg = Redguard::from_store(store.clone());
+    let rg = redguard::__private::store::handle(store.clone());
     let tokens = rg.tokens();
     for group in 1..=GROUPS {
         for _ in 0..PER_GROUP {

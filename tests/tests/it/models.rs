@@ -98,7 +98,9 @@ on_every_store! {
 mod regressions {
     use std::time::Duration;
 
-    use redguard::store::{Acquire, LockAcquire, LockRelease, RateCheck, RateMode, Release};
+    use redguard::__private::store::{
+        Acquire, LockAcquire, LockRelease, RateCheck, RateMode, Release,
+    };
     use redguard::{Algorithm, GuardKind, KeyBuilder, Limit, Rate};
     use redguard_tests::vclock::{Backend, Expiry, World, with_backend};
 
@@ -111,7 +113,9 @@ mod regressions {
             .unwrap();
         let checks = [RateCheck { key: &key, limit }];
         let outcome = world
-            .block_on(world.rg.store().rate_check(&checks, RateMode::Consume))
+            .block_on(
+                redguard::__private::store::of(&world.rg).rate_check(&checks, RateMode::Consume),
+            )
             .unwrap();
         let d = outcome.decisions[0];
         (
@@ -201,7 +205,7 @@ mod regressions {
     fn semaphore_release_after_the_lease_is_not_the_owner() {
         on_every_store(|backend| {
             let world = World::new(Expiry::AtInstant, 0, None);
-            let store = world.rg.store().clone();
+            let store = redguard::__private::store::of(&world.rg).clone();
             let key = |name: &str| {
                 let body = KeyBuilder::new().text(name).finish().unwrap();
                 world.rg.key(GuardKind::Lock, "regression", &body).unwrap()
@@ -257,7 +261,7 @@ mod regressions {
     fn fair_waiter_whose_place_lapsed_rejoins_at_the_tail() {
         on_every_store(|backend| {
             let world = World::new(Expiry::AtInstant, 0, None);
-            let store = world.rg.store().clone();
+            let store = redguard::__private::store::of(&world.rg).clone();
             let body = KeyBuilder::new().text("fair").finish().unwrap();
             let key = world.rg.key(GuardKind::Lock, "regression", &body).unwrap();
             let lease = Duration::from_secs(30);

@@ -30,7 +30,10 @@ async fn fences_follow_the_pinned_clock(rg: Redguard, clock: ManualClock) {
     let third = rg.lock("pinned").acquire().await.unwrap();
     assert_eq!(third.fence(), now());
     third.release().await.unwrap();
-    assert_eq!(rg.store().time().await.unwrap(), clock.now());
+    assert_eq!(
+        redguard::__private::store::of(&rg).time().await.unwrap(),
+        clock.now()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

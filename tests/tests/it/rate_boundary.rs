@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use redguard::store::{RateCheck, RateMode};
+use redguard::__private::store::{RateCheck, RateMode};
 use redguard::{Algorithm, Rate, Redguard};
 
 const LIMIT: u64 = 20;
@@ -23,7 +23,7 @@ async fn across_edge(rg: &Redguard, algorithm: Algorithm) -> usize {
         .key(redguard::GuardKind::RateLimit, "edge", &body)
         .unwrap();
     // Windows are aligned to the store's clock: wait until HALF before its next edge.
-    let now = rg.store().time().await.unwrap();
+    let now = redguard::__private::store::of(rg).time().await.unwrap();
     let into = Duration::from_nanos((now.as_nanos() % 1_000_000_000) as u64);
     let mut wait = Duration::from_secs(1) - into;
     if wait < HALF + Duration::from_millis(20) {
@@ -41,7 +41,9 @@ async fn across_edge(rg: &Redguard, algorithm: Algorithm) -> usize {
                         key: &key,
                         limit: &limit,
                     }];
-                    let outcome = rg.store().rate_check(&checks, RateMode::Consume).await;
+                    let outcome = redguard::__private::store::of(&rg)
+                        .rate_check(&checks, RateMode::Consume)
+                        .await;
                     admitted += usize::from(outcome.unwrap().allowed());
                     tokio::task::yield_now().await;
                 }

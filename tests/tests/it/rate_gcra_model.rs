@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use redguard::store::{RateCheck, RateMode};
+use redguard::__private::store::{RateCheck, RateMode};
 use redguard::{Algorithm, GuardKind, KeyBuilder, Limit, Rate, Redguard};
 
 /// The reference: level `x` (µs of work queued) as of `last`; each unit adds the
@@ -68,8 +68,7 @@ async fn gcra_matches_the_reference_model(rg: Redguard) {
         };
         let limit = &limits[cost as usize - 1];
         let checks = [RateCheck { key: &key, limit }];
-        let outcome = rg
-            .store()
+        let outcome = redguard::__private::store::of(&rg)
             .rate_check(&checks, RateMode::Consume)
             .await
             .unwrap();

@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use redguard::store::{RateCheck, RateMode};
+use redguard::__private::store::{RateCheck, RateMode};
 use redguard::{Algorithm, Error, GuardKind, Key, KeyBuilder, Limit, Rate, Redguard};
 
 redguard_tests::conformance!(
@@ -100,7 +100,10 @@ async fn check(
     )
     .unwrap();
     let checks = [RateCheck { key, limit: &limit }];
-    let outcome = rg.store().rate_check(&checks, mode).await.unwrap();
+    let outcome = redguard::__private::store::of(rg)
+        .rate_check(&checks, mode)
+        .await
+        .unwrap();
     let d = outcome.decisions[0];
     let got = Expect {
         allowed: d.allowed,

@@ -5,8 +5,8 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
+use redguard::__private::store::{RateCheck, RateMode};
 use redguard::rate::MAX_SLIDING_WINDOW_COUNT;
-use redguard::store::{RateCheck, RateMode};
 use redguard::{
     Algorithm, Clock, Error, GuardKind, Key, KeyBuilder, Limit, ManualClock, Rate, Redguard,
 };
@@ -110,7 +110,10 @@ async fn check(
 ) -> (Expect, u128) {
     let limit = Limit::new(limit.algorithm(), limit.rate(), None, cost, limit.block()).unwrap();
     let checks = [RateCheck { key, limit: &limit }];
-    let outcome = rg.store().rate_check(&checks, mode).await.unwrap();
+    let outcome = redguard::__private::store::of(rg)
+        .rate_check(&checks, mode)
+        .await
+        .unwrap();
     let d = outcome.decisions[0];
     let got = Expect {
         allowed: d.allowed,
@@ -282,7 +285,10 @@ async fn run_busy(rg: &Redguard, calls: Vec<(Key, Limit, RateMode)>) -> Vec<bool
                         key: &key,
                         limit: &limit,
                     }];
-                    let outcome = rg.store().rate_check(&checks, mode).await.unwrap();
+                    let outcome = redguard::__private::store::of(&rg)
+                        .rate_check(&checks, mode)
+                        .await
+                        .unwrap();
                     decided.push((i, outcome.allowed()));
                 }
             })

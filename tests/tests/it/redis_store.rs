@@ -260,7 +260,7 @@ async fn an_existing_connection_manager_is_accepted() {
         .connect()
         .await
         .unwrap();
-    assert_eq!(rg.store().kind(), redguard::store::StoreKind::Redis);
+    assert_eq!(rg.kind(), redguard::handle::StoreKind::Redis);
     let token = rg
         .tokens()
         .issue("t", Duration::from_secs(60))

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use redguard::store::{Acquire, LockAcquire, LockRelease, Release};
+use redguard::__private::store::{Acquire, LockAcquire, LockRelease, Release};
 use redguard::{Error, FailMode, GuardKind, Idempotency, KeyBuilder, Redguard};
 use redguard_tests::RedisSentinel;
 use redguard_tests::sentinel::role;
@@ -520,7 +520,7 @@ fn lock_key(rg: &Redguard, body: &str) -> redguard::Key {
 /// Waits until the handle works on the new master again.
 async fn until_served(rg: &Redguard) {
     let deadline = Instant::now() + Duration::from_secs(10);
-    while rg.store().time().await.is_err() {
+    while redguard::__private::store::of(rg).time().await.is_err() {
         assert!(
             Instant::now() < deadline,
             "no master served the handle in 10 s"
@@ -535,7 +535,7 @@ async fn until_served(rg: &Redguard) {
 async fn release_notifications_follow_the_new_master() {
     let mut sentinel = RedisSentinel::start();
     let rg = sentinel.connect().await;
-    let store = rg.store();
+    let store = redguard::__private::store::of(&rg);
     // Subscribed on the first master.
     let before = lock_key(&rg, "before");
     assert!(store.lock_watch(&before).await.is_live());
@@ -666,10 +666,92 @@ async fn sentinel_over_tls_follows_a_killed_master() {
     let guard = rg.lock("tls").acquire().await.unwrap();
     guard.release().await.unwrap();
     assert!(
-        rg.store()
+        redguard::__private::store::of(&rg)
             .lock_watch(&lock_key(&rg, "tls:watch"))
             .await
             .is_live(),
         "no release subscription on the new master"
+    );
+}
+
+/// Sentinels given as URLs, the form redis-rs and most clients take (`redis://host:port/`),
+/// are found as `host:port` ones are; a URL that is no sentinel address is a clear
+/// configuration error at connect.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinels_given_as_urls_are_found() {
+    let sentinel = RedisSentinel::start_small();
+    let urls: Vec<String> = sentinel
+        .sentinel_addrs()
+        .iter()
+        .map(|addr| format!("redis://{addr}/"))
+        .collect();
+    let rg = Redguard::redis_sentinel(urls, redguard_tests::sentinel::MASTER_NAME)
+        .connect()
+        .await
+        .expect("connect through sentinels given as URLs");
+    assert_eq!(rg.kind(), redguard::handle::StoreKind::Sentinel);
+    let health = rg.health().await.unwrap();
+    assert!(
+        health
+            .server
+            .as_deref()
+            .is_some_and(|s| s.starts_with("Redis ")),
+        "{health:?}"
+    );
+    rg.lock("url")
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    for (bad, says) in [
+        ("redis://127.0.0.1/", "no port"),
+        ("redis://127.0.0.1:26379/2", "no database"),
+    ] {
+        let err = Redguard::redis_sentinel([bad], "mymaster")
+            .connect()
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::Config(_)), "{bad}: {err:?}");
+        assert!(err.to_string().contains(says), "{bad}: {err}");
+    }
+}
+
+/// `rediss://` sentinel addresses ask for TLS to the sentinels and the data nodes, as
+/// `sentinel_tls` does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rediss_sentinel_urls_connect_over_tls() {
+    let sentinel = RedisSentinel::start_tls();
+    let urls: Vec<String> = sentinel
+        .sentinel_addrs()
+        .iter()
+        .map(|addr| format!("rediss://{addr}"))
+        .collect();
+    let rg = Redguard::redis_sentinel(urls.clone(), redguard_tests::sentinel::MASTER_NAME)
+        .tls_root_ca(sentinel.ca_pem())
+        .connect()
+        .await
+        .expect("connect over TLS through rediss:// sentinels");
+    rg.lock("tls-url")
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    // Without TLS to them, the TLS ports do not answer: the scheme was what made it TLS.
+    let plain: Vec<String> = urls
+        .iter()
+        .map(|u| u.replace("rediss://", "redis://"))
+        .collect();
+    let err = Redguard::redis_sentinel(plain, redguard_tests::sentinel::MASTER_NAME)
+        .connect_timeout(Duration::from_secs(2))
+        .connect()
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::Backend(_) | Error::Config(_)),
+        "{err:?}"
     );
 }

@@ -165,7 +165,8 @@ impl MemoryStore {
         (shard, self.clock.now())
     }
 
-    /// Number of live entries across all guards; for tests and diagnostics.
+    /// Number of live entries across all guards; for tests.
+    #[cfg(feature = "test-util")]
     pub fn len(&self) -> usize {
         (0..SHARDS)
             .map(|index| {
@@ -185,6 +186,7 @@ impl MemoryStore {
     }
 
     /// True when no entry is live.
+    #[cfg(feature = "test-util")]
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

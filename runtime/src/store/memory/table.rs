@@ -101,6 +101,7 @@ impl<V> Live<'_, V> {
             .map(|(key, _)| &**key)
     }
 
+    #[cfg(any(test, feature = "test-util"))]
     pub(crate) fn len(&self) -> usize {
         self.keys().count()
     }

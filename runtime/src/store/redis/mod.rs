@@ -26,7 +26,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
 use redis::{FromRedisValue, RedisError, ServerErrorKind, ToRedisArgs};
 
-use super::{Store, StoreKind};
+use super::{Health, Store, StoreKind};
 use crate::error::{BackendError, Error, Result, StoreFailure};
 use crate::key::Key;
 use crate::values::Replicas;
@@ -45,43 +45,11 @@ fn all_scripts() -> impl Iterator<Item = &'static Lua> {
         .chain(admin::scripts())
 }
 
-pub(crate) use self::conn::Conn;
+pub(crate) use self::conn::{Conn, Endpoint, Existing, Options, RedisTarget};
 pub(crate) use self::lock::BusSource;
 use self::lua::Lua;
 #[cfg(feature = "sentinel")]
 pub(crate) use self::sentinel::{Auth, SentinelTarget};
-
-/// Where a Redis store connects.
-#[derive(Debug)]
-pub(crate) struct RedisTarget {
-    /// One URL, or a Cluster's seed nodes.
-    pub(crate) urls: Vec<String>,
-    pub(crate) cluster: bool,
-    /// PEM root certificate(s) to trust for `rediss://` instead of the system's roots.
-    #[cfg(feature = "tls")]
-    pub(crate) tls_root_ca: Option<Vec<u8>>,
-    /// A connection the application already has, used instead of opening one from `urls`.
-    pub(crate) existing: Option<Box<Existing>>,
-    /// Sentinels to ask for the master, instead of `urls`.
-    #[cfg(feature = "sentinel")]
-    pub(crate) sentinel: Option<Box<SentinelTarget>>,
-    #[cfg(feature = "test-util")]
-    pub(crate) test: test_util::TestHooks,
-}
-
-/// An application's own connection, and the client the lock-release subscription opens its
-/// connection from (pub/sub needs a connection of its own).
-pub(crate) struct Existing {
-    pub(crate) client: redis::Client,
-    pub(crate) conn: Conn,
-}
-
-impl fmt::Debug for Existing {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        // The client's Debug would print its address, password included.
-        f.debug_struct("Existing").finish_non_exhaustive()
-    }
-}
 
 /// The Redis-backed [`Store`]: a single node ([`Redguard::redis`](crate::Redguard::redis)),
 /// a Cluster (`Redguard::redis_cluster`, feature `cluster`) or the master Redis Sentinel names
@@ -112,148 +80,83 @@ impl fmt::Debug for RedisStore {
 }
 
 impl RedisStore {
-    /// Connects to `url` (`redis://` or `rediss://`, with optional `user:password@`), bounding
-    /// every later call by `timeout`. Lock release notifications are subscribed to for the
-    /// keys under `prefix`.
+    /// Connects to `target`, bounding every later call by `timeout`. Lock release
+    /// notifications are subscribed to for the keys under `prefix`.
     pub(crate) async fn connect(
         target: RedisTarget,
         prefix: &str,
         timeout: Duration,
         connect_timeout: Duration,
     ) -> Result<Self> {
+        let RedisTarget { endpoint, options } = target;
         #[cfg(feature = "tls")]
-        let certificates = || {
-            target
-                .tls_root_ca
-                .clone()
-                .map(|root_cert| redis::TlsCertificates {
-                    client_tls: None,
-                    root_cert: Some(root_cert),
-                })
-        };
-        if let Some(existing) = target.existing {
-            let opener = match existing.conn {
-                Conn::Single(_) => Some(Arc::new(Opener {
-                    client: existing.client.clone(),
-                    connect_timeout,
-                })),
-                #[cfg(feature = "cluster")]
-                Conn::Cluster(_) => None,
-                #[cfg(feature = "sentinel")]
-                Conn::Sentinel(_) => None,
-            };
-            let store = RedisStore {
-                conn: existing.conn,
-                opener,
-                timeout,
-                bus: Arc::new(lock::ReleaseBus::new(
+        let tls = options.tls_root_ca;
+        #[cfg(not(feature = "tls"))]
+        let tls = None;
+        // Without `tls` and `test-util` there are no options.
+        #[cfg(not(any(feature = "tls", feature = "test-util")))]
+        let Options {} = options;
+        let (conn, opener, source) = match endpoint {
+            Endpoint::Existing(existing) => {
+                let opener = matches!(existing.conn, Conn::Single(_)).then(|| {
+                    Arc::new(Opener {
+                        client: existing.client.clone(),
+                        connect_timeout,
+                    })
+                });
+                (
+                    existing.conn,
+                    opener,
                     BusSource::Fixed(Box::new(existing.client)),
-                    prefix,
-                )),
-                gcra: Arc::default(),
-                #[cfg(feature = "test-util")]
-                test: target.test,
-            };
-            return store.load_scripts(connect_timeout).await;
-        }
-        #[cfg(feature = "sentinel")]
-        if let Some(sentinel) = target.sentinel {
-            let conn = sentinel::SentinelConn::connect(
-                *sentinel,
-                #[cfg(feature = "tls")]
-                target.tls_root_ca,
-                connect_timeout,
-            )
-            .await?;
-            let store = RedisStore {
-                bus: Arc::new(lock::ReleaseBus::new(
-                    BusSource::Sentinel(conn.clone()),
-                    prefix,
-                )),
-                conn: Conn::Sentinel(conn),
+                )
+            }
+            #[cfg(feature = "sentinel")]
+            Endpoint::Sentinel(sentinel) => {
+                let conn = sentinel::SentinelConn::connect(
+                    *sentinel,
+                    #[cfg(feature = "tls")]
+                    tls,
+                    connect_timeout,
+                )
+                .await?;
                 // A second Sentinel connection would follow failovers on its own watcher;
                 // confirmed writes share this one (the guide's "Replica-safe writes").
-                opener: None,
-                timeout,
-                gcra: Arc::default(),
-                #[cfg(feature = "test-util")]
-                test: target.test,
-            };
-            return store.load_scripts(connect_timeout).await;
-        }
-        let first = target.urls.first().map(String::as_str).unwrap_or_default();
-        #[cfg(feature = "tls")]
-        let node = match certificates() {
-            None => redis::Client::open(first),
-            Some(certificates) => redis::Client::build_with_tls(first, certificates),
-        };
-        #[cfg(not(feature = "tls"))]
-        let node = redis::Client::open(first);
-        // The client's own message can echo the URL; keep credentials out of logs.
-        let invalid = |err: redis::RedisError| {
-            Error::Config(format!(
-                "invalid Redis URL ({:?}): expected redis://[user:password@]host[:port][/db] \
-                 or rediss://...",
-                err.kind()
-            ))
-        };
-        let node = node.map_err(invalid)?;
-        // Pub/sub goes through one node: on a Cluster, classic `PUBLISH` reaches every node.
-        let bus = Arc::new(lock::ReleaseBus::new(
-            BusSource::Fixed(Box::new(node.clone())),
-            prefix,
-        ));
-        #[cfg(not(feature = "cluster"))]
-        if target.cluster {
-            return Err(Error::Config(
-                "a Redis Cluster needs redguard's `cluster` feature".to_owned(),
-            ));
-        }
-        #[cfg(feature = "cluster")]
-        let cluster = if target.cluster {
-            let builder = ClusterClientBuilder::new(target.urls.iter().map(String::as_str))
-                .connection_timeout(connect_timeout)
-                .response_timeout(timeout)
-                // Retries (after MOVED, a refused connection, a failover) must fit inside the
-                // per-call timeout, or every call during a failover is cut off before the
-                // client gets to refresh its slot map.
-                .retries(3)
-                .min_retry_wait(10)
-                .max_retry_wait(timeout.as_millis().try_into().unwrap_or(u64::MAX) / 4)
-                .retry_wait_formula(10, 2);
-            #[cfg(feature = "tls")]
-            let builder = match certificates() {
-                Some(certificates) => builder.certs(certificates),
-                None => builder,
-            };
-            let client = builder.build().map_err(invalid)?;
-            Some(Conn::Cluster(
-                bounded("connect", connect_timeout, client.get_async_connection()).await?,
-            ))
-        } else {
-            None
-        };
-        #[cfg(not(feature = "cluster"))]
-        let cluster = None;
-        // A Cluster has no twin: a second cluster connection, idle through a failover, kept
-        // timing out afterwards in `it::replicas` (its writes then share the handle's).
-        let (conn, opener) = if let Some(cluster) = cluster {
-            (cluster, None)
-        } else {
-            let opener = Opener {
-                client: node.clone(),
-                connect_timeout,
-            };
-            (opener.open().await?, Some(Arc::new(opener)))
+                let source = BusSource::Sentinel(conn.clone());
+                (Conn::Sentinel(conn), None, source)
+            }
+            Endpoint::Single(url) => {
+                let node = node_client(&url, tls)?;
+                let opener = Opener {
+                    client: node.clone(),
+                    connect_timeout,
+                };
+                let conn = opener.open().await?;
+                (
+                    conn,
+                    Some(Arc::new(opener)),
+                    BusSource::Fixed(Box::new(node)),
+                )
+            }
+            // A Cluster has no twin: a second cluster connection, idle through a failover,
+            // kept timing out afterwards in `it::replicas` (its writes then share the
+            // handle's).
+            #[cfg(feature = "cluster")]
+            Endpoint::Cluster(urls) => {
+                // Pub/sub goes through one node: classic `PUBLISH` reaches every node.
+                let first = urls.first().map(String::as_str).unwrap_or_default();
+                let node = node_client(first, tls.clone())?;
+                let conn = cluster_conn(&urls, tls, timeout, connect_timeout).await?;
+                (conn, None, BusSource::Fixed(Box::new(node)))
+            }
         };
         let store = RedisStore {
             conn,
             opener,
             timeout,
-            bus,
+            bus: Arc::new(lock::ReleaseBus::new(source, prefix)),
             gcra: Arc::default(),
             #[cfg(feature = "test-util")]
-            test: target.test,
+            test: options.test,
         };
         store.load_scripts(connect_timeout).await
     }
@@ -367,6 +270,77 @@ impl Opener {
             .await?,
         ))
     }
+}
+
+/// PEM root certificate(s) to trust instead of the system's (`None`: the system's, or no
+/// TLS feature).
+#[cfg(feature = "tls")]
+type Roots = Option<Vec<u8>>;
+#[cfg(not(feature = "tls"))]
+type Roots = Option<std::convert::Infallible>;
+
+/// The client of one node at `url`.
+fn node_client(url: &str, roots: Roots) -> Result<redis::Client> {
+    #[cfg(feature = "tls")]
+    let node = match roots {
+        None => redis::Client::open(url),
+        Some(root_cert) => redis::Client::build_with_tls(
+            url,
+            redis::TlsCertificates {
+                client_tls: None,
+                root_cert: Some(root_cert),
+            },
+        ),
+    };
+    #[cfg(not(feature = "tls"))]
+    let node = {
+        let _ = roots;
+        redis::Client::open(url)
+    };
+    node.map_err(invalid_url)
+}
+
+/// A Cluster connection from the seed nodes at `urls`.
+#[cfg(feature = "cluster")]
+async fn cluster_conn(
+    urls: &[String],
+    roots: Roots,
+    timeout: Duration,
+    connect_timeout: Duration,
+) -> Result<Conn> {
+    let builder = ClusterClientBuilder::new(urls.iter().map(String::as_str))
+        .connection_timeout(connect_timeout)
+        .response_timeout(timeout)
+        // Retries (after MOVED, a refused connection, a failover) must fit inside the
+        // per-call timeout, or every call during a failover is cut off before the client
+        // gets to refresh its slot map.
+        .retries(3)
+        .min_retry_wait(10)
+        .max_retry_wait(timeout.as_millis().try_into().unwrap_or(u64::MAX) / 4)
+        .retry_wait_formula(10, 2);
+    #[cfg(feature = "tls")]
+    let builder = match roots {
+        Some(root_cert) => builder.certs(redis::TlsCertificates {
+            client_tls: None,
+            root_cert: Some(root_cert),
+        }),
+        None => builder,
+    };
+    #[cfg(not(feature = "tls"))]
+    let _ = roots;
+    let client = builder.build().map_err(invalid_url)?;
+    Ok(Conn::Cluster(
+        bounded("connect", connect_timeout, client.get_async_connection()).await?,
+    ))
+}
+
+// The client's own message can echo the URL; keep credentials out of logs.
+fn invalid_url(err: RedisError) -> Error {
+    Error::Config(format!(
+        "invalid Redis URL ({:?}): expected redis://[user:password@]host[:port][/db] \
+         or rediss://...",
+        err.kind()
+    ))
 }
 
 // Replica confirmation: `WAIT` behind a guard's write.
@@ -556,7 +530,44 @@ pub(crate) async fn bounded<T>(
 #[async_trait]
 impl Store for RedisStore {
     fn kind(&self) -> StoreKind {
-        StoreKind::Redis
+        match self.conn {
+            Conn::Single(_) => StoreKind::Redis,
+            #[cfg(feature = "cluster")]
+            Conn::Cluster(_) => StoreKind::Cluster,
+            #[cfg(feature = "sentinel")]
+            Conn::Sentinel(_) => StoreKind::Sentinel,
+        }
+    }
+
+    /// `PING`, then `INFO server` for the version: a user without `+info` (the guide's
+    /// restricted one) is still healthy, with no version.
+    async fn health(&self) -> Result<Health> {
+        let started = Instant::now();
+        let mut conn = self.conn();
+        let _: () = bounded("ping", self.timeout, async move {
+            redis::cmd("PING").query_async(&mut conn).await
+        })
+        .await?;
+        let round_trip = started.elapsed();
+        let mut conn = self.conn();
+        let info = bounded("info", self.timeout, async move {
+            redis::cmd("INFO")
+                .arg("server")
+                .query_async::<redis::Value>(&mut conn)
+                .await
+        })
+        .await;
+        let server = info.ok().and_then(|reply| {
+            server::info_texts(&reply)
+                .iter()
+                .find_map(|text| server::Server::from_info(text))
+                .map(|server| server.to_string())
+        });
+        Ok(Health {
+            kind: self.kind(),
+            round_trip,
+            server,
+        })
     }
 
     async fn time(&self) -> Result<Duration> {

@@ -631,7 +631,9 @@ async fn issue(name: &str, scene: &str, ttl: Duration) -> redguard::Result<()> {
     let rg = redguard::Redguard::current()?;
     let body = KeyBuilder::new().part("token", name).finish()?;
     let key = rg.key(GuardKind::Token, "tokens", &body)?;
-    rg.store().token_issue(&key, scene, ttl, None).await
+    redguard::__private::store::of(&rg)
+        .token_issue(&key, scene, ttl, None)
+        .await
 }
 
 /// The status field of the record of `intent` on Redis, once settled.

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use proptest_state_machine::{ReferenceStateMachine, StateMachineTest};
-use redguard::store::{
+use redguard::__private::store::{
     Begin, Finish as StoreFinish, IdemBegin, IdemFinish, IdemFinished, Resolve, Resolved,
     TokenOutcome,
 };
@@ -302,7 +302,7 @@ impl StateMachineTest for Machine {
     fn apply(mut sut: Sut, _: &u64, op: Op) -> Sut {
         let now = sut.world.now();
         let ms = Duration::from_millis;
-        let store = sut.world.rg.store().clone();
+        let store = redguard::__private::store::of(&sut.world.rg).clone();
         let (got, expected) = match op {
             Op::Advance { ms } => {
                 sut.world.advance(ms * 1000);

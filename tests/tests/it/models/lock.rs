@@ -8,7 +8,7 @@ use std::fmt;
 
 use proptest::prelude::*;
 use proptest_state_machine::{ReferenceStateMachine, StateMachineTest};
-use redguard::store::{
+use redguard::__private::store::{
     Acquire as AcquireOp, LockAcquire, LockRelease, Release as ReleaseOp, rw_readers,
 };
 use redguard::{GuardKind, Key, KeyBuilder};
@@ -257,7 +257,7 @@ impl StateMachineTest for Machine {
     fn apply(mut sut: Sut, _: &(u64, usize), op: Op) -> Sut {
         let now = sut.world.now();
         let ms = std::time::Duration::from_millis;
-        let store = sut.world.rg.store().clone();
+        let store = redguard::__private::store::of(&sut.world.rg).clone();
         let (got, expected): (String, String) = match op {
             Op::Advance { ms } => {
                 sut.world.advance(ms * 1000);

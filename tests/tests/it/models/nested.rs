@@ -17,7 +17,9 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use proptest_state_machine::{ReferenceStateMachine, StateMachineTest};
-use redguard::store::{Acquire as AcquireOp, LockAcquire, LockRelease, Release as ReleaseOp};
+use redguard::__private::store::{
+    Acquire as AcquireOp, LockAcquire, LockRelease, Release as ReleaseOp,
+};
 use redguard::{Error, GuardKind, Key, KeyBuilder, Redguard};
 use redguard_tests::model::lock::{Acquire, LockModel, Release};
 use redguard_tests::props::disagreement;
@@ -400,7 +402,7 @@ impl StateMachineTest for Machine {
 /// and gives it back, as the model does); on Redis the lock hash's depth is the holder's.
 fn check_holder(sut: &mut Sut, now: u64) {
     let key = sut.key.as_str().to_owned();
-    let store = sut.world.rg.store().clone();
+    let store = redguard::__private::store::of(&sut.world.rg).clone();
     let probe = sut.world.block_on(store.lock_acquire(AcquireOp {
         key: &sut.key,
         owner: "probe",

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use proptest_state_machine::{ReferenceStateMachine, StateMachineTest};
-use redguard::store::{RateCheck, RateMode};
+use redguard::__private::store::{RateCheck, RateMode};
 use redguard::{Algorithm, GuardKind, Key, KeyBuilder, Limit, Rate};
 use redguard_tests::model::rate::{LimitSpec, Mode, RateModel, Verdict, rate_accepted};
 use redguard_tests::props::disagreement;
@@ -308,7 +308,10 @@ impl StateMachineTest for Machine {
                 };
                 let outcome = sut
                     .world
-                    .block_on(sut.world.rg.store().rate_check(&checks, store_mode))
+                    .block_on(
+                        redguard::__private::store::of(&sut.world.rg)
+                            .rate_check(&checks, store_mode),
+                    )
                     .unwrap_or_else(|err| panic!("{}", disagreement(&sut.log, err)));
                 let got: Vec<Verdict> = outcome
                     .decisions

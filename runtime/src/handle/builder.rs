@@ -1,0 +1,238 @@
+//! [`Builder`]: the settings every handle shares, written once for every target, and
+//! `connect`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::Redguard;
+use super::target::{Backend, Target, Topology};
+use crate::clock::Clock;
+use crate::error::{Error, Result};
+use crate::key::{GuardKind, check_name};
+use crate::store::{MemoryStore, Options, RedisStore, RedisTarget, Store};
+
+/// Default bound on every store call.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(250);
+/// Default bound on establishing the Redis connection.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+/// Default key prefix.
+pub const DEFAULT_PREFIX: &str = "redguard";
+
+/// What a guard does when the store cannot answer.
+///
+/// Defaults follow what each guard protects: rate limits fail **open** (an outage of the
+/// limiter should not become an outage of the service); idempotency, tokens and locks fail
+/// **closed** (a duplicate order, a reused token or an unprotected critical section is what
+/// they exist to prevent: a `503` the client retries is the cheaper outcome).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailMode {
+    /// Let the call through, log a warning and count it.
+    Open,
+    /// Refuse the call with [`Error::Backend`].
+    Closed,
+}
+
+#[derive(Debug, Clone)]
+pub(super) struct Settings {
+    pub(super) prefix: String,
+    pub(super) timeout: Duration,
+    pub(super) connect_timeout: Duration,
+    pub(super) idempotency: FailMode,
+    pub(super) lock: FailMode,
+    pub(super) rate_limit: FailMode,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            prefix: DEFAULT_PREFIX.to_owned(),
+            timeout: DEFAULT_TIMEOUT,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            idempotency: FailMode::Closed,
+            lock: FailMode::Closed,
+            rate_limit: FailMode::Open,
+        }
+    }
+}
+
+/// Builds a [`Redguard`]; start from [`Redguard::redis`], [`Redguard::redis_cluster`],
+/// [`Redguard::redis_sentinel`] (a `Builder<Sentinel>`, with the sentinel settings) or
+/// [`Redguard::memory_builder`].
+#[derive(Debug)]
+#[must_use = "a builder does nothing until `.connect().await`"]
+pub struct Builder<T: Topology = Target> {
+    pub(super) topology: T,
+    settings: Settings,
+    /// The Redis connection's settings whatever the endpoint.
+    options: Options,
+    /// A setting that does not apply to the target, reported by `connect`, where errors are
+    /// returned.
+    misuse: Option<&'static str>,
+}
+
+impl<T: Topology> Builder<T> {
+    pub(super) fn new(topology: T) -> Self {
+        Builder {
+            topology,
+            settings: Settings::default(),
+            options: Options::default(),
+            misuse: None,
+        }
+    }
+
+    pub(super) fn misused(mut self, misuse: Option<&'static str>) -> Self {
+        self.misuse = self.misuse.or(misuse);
+        self
+    }
+
+    #[cfg(feature = "sentinel")]
+    pub(super) fn map<U: Topology>(self, f: impl FnOnce(T) -> U) -> Builder<U> {
+        Builder {
+            topology: f(self.topology),
+            settings: self.settings,
+            options: self.options,
+            misuse: self.misuse,
+        }
+    }
+
+    /// The first segment of every key (default `redguard`): `[A-Za-z0-9._@:-]`, ≤ 64 bytes.
+    /// Give each application sharing a Redis its own.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.settings.prefix = prefix.into();
+        self
+    }
+
+    /// Bound on each store call (default 250 ms). A hung Redis costs at most this per call.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.settings.timeout = timeout;
+        self
+    }
+
+    /// Bound on establishing the connection at [`connect`](Builder::connect) (default 3 s).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.settings.connect_timeout = timeout;
+        self
+    }
+
+    /// What `guard` does when the store cannot answer; see [`FailMode`] for the defaults.
+    /// [`GuardKind::Token`] shares the idempotency setting.
+    pub fn fail_mode(mut self, guard: GuardKind, mode: FailMode) -> Self {
+        match guard {
+            GuardKind::Idempotency | GuardKind::Token => self.settings.idempotency = mode,
+            GuardKind::Lock => self.settings.lock = mode,
+            GuardKind::RateLimit => self.settings.rate_limit = mode,
+        }
+        self
+    }
+
+    /// Trusts the PEM certificate(s) in `pem` for a `rediss://` connection, instead of the
+    /// system's root certificates (a private CA, a self-signed server).
+    ///
+    /// ```no_run
+    /// # async fn run() -> redguard::Result<()> {
+    /// let ca = std::fs::read("/etc/redis/tls/ca.crt").expect("read the CA");
+    /// let rg = redguard::Redguard::redis("rediss://redis.internal:6380")
+    ///     .tls_root_ca(ca)
+    ///     .connect()
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    #[cfg(feature = "tls")]
+    pub fn tls_root_ca(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        if self.topology.opens() {
+            self.options.tls_root_ca = Some(pem.into());
+            self
+        } else if self.is_memory() {
+            self.misused(Some("`tls_root_ca` applies to Redis stores only"))
+        } else {
+            self.misused(Some(
+                "`tls_root_ca` applies to connections redguard opens; configure TLS on the \
+                 client of an existing connection",
+            ))
+        }
+    }
+
+    /// The clock of an in-memory store (default: [`TokioClock`](crate::TokioClock), the
+    /// system's time that follows Tokio's paused time in tests). Redis uses its own clock,
+    /// so setting one on a Redis builder is a configuration error — except with the
+    /// `test-util` feature, where it pins the scripts' clock (see `script_transform`).
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        if let Some(current) = self.topology.memory_clock() {
+            *current = Arc::new(clock);
+            return self;
+        }
+        self.pin_script_clock(Arc::new(clock))
+    }
+
+    #[cfg(feature = "test-util")]
+    fn pin_script_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.options.test.clock = Some(clock);
+        self
+    }
+
+    #[cfg(not(feature = "test-util"))]
+    fn pin_script_clock(self, _: Arc<dyn Clock>) -> Self {
+        self.misused(Some(
+            "a Redis store takes time from Redis; `clock` applies to in-memory stores only",
+        ))
+    }
+
+    /// Test-only (the `test-util` feature, never for production): every script this Redis
+    /// store runs is rewritten by `transform` and sent with `EVAL`. With [`clock`](Builder::clock)
+    /// set on a Redis builder, the scripts' `TIME` is that clock's time as well, so tests can
+    /// compare them exactly with a model on a virtual clock, or run deliberately mutated scripts.
+    /// Redis still expires keys on its own clock.
+    #[cfg(feature = "test-util")]
+    pub fn script_transform(
+        mut self,
+        transform: impl Fn(&str) -> String + Send + Sync + 'static,
+    ) -> Self {
+        if self.is_memory() {
+            return self.misused(Some("`script_transform` applies to Redis stores only"));
+        }
+        self.options.test.transform = Some(Arc::new(transform));
+        self
+    }
+
+    #[cfg(any(feature = "tls", feature = "test-util"))]
+    fn is_memory(&mut self) -> bool {
+        self.topology.memory_clock().is_some()
+    }
+
+    /// Validates the settings and connects (for Redis: one connection, scripts loaded).
+    pub async fn connect(self) -> Result<Redguard> {
+        if let Some(misuse) = self.misuse {
+            return Err(Error::Config(misuse.to_owned()));
+        }
+        let settings = self.settings;
+        check_name("prefix", &settings.prefix, 64)?;
+        crate::telemetry::describe_metrics();
+        if settings.timeout.is_zero() || settings.connect_timeout.is_zero() {
+            return Err(Error::Config(
+                "timeouts must be greater than zero".to_owned(),
+            ));
+        }
+        let store: Arc<dyn Store> = match self.topology.into_target().0 {
+            Backend::Redis(endpoint) => Arc::new(
+                RedisStore::connect(
+                    RedisTarget {
+                        endpoint,
+                        options: self.options,
+                    },
+                    &settings.prefix,
+                    settings.timeout,
+                    settings.connect_timeout,
+                )
+                .await?,
+            ),
+            Backend::Memory(clock) => Arc::new(MemoryStore::with_clock(clock)),
+        };
+        Ok(Redguard::new(store, settings))
+    }
+}
+
+impl Clock for Arc<dyn Clock> {
+    fn now(&self) -> Duration {
+        (**self).now()
+    }
+}

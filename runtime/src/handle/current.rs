@@ -1,0 +1,189 @@
+//! The process-wide current handle: the installed default, the one a future is scoped to,
+//! and tasks that carry the handle they were started with.
+
+use std::future::Future;
+use std::sync::{Mutex, PoisonError};
+
+use once_cell::sync::OnceCell;
+use tokio::runtime;
+use tokio::task::JoinHandle;
+
+use super::Redguard;
+use crate::error::{Error, Result};
+
+static INSTALLED: OnceCell<Redguard> = OnceCell::new();
+
+tokio::task_local! {
+    static SCOPED: Redguard;
+    /// Set in a task [`spawn`] started where no handle was scoped: told apart so its
+    /// `NotInScope` can name the mistake (`rg.scope(redguard::spawn(..))`).
+    static SPAWNED_UNSCOPED: ();
+}
+
+/// Scope futures being run now, per Tokio runtime, so a task without a handle can be told
+/// that it was probably spawned from inside one (per runtime: a scope in another runtime, a
+/// test running next to this one, says nothing about this task).
+static LIVE_SCOPES: Mutex<Vec<(runtime::Id, usize)>> = Mutex::new(Vec::new());
+
+struct LiveScope(Option<runtime::Id>);
+
+impl LiveScope {
+    fn enter() -> LiveScope {
+        let Ok(rt) = runtime::Handle::try_current() else {
+            return LiveScope(None);
+        };
+        let id = rt.id();
+        let mut live = LIVE_SCOPES.lock().unwrap_or_else(PoisonError::into_inner);
+        match live.iter_mut().find(|(rt, _)| *rt == id) {
+            Some((_, n)) => *n += 1,
+            None => live.push((id, 1)),
+        }
+        LiveScope(Some(id))
+    }
+
+    /// Whether a scope is being run on the current runtime.
+    fn any_here() -> bool {
+        let Ok(rt) = runtime::Handle::try_current() else {
+            return false;
+        };
+        let id = rt.id();
+        let live = LIVE_SCOPES.lock().unwrap_or_else(PoisonError::into_inner);
+        live.iter().any(|(rt, _)| *rt == id)
+    }
+}
+
+impl Drop for LiveScope {
+    fn drop(&mut self) {
+        let Some(id) = self.0 else { return };
+        let mut live = LIVE_SCOPES.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(i) = live.iter().position(|(rt, _)| *rt == id) {
+            live[i].1 -= 1;
+            if live[i].1 == 0 {
+                live.swap_remove(i);
+            }
+        }
+    }
+}
+
+/// `tokio::spawn` carrying the current handle: guards in the task use the handle of the
+/// [`Redguard::scope`] that spawned it (a scope does not reach into a plain `tokio::spawn`),
+/// or the installed one outside any scope.
+///
+/// The handle is taken where `spawn` is called: `rg.scope(redguard::spawn(fut))` spawns
+/// before the scope exists, and the task has none. Write [`rg.spawn(fut)`](Redguard::spawn)
+/// for a task on a given handle.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> redguard::Result<()> {
+/// use std::time::Duration;
+///
+/// let token = redguard::Redguard::memory()
+///     .scope(async {
+///         redguard::spawn(async { redguard::tokens().issue("signup", Duration::from_secs(60)).await })
+///             .await
+///             .expect("the task panicked")
+///     })
+///     .await?;
+/// assert_eq!(token.len(), 32);
+/// # Ok(()) }
+/// ```
+pub fn spawn<F>(future: F) -> JoinHandle<F::Output>
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    match SCOPED.try_with(Redguard::clone) {
+        Ok(handle) => tokio::spawn(handle.scope(future)),
+        Err(_) => tokio::spawn(SPAWNED_UNSCOPED.scope((), future)),
+    }
+}
+
+impl Redguard {
+    /// Makes this handle the process-wide default used by the attribute macros and the free
+    /// functions (`redguard::tokens`, …). Once per process; a second call is an error
+    /// (use [`Redguard::scope`] to run code against another handle).
+    pub fn install(self) -> Result<Redguard> {
+        let mut fresh = false;
+        let installed = INSTALLED.get_or_init(|| {
+            fresh = true;
+            self.clone()
+        });
+        if fresh {
+            Ok(installed.clone())
+        } else {
+            Err(Error::Config(
+                "a redguard handle is already installed; install once at startup, or use \
+                 `Redguard::scope` to run a future against another handle"
+                    .to_owned(),
+            ))
+        }
+    }
+
+    /// Runs `future` with this handle as the default, overriding the installed one for that
+    /// future only. Made for tests: each can use its own in-memory store and clock.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> redguard::Result<()> {
+    /// use std::time::Duration;
+    /// use redguard::Redguard;
+    ///
+    /// let token = Redguard::memory()
+    ///     .scope(async { redguard::tokens().issue("signup", Duration::from_secs(60)).await })
+    ///     .await?;
+    /// assert_eq!(token.len(), 32);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// The scope covers `future` only, not tasks it starts with `tokio::spawn`: start those
+    /// with [`redguard::spawn`](crate::spawn), or [`Redguard::spawn`].
+    pub fn scope<F: Future>(&self, future: F) -> impl Future<Output = F::Output> + use<F> {
+        let future = SCOPED.scope(self.clone(), future);
+        async move {
+            // Entered when first polled: only then is the runtime known.
+            let _live = LiveScope::enter();
+            future.await
+        }
+    }
+
+    /// `tokio::spawn` of `future` scoped to this handle: guards in the task use it.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> redguard::Result<()> {
+    /// use std::time::Duration;
+    ///
+    /// let rg = redguard::Redguard::memory();
+    /// let token = rg
+    ///     .spawn(async { redguard::tokens().issue("signup", Duration::from_secs(60)).await })
+    ///     .await
+    ///     .expect("the task panicked")?;
+    /// assert_eq!(token.len(), 32);
+    /// # Ok(()) }
+    /// ```
+    pub fn spawn<F>(&self, future: F) -> JoinHandle<F::Output>
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        tokio::spawn(self.scope(future))
+    }
+
+    /// The handle a guard should use right now: the scoped one, else the installed one.
+    ///
+    /// Neither is [`Error::NotInstalled`], or [`Error::NotInScope`] while a scope runs
+    /// elsewhere (the usual cause: a task spawned from inside a scope).
+    pub fn current() -> Result<Redguard> {
+        SCOPED
+            .try_with(Redguard::clone)
+            .ok()
+            .or_else(|| INSTALLED.get().cloned())
+            .ok_or_else(|| {
+                if LiveScope::any_here() {
+                    Error::NotInScope {
+                        spawned_unscoped: SPAWNED_UNSCOPED.try_with(|()| ()).is_ok(),
+                    }
+                } else {
+                    Error::NotInstalled
+                }
+            })
+    }
+}
