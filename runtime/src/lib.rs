@@ -86,6 +86,8 @@ mod scope;
 mod state;
 mod store;
 pub mod telemetry;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod tokens;
 mod trace;
 mod undo;

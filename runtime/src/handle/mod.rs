@@ -90,6 +90,19 @@ impl Redguard {
         Redguard::new(Arc::new(store), Settings::default())
     }
 
+    /// This handle's settings on `wrap` of its store, with guard state of its own: how
+    /// `redguard::testing` puts its faulty and pass-through stores behind a handle.
+    #[cfg(feature = "testing")]
+    pub(crate) fn wrap_store(
+        &self,
+        wrap: impl FnOnce(Arc<dyn Store>) -> Arc<dyn Store>,
+    ) -> Redguard {
+        Redguard::new(
+            wrap(Arc::clone(&self.inner.store)),
+            self.inner.settings.clone(),
+        )
+    }
+
     fn new(store: Arc<dyn Store>, settings: Settings) -> Redguard {
         Redguard {
             inner: Arc::new(Inner {

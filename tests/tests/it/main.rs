@@ -24,6 +24,7 @@ mod idempotency_faults;
 mod idempotent_processes;
 mod idempotent_redis;
 mod key_injection;
+mod kit;
 mod lock_behaviour;
 mod lock_cancellation;
 mod lock_processes;
