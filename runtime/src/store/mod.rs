@@ -49,6 +49,7 @@ pub(crate) use self::redis::{Conn, Endpoint, Existing, Options, RedisTarget};
 pub use self::token::{TokenOps, TokenOutcome};
 #[cfg(feature = "test-util")]
 pub use crate::error::StoreFailure;
+#[cfg(feature = "test-util")]
 pub use crate::values::Replicas;
 
 /// Where guard state lives. Implemented by [`RedisStore`] and [`MemoryStore`].

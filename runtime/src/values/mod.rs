@@ -20,4 +20,9 @@ pub(crate) use self::rate::micros;
 pub use self::rate::{
     Algorithm, IntoRate, Limit, MAX_RATE_COUNT, MAX_RATE_PERIOD, MAX_SLIDING_WINDOW_COUNT, Rate,
 };
+// Reached by users only through the builders' `replicas(count, timeout)`; redguard's own
+// tests name it through the store seam (feature `test-util`).
+#[cfg(feature = "test-util")]
 pub use self::replicas::Replicas;
+#[cfg(not(feature = "test-util"))]
+pub(crate) use self::replicas::Replicas;

@@ -1,5 +1,8 @@
 //! How many replicas must confirm a guard's write before the guard proceeds.
 
+// Public for the store seam, which only redguard's own tests reach (feature `test-util`).
+#![cfg_attr(not(feature = "test-util"), allow(unreachable_pub))]
+
 use std::time::Duration;
 
 use crate::error::{Error, Result};
