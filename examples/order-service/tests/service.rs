@@ -78,7 +78,12 @@ async fn start(redis: &RedisServer, db: &Path, name: &str, env: &[(&str, &str)])
             .send();
         if let Ok(response) = health.await {
             let health: Value = response.json().await.unwrap();
-            assert_eq!(health["store"], "redis");
+            // The kind of the handle: a service started on Sentinel says so.
+            let sentinel = env
+                .iter()
+                .any(|(key, _)| *key == "REDGUARD_REDIS_SENTINELS");
+            let kind = if sentinel { "redis-sentinel" } else { "redis" };
+            assert_eq!(health["store"], kind);
             assert_eq!(health["instance"], name);
             return instance;
         }
