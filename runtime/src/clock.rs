@@ -40,7 +40,7 @@ impl Clock for SystemClock {
 /// ```
 /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
 /// use std::time::Duration;
-/// use redguard::{Clock, TokioClock};
+/// use redguard::clock::{Clock, TokioClock};
 ///
 /// let clock = TokioClock::new();
 /// let start = clock.now();

@@ -34,7 +34,9 @@ pub use crate::store::{Health, StoreKind};
 /// ```no_run
 /// # async fn run() -> redguard::Result<()> {
 /// use std::time::Duration;
-/// use redguard::{FailMode, GuardKind, Redguard};
+/// use redguard::Redguard;
+/// use redguard::handle::FailMode;
+/// use redguard::key::GuardKind;
 ///
 /// Redguard::redis("redis://:secret@127.0.0.1:6379/0")
 ///     .prefix("shop")
