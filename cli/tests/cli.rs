@@ -11,30 +11,10 @@ use redguard::{key::GuardKind, key::KeyBuilder, rate::Algorithm};
 use redguard_tests::{RedisCluster, RedisServer};
 use serde_json::Value;
 
-const SCOPE: &str = "shop::orders::reserve_stock";
+mod common;
+use common::redguard;
 
-/// Runs the binary with `env` as its only redguard settings.
-async fn redguard(env: Vec<(&'static str, String)>, args: &[&str]) -> Output {
-    let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
-    tokio::task::spawn_blocking(move || {
-        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_redguard"));
-        for var in [
-            "REDGUARD_REDIS_URL",
-            "REDIS_URL",
-            "REDGUARD_REDIS_CLUSTER_URLS",
-            "REDGUARD_REDIS_SENTINELS",
-            "REDGUARD_REDIS_MASTER",
-            "REDGUARD_TLS_CA",
-            "REDGUARD_PREFIX",
-            "RUST_LOG",
-        ] {
-            cmd.env_remove(var);
-        }
-        cmd.envs(env).args(&args).output().expect("run redguard")
-    })
-    .await
-    .expect("join")
-}
+const SCOPE: &str = "shop::orders::reserve_stock";
 
 fn on(server: &RedisServer) -> Vec<(&'static str, String)> {
     vec![("REDGUARD_REDIS_URL", server.url())]
