@@ -7,12 +7,15 @@
 //! logged and counted (`redguard_backend_errors_total`).
 //!
 //! Code map: `limiter.rs` the API ([`Limiter`], [`RateLimits`]); `decide.rs` asking the store
-//! (or the local tier), the bounded wait, metrics; `local.rs` the in-process first tier.
+//! (or the local tier), the bounded wait, metrics; `local.rs` the in-process first tier;
+//! `charge.rs` cost charged after the call ([`Charge`], [`Cost`]).
 
+mod charge;
 mod decide;
 mod limiter;
 mod local;
 
+pub use self::charge::{Charge, Cost};
 pub use self::limiter::{Limiter, RateLimits};
 pub use crate::values::{
     Algorithm, IntoRate, Limit, MAX_RATE_COUNT, MAX_RATE_PERIOD, MAX_SLIDING_WINDOW_COUNT, Rate,

@@ -37,6 +37,7 @@ mod pinned_clock;
 mod quota;
 mod rate_accuracy;
 mod rate_boundary;
+mod rate_charge;
 mod rate_coalescing;
 mod rate_gcra_model;
 mod rate_limit_attr;
