@@ -381,3 +381,74 @@ async fn the_attribute_charges_what_the_ok_value_reports() {
     }
     server.assert_every_key_has_ttl();
 }
+
+// ---- the tests can fail -------------------------------------------------------------------
+
+/// `rate_adjust.lua` as the runtime sends it: after its preludes.
+const ADJUST_PRELUDES: &str = concat!(
+    include_str!("../../../runtime/src/store/redis/scripts/expiry.lua"),
+    include_str!("../../../runtime/src/store/redis/scripts/quota.lua"),
+);
+const ADJUST: &str = concat!(
+    include_str!("../../../runtime/src/store/redis/scripts/expiry.lua"),
+    include_str!("../../../runtime/src/store/redis/scripts/quota.lua"),
+    include_str!("../../../runtime/src/store/redis/scripts/rate_adjust.lua"),
+);
+
+/// The tests above on one handle; a panic is a caught difference.
+async fn every_case(rg: Redguard, clock: ManualClock) {
+    for algorithm in Algorithm::ALL {
+        differential(&rg, &clock, algorithm, 1).await;
+    }
+    a_refund_beyond_what_the_call_holds_is_refused(rg.clone()).await;
+    a_charge_past_the_limit_blocks_until_repaid(rg.clone()).await;
+    charges_and_refunds_follow_the_quota_override(rg.clone()).await;
+    negative_balance_repaid_to_the_microsecond(rg, clock).await;
+}
+
+/// Mutants of `rate_adjust.lua` itself (not its preludes, which other tests cover), every
+/// 8th (`MUTANT_SAMPLE=1` for all), run through the cases above on Redis: nearly every one
+/// must be caught, or the cases would pass a broken charge.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cases_catch_mutants_of_the_charge_script() {
+    let sample: usize = std::env::var("MUTANT_SAMPLE")
+        .ok()
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(8)
+        .max(1);
+    let prelude_lines = ADJUST_PRELUDES.lines().count();
+    let mutants: Vec<_> = redguard_tests::mutate::of("rate_adjust", ADJUST)
+        .into_iter()
+        .filter(|m| m.line > prelude_lines)
+        .step_by(sample)
+        .collect();
+    assert!(mutants.len() >= 10, "{} mutants", mutants.len());
+    let server = RedisServer::start();
+    let mut missed = Vec::new();
+    for mutant in &mutants {
+        ::redis::cmd("FLUSHALL")
+            .query::<()>(&mut server.connection())
+            .unwrap();
+        let clock = virtual_clock();
+        let applied = mutant.clone();
+        let rg = Redguard::redis(server.url())
+            .clock(clock.clone())
+            .script_transform(move |source| applied.apply(source))
+            .connect()
+            .await
+            .unwrap();
+        let caught = tokio::spawn(every_case(rg, clock)).await.is_err();
+        if !caught {
+            missed.push((mutant.line, mutant.diff()));
+        }
+    }
+    eprintln!(
+        "rate_adjust.lua: {} of {} mutants caught; missed: {missed:#?}",
+        mutants.len() - missed.len(),
+        mutants.len()
+    );
+    assert!(
+        missed.len() * 10 <= mutants.len(),
+        "more than 10% of the mutants missed: {missed:#?}"
+    );
+}
