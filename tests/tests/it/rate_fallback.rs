@@ -140,17 +140,29 @@ async fn each_instance_admits_its_share_while_redis_is_down_and_no_stale_burst_f
         admitted <= bound,
         "{admitted} admitted in the first window after recovery > {bound} (a stale burst gives {stale})"
     );
-    // And Redis decides again afterwards: the limit's state is in Redis, with a TTL.
-    let local_before = local_decisions(SCOPE);
-    limiter(&handles[0], SCOPE).decide().await.unwrap();
-    assert_eq!(
-        local_decisions(SCOPE),
-        local_before,
-        "still decided locally"
+    // And Redis decides again (each handle, once reconnected): the limit's state is in
+    // Redis, with a TTL.
+    assert!(
+        local_decisions(SCOPE) > 0,
+        "no decision was counted as mode=local"
     );
+    let since = Instant::now();
+    for rg in &handles {
+        loop {
+            let before = local_decisions(SCOPE);
+            limiter(rg, SCOPE).decide().await.unwrap();
+            if local_decisions(SCOPE) == before {
+                break;
+            }
+            assert!(
+                since.elapsed() < Duration::from_secs(10),
+                "still decided locally 10 s after the restart"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
     assert!(!server.keys().is_empty());
     server.assert_every_key_has_ttl();
-    assert!(local_before > 0, "no decision was counted as mode=local");
 }
 
 fn local_decisions(scope: &str) -> u64 {
@@ -254,6 +266,52 @@ where
         }
     }
     admitted
+}
+
+/// The layer decides through the same code: with Redis gone, `8/h` over 4 instances admits
+/// 2 requests, then answers 429 with the share in its headers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_layer_falls_back_to_the_share() {
+    use axum::{Router, body::Body, http::Request, http::StatusCode, routing::get};
+    use tower::ServiceExt as _;
+
+    let mut server = RedisServer::start();
+    let rg = Redguard::redis(server.url())
+        .timeout(Duration::from_millis(100))
+        .fail_mode(GuardKind::RateLimit, FailMode::local(4).unwrap())
+        .connect()
+        .await
+        .unwrap();
+    server.kill();
+    let app = Router::new().route("/", get(|| async { "hello" })).layer(
+        redguard::http::RateLimitLayer::builder(redguard::http::Global)
+            .limit("all", "8/h")
+            .on(&rg)
+            .build()
+            .unwrap(),
+    );
+    let mut statuses = Vec::new();
+    for _ in 0..4 {
+        let response = app
+            .clone()
+            .oneshot(Request::get("/").body(Body::empty()).unwrap())
+            .await
+            .unwrap();
+        statuses.push(response.status());
+        if response.status() == StatusCode::TOO_MANY_REQUESTS {
+            let policy = response.headers()["ratelimit-policy"].to_str().unwrap();
+            assert!(policy.contains("q=2"), "{policy}");
+        }
+    }
+    assert_eq!(
+        statuses,
+        [
+            StatusCode::OK,
+            StatusCode::OK,
+            StatusCode::TOO_MANY_REQUESTS,
+            StatusCode::TOO_MANY_REQUESTS
+        ]
+    );
 }
 
 /// `FailMode::Local` is for rate limits: a lock or an idempotency key decided in one process
