@@ -405,6 +405,62 @@ mod tests {
         assert!(!d[0].allowed, "the throttled key was evicted by the flood");
     }
 
+    /// The gate after recovery, on paused time: a key admitted locally during the outage is
+    /// admitted for one window of its limit only when the local share admits it too, then
+    /// the store decides alone and the entry is gone.
+    #[tokio::test(start_paused = true)]
+    async fn the_gate_holds_for_one_window_after_the_store_answers() {
+        let rg = crate::Redguard::memory_builder()
+            .fail_mode(
+                crate::key::GuardKind::RateLimit,
+                FailMode::local(2).unwrap(),
+            )
+            .connect()
+            .await
+            .unwrap();
+        // 10/s, burst 10 (window 1 s); the share: 5/s, burst 5.
+        let l = limit(Algorithm::Gcra, Rate::per_second(10), None, 1);
+        let key = Key::stored("redguard:rate:{t:gated}");
+        let other = Key::stored("redguard:rate:{t:fresh}");
+        let r = || [resolved(&key, &l)];
+        let admitted = (0..8)
+            .filter(|_| outage(&rg, &r(), RateMode::Consume).unwrap()[0].allowed)
+            .count();
+        assert_eq!(admitted, 5, "the share's burst");
+        // The store answers and admits (restarted empty, it would admit its whole burst).
+        let store_admits = RateOutcome {
+            now: Duration::ZERO,
+            decisions: vec![Decision::degraded(10, Duration::from_secs(1))],
+        };
+        let refused = gate(&rg, &r(), RateMode::Consume, &store_admits).unwrap();
+        assert!(!refused[0].allowed && refused[0].retry_after > Duration::ZERO);
+        // A key the fallback never admitted is not gated.
+        assert!(
+            gate(
+                &rg,
+                &[resolved(&other, &l)],
+                RateMode::Consume,
+                &store_admits
+            )
+            .is_none()
+        );
+        // Within the window the gate admits at the share's rate: 5/s, one per 200 ms.
+        let mut admitted = 0;
+        for _ in 0..9 {
+            tokio::time::advance(Duration::from_millis(100)).await;
+            if gate(&rg, &r(), RateMode::Consume, &store_admits).is_none() {
+                admitted += 1;
+            }
+        }
+        assert_eq!(admitted, 4, "0.9 s at 5/s");
+        // One window after the store's first answer: the store alone decides.
+        tokio::time::advance(Duration::from_millis(150)).await;
+        for _ in 0..20 {
+            assert!(gate(&rg, &r(), RateMode::Consume, &store_admits).is_none());
+        }
+        assert_eq!(rg.state().fallback.len(), 0);
+    }
+
     fn resolved<'a>(key: &Key, limit: &Limit) -> Resolved<'a> {
         Resolved {
             key: key.clone(),
