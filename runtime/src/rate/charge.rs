@@ -59,8 +59,9 @@ impl<T: Cost + ?Sized> Cost for &T {
 ///
 /// Charged after the work at the same instant, a cost leaves the key exactly as the same
 /// cost charged up front would (tested against each other); charged later, the units are
-/// counted from the charge's time, which never admits more than up front. Holds no
-/// connection and no lock: a `Charge` dropped unsettled keeps what it holds.
+/// counted from the charge's time, which never admits more than up front. Holds no lock
+/// and nothing in the store beyond the key's state: a `Charge` dropped unsettled keeps what
+/// it holds.
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> redguard::Result<()> {
