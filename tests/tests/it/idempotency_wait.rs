@@ -408,3 +408,38 @@ async fn on_a_cluster_duplicates_wait_and_replay() {
         "the last duplicate returned {lag:?} after the first"
     );
 }
+
+/// An end nobody announces (a crashed first execution's PROCESSING record expiring): a
+/// waiter with a live subscription still finds it, by its 5 s safety poll, and runs the
+/// intent itself, long before its 30 s `wait` runs out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silently_expired_record_is_found_by_the_safety_poll() {
+    let server = RedisServer::start();
+    let rg = redguard_tests::connect(&server).await;
+    // What a crashed execution leaves: PROCESSING, no longer renewed, expiring on its own.
+    let record = "redguard:idem:{wait:crashed}";
+    let _: () = ::redis::cmd("HSET")
+        .arg(record)
+        .arg(&["status", "P", "owner", "gone", "fp", "", "started", "0"])
+        .query(&mut server.connection())
+        .unwrap();
+    let _: () = ::redis::cmd("PEXPIRE")
+        .arg(record)
+        .arg(1000)
+        .query(&mut server.connection())
+        .unwrap();
+    let begun = Instant::now();
+    let ran = rg
+        .idempotency("crashed")
+        .scope("wait")
+        .wait(WAIT)
+        .run(async { Ok::<_, Error>(3) })
+        .await;
+    let took = begun.elapsed();
+    assert!(matches!(ran, Ok(3)), "{ran:?}");
+    assert!(
+        took >= Duration::from_secs(1) && took < Duration::from_secs(15),
+        "ran after {took:?}: not by the safety poll"
+    );
+    server.assert_every_key_has_ttl();
+}
