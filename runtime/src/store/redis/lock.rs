@@ -445,7 +445,12 @@ impl ReleaseBus {
     /// Subscribes a waiter to `key` (to `owner`'s turns at a fair lock), starting the
     /// connection if needed and waiting up to `timeout` for the subscription to be in place
     /// (after that the watch polls).
-    async fn watch(&self, key: &Key, owner: Option<&str>, timeout: Duration) -> LockWatch {
+    pub(super) async fn watch(
+        &self,
+        key: &Key,
+        owner: Option<&str>,
+        timeout: Duration,
+    ) -> LockWatch {
         let watch = |live| match owner {
             Some(owner) => self.waiters.watch_handed(key.as_str(), owner, live),
             None => self.waiters.watch(key.as_str(), live),
