@@ -7,11 +7,13 @@
 //! logged and counted (`redguard_backend_errors_total`).
 //!
 //! Code map: `limiter.rs` the API ([`Limiter`], [`RateLimits`]); `decide.rs` asking the store
-//! (or the local tier), the bounded wait, metrics; `local.rs` the in-process first tier.
+//! (or the local tier), metrics; `pace.rs` the wait, in arrival order; `local.rs` the
+//! in-process first tier.
 
 mod decide;
 mod limiter;
 mod local;
+mod pace;
 
 pub use self::limiter::{Limiter, RateLimits};
 pub use crate::values::{
