@@ -21,6 +21,8 @@ pub(crate) struct State {
     pub(crate) rejections: Rejections,
     /// Paced rate-limit waiters, queued per set of limit keys (`rate/pace.rs`).
     pub(crate) rate_queues: LockQueues,
+    /// What the local fallback of `FailMode::Local` admitted (`rate/fallback.rs`).
+    pub(crate) fallback: crate::rate::FallbackTable,
     /// Lock renewal tasks alive.
     pub(crate) watchdogs: AtomicUsize,
 }
