@@ -15,6 +15,7 @@ mod idem;
 mod inproc;
 mod lock;
 mod measure;
+mod pace;
 mod peers;
 mod quota;
 mod rate;
@@ -517,6 +518,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     idem::cases(&mut bench, &rg, &memory).await;
     rate::cases(&mut bench, &rg, &memory).await;
     quota::cases(&mut bench, &rg).await;
+    pace::cases(&mut bench, &rg).await;
     inproc::cases(&mut bench).await;
     lock::cases(&mut bench, &rg, &memory).await;
     replicas::cases(&mut bench).await;

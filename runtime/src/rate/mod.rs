@@ -8,8 +8,8 @@
 //! process at the instance's share of the limit.
 //!
 //! Code map: `limiter.rs` the API ([`Limiter`], [`RateLimits`]); `decide.rs` asking the store
-//! (or the local tier), the bounded wait, metrics; `local.rs` the in-process first tier;
-//! `fallback.rs` the local limiter of [`FailMode::Local`](crate::handle::FailMode::Local);
+//! (or the local tier), metrics; `pace.rs` the wait, in arrival order; `local.rs` the
+//! in-process first tier; `fallback.rs` the local limiter of [`FailMode::Local`](crate::handle::FailMode::Local);
 //! `charge.rs` cost charged after the call ([`Charge`], [`Cost`]).
 
 mod charge;
@@ -17,6 +17,7 @@ mod decide;
 mod fallback;
 mod limiter;
 mod local;
+mod pace;
 
 pub use self::charge::{Charge, Cost};
 pub(crate) use self::fallback::Table as FallbackTable;

@@ -43,6 +43,7 @@ mod rate_coalescing;
 mod rate_fallback;
 mod rate_gcra_model;
 mod rate_limit_attr;
+mod rate_pacing;
 mod rate_precision;
 mod rate_sliding_log;
 mod rate_throughput;
