@@ -15,7 +15,8 @@
 //! and `run`; `begin.rs` the begin and what undoes one whose outcome is unknown;
 //! `execution.rs` the body, its timeout and the verdict it owes its record; `keep_alive.rs`
 //! the renewal of a PROCESSING record; `replay.rs` [`track_replay`]; `classify.rs` how an
-//! error's outcome is classified.
+//! error's outcome is classified; `transaction.rs` (feature `sqlx`) the outcome committed in
+//! the caller's database transaction.
 
 mod begin;
 mod builder;
@@ -23,6 +24,8 @@ mod classify;
 mod execution;
 mod keep_alive;
 mod replay;
+#[cfg(feature = "sqlx")]
+mod transaction;
 
 use serde::Serialize;
 use sha2::{Digest, Sha256};
@@ -32,6 +35,10 @@ use crate::error::{Error, Result};
 pub use self::builder::{Detached, Idempotency};
 pub use self::classify::{Classify, ErrorClass};
 pub use self::replay::track_replay;
+#[cfg(feature = "sqlx")]
+pub use self::transaction::{
+    MAX_SQL_RESULT_BYTES, OutcomeDatabase, Transactional, purge_expired, sql_failure,
+};
 
 pub use redguard_grammar::idempotency::{MAX_EXPIRE, MIN_EXPIRE};
 

@@ -21,6 +21,7 @@ mod http_idempotency;
 mod http_layers;
 mod http_model;
 mod idempotency_faults;
+mod idempotency_sql;
 mod idempotent_processes;
 mod idempotent_redis;
 mod key_injection;
