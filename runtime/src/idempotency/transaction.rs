@@ -14,6 +14,7 @@
 //! `redguard_uncommitted`: a body that commits the transaction itself (raw `COMMIT`) fails
 //! that commit, and one that ends it otherwise is caught at the savepoint around the body.
 
+use std::future::Future;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
@@ -321,8 +322,8 @@ pub fn sql_failure(err: sqlx::Error) -> Error {
 }
 
 impl Idempotency {
-    /// Commits the outcome in `tx`, the caller's own database transaction: the body gets
-    /// `&mut` access to it, redguard writes the outcome row (key, fingerprint, result,
+    /// Commits the outcome in `tx`, the caller's own database transaction: the body gets it
+    /// and hands it back with its result, redguard writes the outcome row (key, fingerprint, result,
     /// expiry) in it and commits it, so the body's writes and their record commit or roll
     /// back together; then it records SUCCESS in Redis, which keeps the fast claim and the
     /// replay cache. A body that fails, and a replay, roll `tx` back.
@@ -346,13 +347,14 @@ impl Idempotency {
     ///     .idempotency(redguard::key("order:{id}").part("id", &order))
     ///     .scope("orders")
     ///     .transaction(tx)
-    ///     .run(async |tx| {
-    ///         sqlx::query("INSERT INTO orders (id) VALUES (?1)")
+    ///     .run(async |mut tx| {
+    ///         let placed = sqlx::query("INSERT INTO orders (id) VALUES (?1)")
     ///             .bind(order as i64)
-    ///             .execute(&mut **tx)
+    ///             .execute(&mut *tx)
     ///             .await
-    ///             .map_err(redguard::idempotency::sql_failure)?;
-    ///         Ok::<_, redguard::Error>(order)
+    ///             .map(|_| order)
+    ///             .map_err(redguard::idempotency::sql_failure);
+    ///         (tx, placed)
     ///     })
     ///     .await?;
     /// # Ok(id) }
@@ -431,9 +433,10 @@ enum Claim {
 impl<'c, DB: OutcomeDatabase> Transactional<'c, DB> {
     /// Runs `body` at most once per intent, with the outcome committed in the transaction;
     /// see [`Idempotency::transaction`].
-    pub async fn run<T, E, F>(self, body: F) -> Result<T, E>
+    pub async fn run<T, E, F, Fut>(self, body: F) -> Result<T, E>
     where
-        F: AsyncFnOnce(&mut sqlx::Transaction<'c, DB>) -> Result<T, E>,
+        F: FnOnce(sqlx::Transaction<'c, DB>) -> Fut,
+        Fut: Future<Output = (sqlx::Transaction<'c, DB>, Result<T, E>)>,
         T: Serialize + DeserializeOwned,
         E: From<Error> + Classify,
     {
@@ -504,7 +507,8 @@ impl<'c, DB: OutcomeDatabase> Transactional<'c, DB> {
                     DB::__exec(&mut tx, "SAVEPOINT redguard_body")
                         .await
                         .map_err(sql_failure)?;
-                    let value = match body(&mut tx).await {
+                    let (tx, result) = body(tx).await;
+                    let value = match result {
                         Ok(value) => value,
                         Err(err) => {
                             // Fails after a body that ended the transaction itself: nothing

@@ -190,19 +190,23 @@ async fn call<DB: TestDb>(pool: &Pool<DB>, c: Call<'_>) -> Option<IdemOutcome> {
     let run =
         c.rg.idempotency(redguard::key("intent:{n}").part("n", &c.intent))
             .scope("sql-history")
-            .expire(Duration::from_secs(60))
+            .expire(Duration::from_secs(3600))
             .transaction(tx)
-            .run(async |tx| {
-                ran.fetch_add(1, Ordering::SeqCst);
-                DB::effect(tx, c.intent, &c.call, history::now_us())
-                    .await
-                    .map_err(redguard::idempotency::sql_failure)?;
-                match c.fault {
-                    Fault::StallFinish => c.redis.pause(),
-                    Fault::Drop => std::future::pending::<()>().await,
-                    Fault::None | Fault::StallBegin => {}
+            .run(async |mut tx| {
+                let result = async {
+                    ran.fetch_add(1, Ordering::SeqCst);
+                    DB::effect(&mut tx, c.intent, &c.call, history::now_us())
+                        .await
+                        .map_err(redguard::idempotency::sql_failure)?;
+                    match c.fault {
+                        Fault::StallFinish => c.redis.pause(),
+                        Fault::Drop => std::future::pending::<()>().await,
+                        Fault::None | Fault::StallBegin => {}
+                    }
+                    Ok::<_, Error>(c.intent * 7)
                 }
-                Ok::<_, Error>(c.intent * 7)
+                .await;
+                (tx, result)
             });
     let bound = if c.fault == Fault::Drop { 300 } else { 5000 };
     let outcome = tokio::time::timeout(Duration::from_millis(bound), run).await;
@@ -222,15 +226,47 @@ async fn call<DB: TestDb>(pool: &Pool<DB>, c: Call<'_>) -> Option<IdemOutcome> {
 /// Runs `ops` calls over `intents` intents with random faults, then retries every intent
 /// until it answers, and checks with the history checker that each committed effect is the
 /// only one of its intent and that none is missing.
-async fn fault_history<DB: TestDb>(pool: &Pool<DB>, redis: &RedisServer, ops: usize, intents: u64) {
+async fn fault_history<DB: TestDb>(
+    pool: &Pool<DB>,
+    redis: &RedisServer,
+    ops: usize,
+    intents: u64,
+    worker: (&str, &str),
+) {
     let rg = connect(redis).await;
     let mut rng = fastrand::Rng::with_seed(29);
     let mut hist = History::default();
     hist.run.0 = history::now_us();
     let mut faults = std::collections::BTreeMap::<String, usize>::new();
+    // First worker processes, each SIGKILLed at a random moment of its stream of calls:
+    // between a begin and its commit, between a commit and its SUCCESS, anywhere.
+    // Each worker its own range of intents past the in-process ones, all retried in the tail.
+    let rounds = ops / 30;
+    let per_round = 40;
+    let all = intents + rounds as u64 * per_round;
+    for round in 0..rounds as u64 {
+        let first = intents + round * per_round;
+        let start = history::now_us();
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_sql_worker"))
+            .args([redis.url(), worker.0.to_owned(), worker.1.to_owned()])
+            .args([first.to_string(), (first + per_round).to_string()])
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("spawn sql_worker");
+        tokio::time::sleep(Duration::from_millis(rng.u64(200..700))).await;
+        child.kill().expect("SIGKILL the worker");
+        let _ = child.wait();
+        hist.faults.push(history::FaultSpan {
+            kind: "sigkill-worker".into(),
+            start,
+            end: history::now_us(),
+            loss: history::Loss::Nothing,
+        });
+    }
+    faults.insert("SigkillWorker".into(), rounds);
     // Then every intent once more without faults, retried until it answers, so none is left
     // unanswered: a lost effect would show as an intent without one.
-    let tail = (0..intents).map(|intent| (intent, Fault::None, true));
+    let tail = (0..all).map(|intent| (intent, Fault::None, true));
     let random: Vec<_> = (0..ops)
         .map(|_| {
             let fault = match rng.u8(0..10) {
@@ -307,7 +343,11 @@ async fn fault_history<DB: TestDb>(pool: &Pool<DB>, redis: &RedisServer, ops: us
     }
     let report = history::check(&hist);
     println!("{report}");
-    println!("calls by fault: {faults:?}");
+    println!(
+        "calls by fault: {faults:?}; committed effects {} (from workers {})",
+        effects.len(),
+        effects.iter().filter(|e| e.1.starts_with('w')).count()
+    );
     // This history has no lock workload, whose progress the checker also expects.
     let violations: Vec<_> = report
         .violations
@@ -315,21 +355,17 @@ async fn fault_history<DB: TestDb>(pool: &Pool<DB>, redis: &RedisServer, ops: us
         .filter(|v| !v.starts_with("lock progress"))
         .collect();
     assert!(violations.is_empty(), "{report}");
-    let mut per_intent = vec![0usize; intents as usize];
+    let mut per_intent = vec![0usize; all as usize];
     for (intent, _, _) in &effects {
         per_intent[*intent as usize] += 1;
     }
-    let lost: Vec<_> = (0..intents)
-        .filter(|i| per_intent[*i as usize] == 0)
-        .collect();
-    let twice: Vec<_> = (0..intents)
-        .filter(|i| per_intent[*i as usize] > 1)
-        .collect();
+    let lost: Vec<_> = (0..all).filter(|i| per_intent[*i as usize] == 0).collect();
+    let twice: Vec<_> = (0..all).filter(|i| per_intent[*i as usize] > 1).collect();
     assert!(lost.is_empty(), "intents whose effect was lost: {lost:?}");
     assert!(twice.is_empty(), "intents applied twice: {twice:?}");
     assert_eq!(
         DB::outcome_rows(pool).await,
-        intents,
+        all,
         "one outcome row per intent"
     );
     redis.assert_every_key_has_ttl();
@@ -339,7 +375,15 @@ async fn fault_history<DB: TestDb>(pool: &Pool<DB>, redis: &RedisServer, ops: us
 async fn postgres_fault_history_applies_every_effect_exactly_once() {
     let (pg, redis) = (Postgres::start(), RedisServer::start());
     let pool = postgres(&pg, true).await;
-    fault_history(&pool, &redis, ops("REDGUARD_SQL_OPS", 300), 40).await;
+    let url = pg.url();
+    fault_history(
+        &pool,
+        &redis,
+        ops("REDGUARD_SQL_OPS", 300),
+        40,
+        ("postgres", &url),
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -347,7 +391,16 @@ async fn sqlite_fault_history_applies_every_effect_exactly_once() {
     let dir = tempfile::tempdir().expect("temp dir");
     let redis = RedisServer::start();
     let pool = sqlite(&dir, true).await;
-    fault_history(&pool, &redis, ops("REDGUARD_SQL_OPS", 300), 40).await;
+    let file = dir.path().join("app.db");
+    let file = file.to_str().expect("a UTF-8 temp path");
+    fault_history(
+        &pool,
+        &redis,
+        ops("REDGUARD_SQL_OPS", 300),
+        40,
+        ("sqlite", file),
+    )
+    .await;
 }
 
 /// The CI count, or the long run's (`scripts/test-long` sets it to thousands).
@@ -369,12 +422,16 @@ async fn commits_and_replays<DB: TestDb>(pool: &Pool<DB>, redis: &RedisServer) {
             .scope("orders")
             .payload(&("widget", 2))
             .transaction(tx)
-            .run(async |tx| {
-                runs.fetch_add(1, Ordering::SeqCst);
-                DB::effect(tx, 5, "place", 0)
-                    .await
-                    .map_err(redguard::idempotency::sql_failure)?;
-                Ok::<_, Error>(String::from("placed 5"))
+            .run(async |mut tx| {
+                let result = async {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    DB::effect(&mut tx, 5, "place", 0)
+                        .await
+                        .map_err(redguard::idempotency::sql_failure)?;
+                    Ok::<_, Error>(String::from("placed 5"))
+                }
+                .await;
+                (tx, result)
             })
             .await
     };
@@ -400,7 +457,7 @@ async fn commits_and_replays<DB: TestDb>(pool: &Pool<DB>, redis: &RedisServer) {
         .scope("orders")
         .payload(&("gadget", 1))
         .transaction(tx)
-        .run(async |_tx| Ok::<_, Error>(String::new()))
+        .run(async |tx| (tx, Ok::<_, Error>(String::new())))
         .await;
     assert!(matches!(reuse, Err(Error::KeyReuse)), "{reuse:?}");
     redis.assert_every_key_has_ttl();
@@ -426,18 +483,42 @@ async fn sqlite_commits_the_outcome_with_the_effect_and_replays_from_the_row() {
 /// And an execution alive in its transaction still answers `InProgress`.
 async fn resolves_from_the_row<DB: TestDb>(pool: &Pool<DB>, redis: &RedisServer) {
     let rg = connect(redis).await;
-    let stalled = call(
-        pool,
-        Call {
-            rg: &rg,
-            redis,
-            intent: 1,
-            call: "first".into(),
-            fault: Fault::StallFinish,
-        },
-    )
-    .await;
-    assert_eq!(stalled, Some(IdemOutcome::Ran(7)));
+    // Committed, then the network to Redis cut for good (as a process dying there): the
+    // SUCCESS never arrives.
+    let proxy = redguard_tests::proxy::Proxy::start(redis.port());
+    let cut = Redguard::redis(proxy.url())
+        .timeout(Duration::from_millis(200))
+        .connect()
+        .await
+        .expect("connect through the proxy");
+    let tx = pool.begin().await.expect("begin");
+    let first = cut
+        .idempotency(redguard::key("intent:{n}").part("n", &1u64))
+        .scope("sql-history")
+        .expire(Duration::from_secs(3600))
+        .transaction(tx)
+        .run(async |mut tx| {
+            let result = DB::effect(&mut tx, 1, "first", 0)
+                .await
+                .map(|()| 7u64)
+                .map_err(redguard::idempotency::sql_failure);
+            proxy.set(redguard_tests::proxy::Fault::Blackhole);
+            (tx, result)
+        })
+        .await;
+    assert_eq!(first.expect("the body's result"), 7);
+    drop((cut, proxy));
+    // The window itself: committed, and Redis still says PROCESSING.
+    let admin = redguard::admin::Admin::new(rg.clone());
+    let record = admin
+        .key(
+            redguard::key::GuardKind::Idempotency,
+            "sql-history",
+            "intent:1",
+        )
+        .expect("admin key");
+    let status = admin.inspect(&record).await.expect("inspect").record;
+    assert_eq!(status.map(|r| r.status).as_deref(), Some("processing"));
     let retry = Call {
         rg: &rg,
         redis,
@@ -472,13 +553,17 @@ async fn resolves_from_the_row<DB: TestDb>(pool: &Pool<DB>, redis: &RedisServer)
         rg.idempotency(redguard::key("intent:{n}").part("n", &3u64))
             .scope("sql-history")
             .transaction(tx)
-            .run(async |tx| {
-                DB::effect(tx, 3, "live", 0)
-                    .await
-                    .map_err(redguard::idempotency::sql_failure)?;
-                let _ = entered_tx.send(());
-                let _ = released.await;
-                Ok::<_, Error>(21u64)
+            .run(async |mut tx| {
+                let result = async {
+                    DB::effect(&mut tx, 3, "live", 0)
+                        .await
+                        .map_err(redguard::idempotency::sql_failure)?;
+                    let _ = entered_tx.send(());
+                    let _ = released.await;
+                    Ok::<_, Error>(21u64)
+                }
+                .await;
+                (tx, result)
             })
             .await
     };
@@ -489,7 +574,7 @@ async fn resolves_from_the_row<DB: TestDb>(pool: &Pool<DB>, redis: &RedisServer)
             .idempotency(redguard::key("intent:{n}").part("n", &3u64))
             .scope("sql-history")
             .transaction(tx)
-            .run(async |_tx| Ok::<_, Error>(0u64))
+            .run(async |tx| (tx, Ok::<_, Error>(0u64)))
             .await;
         let _ = release.send(());
         answer
@@ -526,12 +611,16 @@ async fn refuses_misuse<DB: TestDb>(pool: &Pool<DB>, redis: &RedisServer) {
     let mut commit_failed = false;
     let committed = guard(1)
         .transaction(tx)
-        .run(async |tx| {
-            DB::effect(tx, 1, "commit", 0)
-                .await
-                .map_err(redguard::idempotency::sql_failure)?;
-            commit_failed = DB::exec(tx, "COMMIT").await.is_err();
-            Ok::<_, Error>(1u64)
+        .run(async |mut tx| {
+            let result = async {
+                DB::effect(&mut tx, 1, "commit", 0)
+                    .await
+                    .map_err(redguard::idempotency::sql_failure)?;
+                commit_failed = DB::exec(&mut tx, "COMMIT").await.is_err();
+                Ok::<_, Error>(1u64)
+            }
+            .await;
+            (tx, result)
         })
         .await;
     assert!(commit_failed, "the body's own COMMIT went through");
@@ -547,14 +636,18 @@ async fn refuses_misuse<DB: TestDb>(pool: &Pool<DB>, redis: &RedisServer) {
     let tx = pool.begin().await.expect("begin");
     let rolled = guard(2)
         .transaction(tx)
-        .run(async |tx| {
-            DB::effect(tx, 2, "rollback", 0)
-                .await
-                .map_err(redguard::idempotency::sql_failure)?;
-            DB::exec(tx, "ROLLBACK")
-                .await
-                .map_err(redguard::idempotency::sql_failure)?;
-            Ok::<_, Error>(2u64)
+        .run(async |mut tx| {
+            let result = async {
+                DB::effect(&mut tx, 2, "rollback", 0)
+                    .await
+                    .map_err(redguard::idempotency::sql_failure)?;
+                DB::exec(&mut tx, "ROLLBACK")
+                    .await
+                    .map_err(redguard::idempotency::sql_failure)?;
+                Ok::<_, Error>(2u64)
+            }
+            .await;
+            (tx, result)
         })
         .await;
     match rolled {
@@ -565,11 +658,15 @@ async fn refuses_misuse<DB: TestDb>(pool: &Pool<DB>, redis: &RedisServer) {
     let tx = pool.begin().await.expect("begin");
     let retried = guard(2)
         .transaction(tx)
-        .run(async |tx| {
-            DB::effect(tx, 2, "retry", 0)
-                .await
-                .map_err(redguard::idempotency::sql_failure)?;
-            Ok::<_, Error>(2u64)
+        .run(async |mut tx| {
+            let result = async {
+                DB::effect(&mut tx, 2, "retry", 0)
+                    .await
+                    .map_err(redguard::idempotency::sql_failure)?;
+                Ok::<_, Error>(2u64)
+            }
+            .await;
+            (tx, result)
         })
         .await;
     assert_eq!(retried.expect("the retry runs"), 2);
@@ -579,11 +676,15 @@ async fn refuses_misuse<DB: TestDb>(pool: &Pool<DB>, redis: &RedisServer) {
     let tx = pool.begin().await.expect("begin");
     let large = guard(3)
         .transaction(tx)
-        .run(async |tx| {
-            DB::effect(tx, 3, "large", 0)
-                .await
-                .map_err(redguard::idempotency::sql_failure)?;
-            Ok::<_, Error>("x".repeat(redguard::idempotency::MAX_SQL_RESULT_BYTES))
+        .run(async |mut tx| {
+            let result = async {
+                DB::effect(&mut tx, 3, "large", 0)
+                    .await
+                    .map_err(redguard::idempotency::sql_failure)?;
+                Ok::<_, Error>("x".repeat(redguard::idempotency::MAX_SQL_RESULT_BYTES))
+            }
+            .await;
+            (tx, result)
         })
         .await;
     match large {
@@ -606,9 +707,9 @@ async fn refuses_a_missing_table<DB: TestDb>(pool: &Pool<DB>, redis: &RedisServe
         .idempotency("no-table")
         .scope("misuse")
         .transaction(tx)
-        .run(async |_tx| {
+        .run(async |tx| {
             runs.fetch_add(1, Ordering::SeqCst);
-            Ok::<_, Error>(0u64)
+            (tx, Ok::<_, Error>(0u64))
         })
         .await;
     match missing {
@@ -660,4 +761,36 @@ async fn sqlite_purge_deletes_only_expired_rows_in_bounded_batches() {
     drop(conn);
     assert_eq!((first, second), (2, 1));
     assert_eq!(Sqlite::outcome_rows(&pool).await, 1);
+}
+
+/// A web handler's future must be `Send` (axum's, tower's): the transactional run's is, with
+/// a body that holds the transaction across its awaits.
+#[tokio::test]
+async fn the_transactional_run_is_send() {
+    fn send<F: std::future::Future + Send>(future: F) -> F {
+        future
+    }
+    let pool = sqlx::PgPool::connect_lazy("postgres://nobody@127.0.0.1:1/none").expect("lazy pool");
+    let rg = Redguard::memory();
+    // Built and dropped unpolled: the check is the compiler's.
+    drop(send(async move {
+        let tx = pool
+            .begin()
+            .await
+            .map_err(redguard::idempotency::sql_failure)?;
+        rg.idempotency("k")
+            .transaction(tx)
+            .run(async |mut tx| {
+                let result = async {
+                    sqlx::query("SELECT 1")
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(redguard::idempotency::sql_failure)?;
+                    Ok::<_, Error>(1u64)
+                }
+                .await;
+                (tx, result)
+            })
+            .await
+    }));
 }
