@@ -485,7 +485,7 @@ impl<'c, DB: OutcomeDatabase> Transactional<'c, DB> {
                 Err(err @ (Error::InProgress | Error::OutcomeUnknown)) => {
                     match resolve(&handle, &intent, &mut tx, err).await? {
                         Resolution::Replay(value) => return Ok(value),
-                        Resolution::Run(execution, owner) => (execution, Some(owner)),
+                        Resolution::Run(execution, owner) => (*execution, Some(owner)),
                     }
                 }
                 Err(err) => return Err(err.into()),
@@ -531,7 +531,7 @@ impl<'c, DB: OutcomeDatabase> Transactional<'c, DB> {
 enum Resolution<T> {
     Replay(T),
     /// The row is claimed by `owner` in the caller's transaction; the execution runs.
-    Run(super::execution::Execution, String),
+    Run(Box<super::execution::Execution>, String),
 }
 
 /// Resolves a PROCESSING or UNKNOWN record (`found`) from the database.
@@ -584,7 +584,7 @@ where
             }
             match intent.twin(handle).begin::<T, Error>(handle).await? {
                 Begun::Replayed(value) => Ok(Resolution::Replay(value)),
-                Begun::Run(execution) => Ok(Resolution::Run(execution, owner)),
+                Begun::Run(execution) => Ok(Resolution::Run(Box::new(execution), owner)),
             }
         }
     }
