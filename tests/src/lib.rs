@@ -25,6 +25,7 @@ pub mod history;
 pub mod metrics;
 pub mod model;
 pub mod mutate;
+pub mod postgres;
 pub mod props;
 pub mod proxy;
 pub mod rate;
@@ -490,7 +491,7 @@ pub(crate) fn make_test_certificates(dir: &std::path::Path) {
     ]);
 }
 
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|listener| listener.local_addr())
         .map(|addr| addr.port())

@@ -249,7 +249,7 @@ impl Idempotency {
         .await
     }
 
-    fn handle(&self) -> Result<Redguard> {
+    pub(super) fn handle(&self) -> Result<Redguard> {
         match &self.handle {
             Some(handle) => Ok(handle.clone()),
             None => Redguard::current(),

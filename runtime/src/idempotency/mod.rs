@@ -16,7 +16,8 @@
 //! `execution.rs` the body, its timeout and the verdict it owes its record; `keep_alive.rs`
 //! the renewal of a PROCESSING record; `replay.rs` [`track_replay`]; `classify.rs` how an
 //! error's outcome is classified; `wait.rs` a duplicate waiting for the first execution's
-//! outcome ([`Idempotency::wait`]).
+//! outcome ([`Idempotency::wait`]); `transaction.rs` (feature `sqlx`) the outcome committed in
+//! the caller's database transaction.
 
 mod begin;
 mod builder;
@@ -24,6 +25,8 @@ mod classify;
 mod execution;
 mod keep_alive;
 mod replay;
+#[cfg(feature = "sqlx")]
+mod transaction;
 mod wait;
 
 use serde::Serialize;
@@ -34,6 +37,10 @@ use crate::error::{Error, Result};
 pub use self::builder::{Detached, Idempotency};
 pub use self::classify::{Classify, ErrorClass};
 pub use self::replay::track_replay;
+#[cfg(feature = "sqlx")]
+pub use self::transaction::{
+    MAX_SQL_RESULT_BYTES, OutcomeDatabase, Transactional, purge_expired, sql_failure,
+};
 
 pub use redguard_grammar::idempotency::{MAX_EXPIRE, MIN_EXPIRE};
 

@@ -21,6 +21,7 @@ mod http_idempotency;
 mod http_layers;
 mod http_model;
 mod idempotency_faults;
+mod idempotency_sql;
 mod idempotency_wait;
 mod idempotent_processes;
 mod idempotent_redis;
