@@ -145,11 +145,24 @@ impl RedisStore {
         };
         // Every key first, then the arguments: EVALSHA's order. Each limit passes three
         // keys and six arguments.
-        let mut cmd = evalsha(&CHECK, checks.len() * 3, 1 + checks.len() * 6);
+        // Off a Cluster, the prefix overrides too (one hash, in another slot on a Cluster).
+        let prefixes = if self.is_cluster() {
+            None
+        } else {
+            crate::values::prefix_hash(first.key)
+        };
+        let mut cmd = evalsha(
+            &CHECK,
+            checks.len() * 3 + usize::from(prefixes.is_some()),
+            1 + checks.len() * 6,
+        );
         for check in checks {
             cmd.arg(check.key.as_str())
                 .arg(format!("{}{BLOCK_SUFFIX}", check.key))
                 .arg(check.key.companion(QUOTA_SUFFIX).as_str());
+        }
+        if let Some(prefixes) = &prefixes {
+            cmd.arg(prefixes.as_str());
         }
         cmd.arg(match phase {
             Phase::Consume => "0",
