@@ -13,7 +13,7 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use axum::routing::get;
 use redguard::Redguard;
-use redguard::admin::Quota;
+use redguard::admin::{Admin, Quota, QuotaTtl};
 use redguard::http::{HeaderKey, Policy, RateLimitLayer};
 use tower::ServiceExt as _;
 
@@ -22,6 +22,7 @@ redguard_tests::conformance!(
     a_tenant_changing_plan_keeps_what_it_used,
     a_request_without_a_plan_is_refused_and_charges_nothing,
     a_shadow_policy_admits_and_the_enforced_one_is_charged,
+    an_operators_override_takes_precedence_over_the_plan,
 );
 
 fn hello() -> Router {
@@ -171,4 +172,42 @@ fn a_per_request_policy_takes_no_literal_burst() {
         .build()
         .unwrap_err();
     assert!(err.to_string().contains("plan's `Quota`"), "{err}");
+}
+
+/// The layer's keys are `<scope>.<policy>` and the extractor's key: an operator's override
+/// there (an exact key, or off a Cluster a prefix) wins over the request's plan.
+async fn an_operators_override_takes_precedence_over_the_plan(rg: Redguard) {
+    let plans = plans(&[("acme", "2/h"), ("acorn", "2/h")]);
+    let app = hello().layer(layer(&rg, "plans.ops", &plans));
+    assert_eq!(admitted(&app, "acme", 1).await, 1);
+    let admin = Admin::new(rg.clone());
+    let hour = QuotaTtl::For(std::time::Duration::from_secs(3600));
+    admin
+        .quota_set(
+            "plans.ops.plan",
+            "acme",
+            &Quota::new("6/h", None).unwrap(),
+            hour,
+        )
+        .await
+        .unwrap();
+    // 1 used of the override's 6.
+    assert_eq!(admitted(&app, "acme", 10).await, 5);
+    assert_eq!(admitted(&app, "acorn", 10).await, 2);
+    if rg.kind() != redguard::handle::StoreKind::Cluster {
+        admin
+            .quota_set(
+                "plans.ops.plan",
+                "ac*",
+                &Quota::new("4/h", None).unwrap(),
+                hour,
+            )
+            .await
+            .unwrap();
+        // acorn used 2 of the prefix's 4; acme keeps its exact override, all used.
+        assert_eq!(admitted(&app, "acorn", 10).await, 2);
+        assert_eq!(admitted(&app, "acme", 10).await, 0);
+        admin.quota_clear("plans.ops.plan", "ac*").await.unwrap();
+    }
+    admin.quota_clear("plans.ops.plan", "acme").await.unwrap();
 }
