@@ -19,6 +19,8 @@ use crate::values::Decision;
 pub(crate) struct State {
     pub(crate) lock_queues: LockQueues,
     pub(crate) rejections: Rejections,
+    /// What the local fallback of `FailMode::Local` admitted (`rate/fallback.rs`).
+    pub(crate) fallback: crate::rate::FallbackTable,
     /// Lock renewal tasks alive.
     pub(crate) watchdogs: AtomicUsize,
 }

@@ -105,11 +105,12 @@ pub const METRICS: &[Metric] = &[
     ),
     counter(
         "redguard_rate_decisions_total",
-        &["scope", "limit", "outcome"],
+        &["scope", "limit", "outcome", "mode"],
         "Rate decisions per limit (limit: its position in a stacked call, 0 the first): \
          allowed, rejected, rejected_local (by the in-process tier), not_charged (admitted \
          by this limit, refused by another), shadow_rejected (a shadow limit would have \
-         refused: admitted anyway).",
+         refused: admitted anyway); mode=\"local\" when the local fallback decided \
+         (FailMode::Local), absent when the store did.",
     ),
     counter(
         "redguard_rate_near_limit_total",
@@ -128,7 +129,7 @@ pub const METRICS: &[Metric] = &[
         "redguard_backend_errors_total",
         &["guard", "op", "outcome"],
         "Store calls that failed or timed out, by guard, operation and the FailMode applied \
-         (fail_open, fail_closed; unrecorded: an idempotent outcome that could not be stored).",
+         (fail_open, fail_closed, fail_local; unrecorded: an idempotent outcome that could not be stored).",
     ),
 ];
 

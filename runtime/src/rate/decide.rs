@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use tracing::Instrument;
 
-use super::local;
+use super::{fallback, local};
 use crate::degrade::Degrade;
 use crate::error::{Error, Result};
 use crate::handle::Redguard;
@@ -149,11 +149,17 @@ async fn decide_traced(
     let outcome = handle.store().rate_check(&checks, mode).await;
     let Some(mut outcome) = outcome.or_degrade(handle, GuardKind::RateLimit, op, &first.key)?
     else {
+        if let Some(decisions) = fallback::outage(handle, limits, mode) {
+            return Ok(decisions);
+        }
         return Ok(limits
             .iter()
             .map(|r| Decision::degraded(r.limit.burst, r.limit.window()))
             .collect());
     };
+    if let Some(refused) = fallback::gate(handle, limits, mode, &outcome) {
+        return Ok(refused);
+    }
     // Refused by shadow limits only: the call goes ahead, so the enforced limits, which the
     // all-or-nothing call left uncharged, are charged now (a second call, only then).
     let refused_by_shadow =

@@ -39,6 +39,7 @@ mod quota;
 mod rate_accuracy;
 mod rate_boundary;
 mod rate_coalescing;
+mod rate_fallback;
 mod rate_gcra_model;
 mod rate_limit_attr;
 mod rate_precision;
