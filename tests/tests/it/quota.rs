@@ -22,7 +22,8 @@ redguard_tests::conformance!(
     listing_finds_the_overrides_of_a_scope,
 );
 
-// Prefix overrides: a single node, Sentinel's master and memory (on a Cluster, refused).
+// Prefix overrides: memory, a single node (also with declared keys) and Sentinel's master
+// (on a Cluster, refused).
 mod prefixes {
     use super::*;
 
@@ -57,6 +58,18 @@ mod prefixes {
                         let other = ::redguard_tests::declared::connect(&server).await;
                         super::$case(one, other).await;
                         ::redguard_tests::declared::assert_none_undeclared(&server);
+                    }
+                )*
+            }
+            mod sentinel {
+                $(
+                    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                    async fn $case() {
+                        let sentinel = ::redguard_tests::RedisSentinel::start_small();
+                        let one = sentinel.connect().await;
+                        let other = sentinel.connect().await;
+                        super::$case(one, other).await;
+                        sentinel.assert_every_key_has_ttl();
                     }
                 )*
             }
