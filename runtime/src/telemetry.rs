@@ -119,6 +119,18 @@ pub const METRICS: &[Metric] = &[
          (`Limiter::near_limit`): the key is close to refusing.",
     ),
     counter(
+        "redguard_rate_adjusted_units_total",
+        &["op"],
+        "Rate-limit units charged (`op=\"charge\"`) or given back (`op=\"refund\"`) after \
+         the call, through `rate::Charge` or `#[rate_limit(charge = after)]`.",
+    ),
+    counter(
+        "redguard_rate_settle_errors_total",
+        &[],
+        "`#[rate_limit(charge = after)]` calls whose reported cost could not be settled (the \
+         store failed): the units charged so far stand, the call's value was returned.",
+    ),
+    counter(
         "redguard_rate_quota_invalid_total",
         &[],
         "Rate decisions that found a value at the key's quota override (`<key>:quota`) that \

@@ -300,6 +300,15 @@ impl Limiter {
         RateLimits::new().with(self).with(other)
     }
 
+    /// [`check`](Limiter::check), keeping the key and the limit it decided on: the
+    /// admission of [`reserve`](Limiter::reserve).
+    pub(super) async fn admit(&self) -> Result<(Redguard, Decision, crate::key::Key, Limit)> {
+        let (handle, resolved) = self.resolve_alone()?;
+        let limits = std::slice::from_ref(&resolved);
+        let decision = single(enforce_resolved(&handle, limits, &[self.wait]).await?)?;
+        Ok((handle, decision, resolved.key, resolved.limit))
+    }
+
     /// Bounded waiting allowed by this limit (see [`wait`](Limiter::wait)).
     pub(super) fn max_wait(&self) -> Duration {
         self.wait

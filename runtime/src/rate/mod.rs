@@ -9,13 +9,16 @@
 //!
 //! Code map: `limiter.rs` the API ([`Limiter`], [`RateLimits`]); `decide.rs` asking the store
 //! (or the local tier), the bounded wait, metrics; `local.rs` the in-process first tier;
-//! `fallback.rs` the local limiter of [`FailMode::Local`](crate::handle::FailMode::Local).
+//! `fallback.rs` the local limiter of [`FailMode::Local`](crate::handle::FailMode::Local);
+//! `charge.rs` cost charged after the call ([`Charge`], [`Cost`]).
 
+mod charge;
 mod decide;
 mod fallback;
 mod limiter;
 mod local;
 
+pub use self::charge::{Charge, Cost};
 pub(crate) use self::fallback::Table as FallbackTable;
 
 pub use self::limiter::{Limiter, RateLimits};

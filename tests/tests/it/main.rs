@@ -38,6 +38,7 @@ mod pinned_clock;
 mod quota;
 mod rate_accuracy;
 mod rate_boundary;
+mod rate_charge;
 mod rate_coalescing;
 mod rate_fallback;
 mod rate_gcra_model;
