@@ -496,7 +496,7 @@ impl RateOps for MemoryStore {
 
     async fn rate_adjust(&self, check: &RateCheck<'_>, adjust: RateAdjust) -> Result<u64> {
         let (mut shard, now) = self.shard(check.key);
-        let quota = super::quota::with_quota(&mut shard, now, check.key, check.limit);
+        let quota = super::quota::with_quota(self, &mut shard, now, check.key, check.limit);
         let limit = quota.as_ref().unwrap_or(check.limit);
         let mut states = shard.rates.at(now);
         let state = states.get(check.key);

@@ -124,11 +124,19 @@ impl RateOps for RedisStore {
         }
         let limit = check.limit;
         let quota = check.key.companion(QUOTA_SUFFIX);
+        // Off a Cluster, the prefix overrides too (in another slot on a Cluster).
+        let prefixes = (!self.is_cluster())
+            .then(|| crate::values::prefix_hash(check.key))
+            .flatten();
+        let mut keys = vec![check.key, &quota];
+        if let Some(prefixes) = &prefixes {
+            keys.push(prefixes);
+        }
         let reply: Vec<i64> = self
             .eval(
                 "rate_adjust",
                 &ADJUST,
-                &[check.key, &quota],
+                &keys,
                 &[
                     &op,
                     &units,
