@@ -553,6 +553,10 @@ impl IdemOps for FaultyStore {
     async fn idem_resolve(&self, resolve: Resolve<'_>) -> Result<Resolved> {
         self.inner.idem_resolve(resolve).await
     }
+
+    async fn idem_watch(&self, key: &Key) -> LockWatch {
+        self.inner.idem_watch(key).await
+    }
 }
 
 #[async_trait]

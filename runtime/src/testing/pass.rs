@@ -83,6 +83,10 @@ impl IdemOps for PassStore {
     async fn idem_resolve(&self, _: Resolve<'_>) -> Result<Resolved> {
         Ok(Resolved::Missing)
     }
+
+    async fn idem_watch(&self, _: &Key) -> LockWatch {
+        LockWatch::polling()
+    }
 }
 
 #[async_trait]

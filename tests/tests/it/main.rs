@@ -22,6 +22,7 @@ mod http_layers;
 mod http_model;
 mod http_quotas;
 mod idempotency_faults;
+mod idempotency_wait;
 mod idempotent_processes;
 mod idempotent_redis;
 mod key_injection;
