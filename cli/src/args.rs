@@ -54,9 +54,11 @@ pub(crate) enum Command {
 /// `redguard quota ...`.
 #[derive(Debug, Subcommand)]
 pub(crate) enum QuotaCommand {
-    /// Set the override of one key: `quota set SCOPE KEY --rate 100/s [--burst 200]
-    /// (--ttl 30d | --permanent)`. Refused (nothing written) for a rate, burst or TTL out of
-    /// bounds, a key the guards would not render, or a scope with no rate limit in the store.
+    /// Set the override of one key, or of a key prefix (`tenant:*`): `quota set SCOPE KEY
+    /// --rate 100/s [--burst 200] (--ttl 30d | --permanent)`. An exact key's override wins
+    /// over the longest prefix's, which wins over the code. Refused (nothing written) for a
+    /// rate, burst or TTL out of bounds, a key the guards would not render, a scope with no
+    /// rate limit in the store, or a prefix on a Redis Cluster.
     Set(QuotaSet),
     /// Show the override of one key.
     Get(QuotaTarget),
@@ -71,7 +73,8 @@ pub(crate) enum QuotaCommand {
 pub(crate) struct QuotaTarget {
     /// The limit's scope: the fn's path or its `scope = ".."`.
     pub(crate) scope: String,
-    /// The rendered key template (`tenant:acme`).
+    /// The rendered key template (`tenant:acme`), or a prefix of it ending in `*`
+    /// (`tenant:*`; `*`: the whole scope).
     pub(crate) key: String,
 }
 

@@ -106,12 +106,62 @@ async fn set_get_list_clear_on_a_running_service() {
 async fn set_get_list_clear_on_a_cluster() {
     let cluster = RedisCluster::start();
     let service = cluster.connect().await;
-    session(
-        vec![("REDGUARD_REDIS_CLUSTER_URLS", cluster.urls().join(","))],
-        service,
-    )
-    .await;
+    let env = vec![("REDGUARD_REDIS_CLUSTER_URLS", cluster.urls().join(","))];
+    session(env.clone(), service.clone()).await;
+    // A prefix override cannot be read with the keys it covers on a Cluster: refused.
+    let args = [
+        "quota", "set", SCOPE, "tenant:*", "--rate", "10/s", "--ttl", "1h",
+    ];
+    let stderr = refused(&redguard(env, &args).await);
+    assert!(stderr.contains("Cluster"), "{stderr}");
+    assert_eq!(tenant(&service, "acme").peek().await.unwrap().limit, 1);
     cluster.assert_every_key_has_ttl();
+}
+
+/// `quota set SCOPE 'tenant:*'`: every key of the scope starting with `tenant:` is decided
+/// with it on the service's next call, below an exact key's override; get, list and clear
+/// name it with its `*`; listed, then gone with nothing left without a TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prefix_override_on_a_running_service() {
+    let server = RedisServer::start();
+    let service = redguard_tests::connect(&server).await;
+    let env = vec![("REDGUARD_REDIS_URL", server.url())];
+    tenant(&service, "acme").check().await.unwrap();
+    let set = |key: &'static str, burst: &'static str| {
+        let env = env.clone();
+        async move {
+            let args = [
+                "--json", "quota", "set", SCOPE, key, "--rate", "100/h", "--burst", burst, "--ttl",
+                "1h",
+            ];
+            json(&redguard(env, &args).await)
+        }
+    };
+    let set_prefix = set("tenant:*", "3").await;
+    assert_eq!(
+        set_prefix["key"].as_str().map(|k| k.ends_with(":tenant:*")),
+        Some(true)
+    );
+    for id in ["acme", "globex"] {
+        let d = tenant(&service, id).decide().await.unwrap();
+        assert!(d.allowed && d.limit == 3, "{id}: {d:?}");
+    }
+    set("tenant:acme", "5").await;
+    assert_eq!(tenant(&service, "acme").peek().await.unwrap().limit, 5);
+    assert_eq!(tenant(&service, "globex").peek().await.unwrap().limit, 3);
+    let got = json(&redguard(env.clone(), &["--json", "quota", "get", SCOPE, "tenant:*"]).await);
+    assert_eq!(got["rate"], "100/3600s");
+    assert_eq!(got["burst"], 3);
+    let list = json(&redguard(env.clone(), &["--json", "quota", "list", SCOPE]).await);
+    assert_eq!(list["overrides"].as_array().unwrap().len(), 2, "{list}");
+    for key in ["tenant:*", "tenant:acme"] {
+        let cleared = ok(&redguard(env.clone(), &["quota", "clear", SCOPE, key]).await);
+        assert!(cleared.contains("cleared"), "{cleared}");
+    }
+    assert_eq!(tenant(&service, "globex").peek().await.unwrap().limit, 1);
+    let none = ok(&redguard(env.clone(), &["quota", "get", SCOPE, "tenant:*"]).await);
+    assert!(none.contains("no override"), "{none}");
+    server.assert_every_key_has_ttl();
 }
 
 /// Every override key in the server.
@@ -150,7 +200,8 @@ async fn bad_input_is_refused_and_nothing_is_written() {
     }
     let keys: &[(&str, &str, &str)] = &[
         ("api::unused", "tenant:acme", "no rate limit of scope"),
-        (SCOPE, "tenant:*", "prefix"),
+        (SCOPE, "tenant:a*b*", "contains"),
+        (SCOPE, "tenant:{acme}*", "contains"),
         (SCOPE, "tenant:{acme}", "key"),
         ("bad scope", "tenant:acme", "scope"),
     ];
@@ -232,5 +283,18 @@ async fn only_the_operator_credential_sets_an_override() {
     assert_eq!(overrides(&server).len(), 1);
     let d = tenant(&service, "acme").decide().await.unwrap();
     assert_eq!(d.limit, 10);
+    // A prefix override too, and the services' user decides with it (the script reads the
+    // prefix hash with the grants of the guide's line).
+    let prefix = [
+        "quota", "set", SCOPE, "tenant:*", "--rate", "20/s", "--ttl", "1h",
+    ];
+    ok(&redguard(vec![("REDGUARD_REDIS_URL", url("operator"))], &prefix).await);
+    let as_service = redguard::Redguard::redis(url("svc"))
+        .connect()
+        .await
+        .unwrap();
+    let d = tenant(&as_service, "globex").decide().await.unwrap();
+    assert!(d.allowed && d.limit == 20, "{d:?}");
+    assert_eq!(tenant(&as_service, "acme").peek().await.unwrap().limit, 10);
     server.assert_every_key_has_ttl();
 }

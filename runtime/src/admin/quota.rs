@@ -5,6 +5,15 @@
 //! script deciding the limit reads it in the same call (one more `GET`, no round trip), on a
 //! single node, a Sentinel master and a Cluster alike; every instance's next call sees it.
 //!
+//! A key ending in `*` names a key prefix (`tenant:*`: every key of the scope starting with
+//! `tenant:`; `*` alone: the whole scope). Precedence: the exact key's override, else the
+//! longest prefix's, else the code. Prefix overrides live in one hash per handle prefix
+//! (`<prefix>:rate:quota-prefixes`, at most [`MAX_PREFIX_OVERRIDES`] fields, each with its TTL
+//! or permanent) that the deciding script reads in the same call on a single node and a
+//! Sentinel master (one `HGETALL` per call). On a Cluster that hash is in another slot than
+//! the keys, so no script can read it with them: setting a prefix override there is refused
+//! (set per-key overrides instead).
+//!
 //! Refused before anything is written: a rate or burst outside the grammar's bounds
 //! ([`Quota::new`]), a TTL outside 1 s to 365 days, a key that breaks the guards' key rules,
 //! and a scope no rate limit uses — one with no rate-limit key (state, penalty or override)
@@ -17,8 +26,29 @@ use serde::Serialize;
 use super::Admin;
 use crate::error::{Error, Result};
 use crate::key::{GuardKind, Key, KeyBuilder};
+use crate::store::StoreKind;
 use crate::store::admin::Raw;
-use crate::values::{QUOTA_SUFFIX, Quota, QuotaTtl};
+use crate::values::{MAX_PREFIX_OVERRIDES, QUOTA_SUFFIX, Quota, QuotaTtl, prefix_hash};
+
+/// What an operator's `key` names: one limit's key, or a key prefix.
+enum Target {
+    Key(Key),
+    /// `field`: the state-key prefix (`<prefix>:rate:{<scope>:<body prefix>`) in `hash`.
+    Prefix {
+        hash: Key,
+        field: String,
+    },
+}
+
+impl Target {
+    /// How listings and logs show it: the state key, or the prefix and `*`.
+    fn shown(&self) -> String {
+        match self {
+            Target::Key(key) => key.to_string(),
+            Target::Prefix { field, .. } => format!("{field}*"),
+        }
+    }
+}
 
 /// One override as stored, for [`Admin::quota_get`] and [`Admin::quota_list`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -80,25 +110,43 @@ impl Admin {
         quota: &Quota,
         ttl: QuotaTtl,
     ) -> Result<QuotaEntry> {
-        let state = self.quota_key(scope, key)?;
+        let target = self.quota_target(scope, key)?;
         let ttl = ttl.check()?;
-        self.scope_in_use(scope, &state).await?;
-        let at = state.companion(QUOTA_SUFFIX);
-        self.handle
-            .store()
-            .admin_quota_set(&at, &quota.encode(), ttl)
-            .await?;
-        // A local tier repeating this key's rejections forgets them: the new rate decides.
-        self.forget_locally(&state).await;
+        match &target {
+            Target::Key(state) => {
+                self.scope_in_use(scope, state).await?;
+                let at = state.companion(QUOTA_SUFFIX);
+                self.handle
+                    .store()
+                    .admin_quota_set(&at, &quota.encode(), ttl)
+                    .await?;
+                // A local tier repeating this key's rejections forgets them: the new rate decides.
+                self.forget_locally(state).await;
+            }
+            Target::Prefix { hash, field } => {
+                self.scope_in_use(scope, &Key::stored(target.shown()))
+                    .await?;
+                self.handle
+                    .store()
+                    .admin_quota_prefix(
+                        hash,
+                        field,
+                        Some(&quota.encode()),
+                        ttl,
+                        MAX_PREFIX_OVERRIDES,
+                    )
+                    .await?;
+            }
+        }
         tracing::warn!(
-            key = %state,
+            key = %target.shown(),
             rate = %rate_text(quota),
             burst = quota.burst(),
             ttl_s = ttl.map(|t| t.as_secs()),
             "redguard admin: rate quota override set"
         );
         Ok(QuotaEntry {
-            key: state.to_string(),
+            key: target.shown(),
             rate: Some(rate_text(quota)),
             burst: Some(quota.burst()),
             expires_in_ms: ttl.map(|t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX)),
@@ -108,8 +156,14 @@ impl Admin {
 
     /// The override of the rate limit at `key` in `scope`, if one is set.
     pub async fn quota_get(&self, scope: &str, key: &str) -> Result<Option<QuotaEntry>> {
-        let state = self.quota_key(scope, key)?;
-        self.read_quota(&state).await
+        match self.quota_target(scope, key)? {
+            Target::Key(state) => self.read_quota(&state).await,
+            Target::Prefix { hash, field } => Ok(self
+                .read_prefixes(&hash, &field)
+                .await?
+                .into_iter()
+                .find(|e| e.key.strip_suffix('*') == Some(field.as_str()))),
+        }
     }
 
     /// The overrides of `scope`, found by `SCAN` among at most `limit` of its rate-limit keys
@@ -126,6 +180,10 @@ impl Admin {
                 overrides.push(entry);
             }
         }
+        // Prefix overrides are not keys of the scope: listed from their hash (bounded).
+        if let Some(hash) = self.prefix_hash(scope)? {
+            overrides.extend(self.read_prefixes(&hash, &prefix).await?);
+        }
         overrides.sort_by(|a, b| a.key.cmp(&b.key));
         Ok(QuotaList {
             overrides,
@@ -136,26 +194,103 @@ impl Admin {
     /// Removes the override of the rate limit at `key` in `scope`: the code's limit decides
     /// its next call. True when there was one. Logged at warn.
     pub async fn quota_clear(&self, scope: &str, key: &str) -> Result<bool> {
-        let state = self.quota_key(scope, key)?;
-        let deleted = self
-            .handle
-            .store()
-            .admin_delete(&[state.companion(QUOTA_SUFFIX)])
-            .await?;
-        self.forget_locally(&state).await;
-        tracing::warn!(key = %state, deleted, "redguard admin: rate quota override cleared");
-        Ok(deleted > 0)
+        let target = self.quota_target(scope, key)?;
+        let deleted = match &target {
+            Target::Key(state) => {
+                let deleted = self
+                    .handle
+                    .store()
+                    .admin_delete(&[state.companion(QUOTA_SUFFIX)])
+                    .await?;
+                self.forget_locally(state).await;
+                deleted > 0
+            }
+            Target::Prefix { hash, field } => {
+                self.handle
+                    .store()
+                    .admin_quota_prefix(hash, field, None, None, MAX_PREFIX_OVERRIDES)
+                    .await?
+            }
+        };
+        tracing::warn!(key = %target.shown(), deleted, "redguard admin: rate quota override cleared");
+        Ok(deleted)
     }
 
-    /// The state key of `key` in `scope`, by the guards' key rules.
-    fn quota_key(&self, scope: &str, key: &str) -> Result<Key> {
-        if key.ends_with('*') {
-            return Err(Error::Config(format!(
-                "`{key}`: overrides of a key prefix are not supported; set one per key"
-            )));
+    /// What `key` in `scope` names, by the guards' key rules: a state key, or (ending in
+    /// `*`) a key prefix, refused on a Cluster.
+    fn quota_target(&self, scope: &str, key: &str) -> Result<Target> {
+        let Some(body_prefix) = key.strip_suffix('*') else {
+            let body = KeyBuilder::new().text(key).finish()?;
+            return Ok(Target::Key(self.handle.key(
+                GuardKind::RateLimit,
+                scope,
+                &body,
+            )?));
+        };
+        if !body_prefix.is_empty() {
+            // The key rules of a key's text (no `*`, `{`, `}`, spaces, ...), so the prefix is
+            // one that keys can start with.
+            KeyBuilder::new().text(body_prefix).finish()?;
         }
-        let body = KeyBuilder::new().text(key).finish()?;
-        self.handle.key(GuardKind::RateLimit, scope, &body)
+        let Some(hash) = self.prefix_hash(scope)? else {
+            return Err(Error::Config(format!(
+                "`{key}`: overrides of a key prefix are not available on a Redis Cluster (the \
+                 keys of a prefix are in many slots, and a script reads one); set one per key"
+            )));
+        };
+        Ok(Target::Prefix {
+            hash,
+            field: format!("{}{body_prefix}", self.scope_prefix(scope)?),
+        })
+    }
+
+    /// The handle's prefix-override hash, `None` on a Cluster.
+    fn prefix_hash(&self, scope: &str) -> Result<Option<Key>> {
+        if self.handle.store().kind() == StoreKind::Cluster {
+            return Ok(None);
+        }
+        let probe = self.handle.key(
+            GuardKind::RateLimit,
+            scope,
+            &KeyBuilder::new().text("x").finish()?,
+        )?;
+        Ok(prefix_hash(&probe))
+    }
+
+    /// The prefix overrides in `hash` whose prefix starts with `start`.
+    async fn read_prefixes(&self, hash: &Key, start: &str) -> Result<Vec<QuotaEntry>> {
+        let (now, fields) = self.handle.store().admin_quota_prefixes(hash).await?;
+        let now_ms = u64::try_from(now.as_millis()).unwrap_or(u64::MAX);
+        Ok(fields
+            .into_iter()
+            .filter(|(field, _)| field.starts_with(start))
+            .map(|(field, value)| {
+                let mut seen = QuotaEntry {
+                    key: format!("{field}*"),
+                    rate: None,
+                    burst: None,
+                    expires_in_ms: None,
+                    problem: None,
+                };
+                let parsed = value
+                    .split_once(' ')
+                    .and_then(|(at, rest)| Some((at.parse::<u64>().ok()?, rest)));
+                match parsed {
+                    Some((at, stored)) => {
+                        seen.expires_in_ms = (at != 0).then(|| at.saturating_sub(now_ms));
+                        match Quota::decode(stored) {
+                            Ok(quota) => {
+                                seen.rate = Some(rate_text(&quota));
+                                seen.burst = Some(quota.burst());
+                            }
+                            Err(why) => seen.problem = Some(why),
+                        }
+                    }
+                    None => seen.problem = Some(format!("{value:?} is not a prefix override")),
+                }
+                seen
+            })
+            .collect())
     }
 
     /// `<prefix>:rate:{<scope>:`: what every rate-limit key of `scope` starts with.

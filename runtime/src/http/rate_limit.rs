@@ -60,6 +60,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
+use http::request::Parts;
 use http::{Request, Response};
 use http_body_util::{Either, Full};
 use tower_layer::Layer;
@@ -71,8 +72,8 @@ use super::response::{OnRejection, Rejection, ResponseBody, ResponseFuture, reje
 use crate::error::{Error, Result};
 use crate::handle::Redguard;
 use crate::key::{KeyBuilder, MAX_SCOPE_LEN, check_name};
-use crate::rate::RateLimits;
-use crate::values::{Algorithm, Decision, IntoRate, Limit, Rate};
+use crate::rate::{Limiter, RateLimits};
+use crate::values::{Algorithm, Decision, IntoRate, Limit, Quota, Rate};
 
 /// Default key scope of a layer's limits (each limit adds `.<name>`).
 const DEFAULT_SCOPE: &str = "http";
@@ -105,13 +106,42 @@ struct Config<K> {
 ///     .build()?;
 /// # Ok::<(), redguard::Error>(())
 /// ```
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Policy {
     name: String,
-    rate: std::result::Result<Rate, String>,
+    rate: PolicyRate,
     burst: Option<u64>,
     algorithm: Algorithm,
     global: bool,
+    shadow: bool,
+}
+
+/// Where a policy's rate and burst come from.
+#[derive(Clone)]
+enum PolicyRate {
+    /// Written in the code (or the error that text gave, reported by `build`).
+    Fixed(std::result::Result<Rate, String>),
+    /// Asked of each request and its key: a plan's quota.
+    PerRequest(Arc<PlanFn>),
+}
+
+/// The function of a [`Policy::per_request`].
+type PlanFn = dyn Fn(&Parts, &str) -> Option<Quota> + Send + Sync;
+
+impl std::fmt::Debug for Policy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut s = f.debug_struct("Policy");
+        s.field("name", &self.name);
+        match &self.rate {
+            PolicyRate::Fixed(rate) => s.field("rate", rate),
+            PolicyRate::PerRequest(_) => s.field("rate", &"per request"),
+        };
+        s.field("burst", &self.burst)
+            .field("algorithm", &self.algorithm)
+            .field("global", &self.global)
+            .field("shadow", &self.shadow)
+            .finish()
+    }
 }
 
 impl Policy {
@@ -120,11 +150,78 @@ impl Policy {
     pub fn new(name: impl Into<String>, rate: impl IntoRate) -> Policy {
         Policy {
             name: name.into(),
-            rate: rate.into_rate().map_err(|err| err.to_string()),
+            rate: PolicyRate::Fixed(rate.into_rate().map_err(|err| err.to_string())),
             burst: None,
             algorithm: Algorithm::Gcra,
             global: false,
+            shadow: false,
         }
+    }
+
+    /// A limit named `name` whose rate and burst are asked of each request: `plan` gets the
+    /// request's head and the key the layer's extractor took from it (a tenant, an API key)
+    /// and returns that plan's [`Quota`] — from a lookup table, a header the gateway set, a
+    /// cache of the billing system. A [`Quota`] is checked against the grammar's bounds
+    /// when it is made, so a plan cannot be unlimited; `None` (no plan for this request) is
+    /// answered `500` and logged, never admitted unchecked. Decided all-or-nothing with the
+    /// layer's other limits, as exactly as a literal rate.
+    ///
+    /// The key stays the extractor's, whatever the plan: a tenant that changes plan keeps its
+    /// state, kept in units, so what it already used counts against the new plan (a lowered
+    /// plan admits nothing beyond its new limit), as with an override. A per-key override
+    /// ([`Admin::quota_set`](crate::admin::Admin::quota_set)) still takes precedence.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> redguard::Result<()> {
+    /// use std::collections::HashMap;
+    /// use redguard::admin::Quota;
+    /// use redguard::http::{HeaderKey, Policy, RateLimitLayer};
+    ///
+    /// let plans: HashMap<&str, Quota> = HashMap::from([
+    ///     ("free", Quota::new("10/min", None)?),
+    ///     ("pro", Quota::new("100/s", Some(200))?),
+    /// ]);
+    /// let layer = RateLimitLayer::builder(HeaderKey::new("x-api-key")?)
+    ///     .policy(Policy::per_request("plan", move |parts, _key| {
+    ///         // Set by the gateway after authentication; unknown plans get the free one.
+    ///         let plan = parts.headers.get("x-plan").and_then(|v| v.to_str().ok());
+    ///         plans.get(plan.unwrap_or("free")).or(plans.get("free")).copied()
+    ///     }))
+    ///     .build()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn per_request<F>(name: impl Into<String>, plan: F) -> Policy
+    where
+        F: Fn(&Parts, &str) -> Option<Quota> + Send + Sync + 'static,
+    {
+        Policy {
+            name: name.into(),
+            rate: PolicyRate::PerRequest(Arc::new(plan)),
+            burst: None,
+            algorithm: Algorithm::Gcra,
+            global: false,
+            shadow: false,
+        }
+    }
+
+    /// Shadow (dry-run) mode: the limit is decided and counted as if enforced, but a request
+    /// it would refuse is admitted anyway (as [`Limiter::shadow`](crate::rate::Limiter::shadow)):
+    /// counted as `outcome="shadow_rejected"` in `redguard_rate_decisions_total` and recorded
+    /// on the span (`shadow_rejected`). The layer's other limits are still enforced and
+    /// charged. Switching it off is configuration (`.shadow(flag)`), not code.
+    ///
+    /// ```
+    /// use redguard::http::{Policy, RateLimitLayer};
+    ///
+    /// let enforce = std::env::var("ENFORCE_API_LIMIT").is_ok_and(|v| v == "1");
+    /// let layer = RateLimitLayer::builder(redguard::http::Global)
+    ///     .policy(Policy::new("api", "100/s").shadow(!enforce))
+    ///     .build()?;
+    /// # Ok::<(), redguard::Error>(())
+    /// ```
+    pub fn shadow(mut self, shadow: bool) -> Policy {
+        self.shadow = shadow;
+        self
     }
 
     /// Counts every request against one key shared by all clients, whatever the layer's
@@ -148,7 +245,8 @@ impl Policy {
         self
     }
 
-    /// The burst of the bucket algorithms (default: the rate's count).
+    /// The burst of the bucket algorithms (default: the rate's count). A
+    /// [`per_request`](Policy::per_request) policy takes its burst from the plan's [`Quota`].
     pub fn burst(mut self, burst: u64) -> Policy {
         self.burst = Some(burst);
         self
@@ -160,7 +258,7 @@ impl Policy {
         self
     }
 
-    fn check(&self) -> Result<Rate> {
+    fn check(&self) -> Result<()> {
         let valid_name = !self.name.is_empty()
             && self.name.len() <= 32
             && self.name.bytes().all(|b| {
@@ -172,15 +270,62 @@ impl Policy {
                 self.name
             )));
         }
-        let rate = self.rate.clone().map_err(Error::InvalidLimit)?;
-        Limit::new(
-            self.algorithm,
-            rate,
-            self.burst,
-            1,
-            std::time::Duration::ZERO,
-        )?;
-        Ok(rate)
+        match &self.rate {
+            PolicyRate::Fixed(rate) => {
+                let rate = rate.clone().map_err(Error::InvalidLimit)?;
+                Limit::new(
+                    self.algorithm,
+                    rate,
+                    self.burst,
+                    1,
+                    std::time::Duration::ZERO,
+                )?;
+            }
+            PolicyRate::PerRequest(_) if self.burst.is_some() => {
+                return Err(Error::Config(format!(
+                    "rate-limit policy `{}` takes its rate and burst from each request's \
+                     plan: put the burst in the plan's `Quota`, not in `.burst(..)`",
+                    self.name
+                )));
+            }
+            PolicyRate::PerRequest(_) => {}
+        }
+        Ok(())
+    }
+
+    /// The limiter deciding this policy for a request: `parts` and its `key` resolve a
+    /// per-request plan.
+    fn limiter(&self, parts: &Parts, key: &str, scope: &str) -> Result<Limiter> {
+        // The key `Global` gives: a global policy and a `Global` layer of the same scope
+        // and name count together.
+        let key_text = if self.global { "global" } else { key };
+        let mut limiter = crate::limiter(KeyBuilder::new().part("key", key_text))
+            .scope(format!("{scope}.{}", self.name))
+            .algorithm(self.algorithm)
+            .shadow(self.shadow);
+        match &self.rate {
+            PolicyRate::Fixed(Ok(rate)) => limiter = limiter.rate(*rate),
+            // Refused by `build`.
+            PolicyRate::Fixed(Err(why)) => return Err(Error::InvalidLimit(why.clone())),
+            PolicyRate::PerRequest(plan) => {
+                let Some(quota) = plan(parts, key) else {
+                    return Err(Error::InvalidLimit(format!(
+                        "rate-limit policy `{}` found no plan for this request (key `{key}`): \
+                         its function returned no quota",
+                        self.name
+                    )));
+                };
+                limiter = limiter.rate(quota.rate());
+                // A window algorithm admits the rate's count and takes no burst.
+                if !self.algorithm.is_window() {
+                    limiter = limiter.burst(quota.burst());
+                }
+            }
+        }
+        if let Some(burst) = self.burst {
+            limiter = limiter.burst(burst);
+        }
+        Ok(limiter)
     }
 }
 
@@ -298,29 +443,16 @@ impl<K: KeyExtractor> RateLimitBuilder<K> {
 
 impl<K: KeyExtractor> Config<K> {
     /// The limits of a request with `key`, ready to be decided together.
-    fn limits(&self, key: &str) -> RateLimits {
+    fn limits(&self, parts: &Parts, key: &str) -> Result<RateLimits> {
         let mut limits = RateLimits::new();
         for policy in &self.limits {
-            // The key `Global` gives: a global policy and a `Global` layer of the same scope
-            // and name count together.
-            let key = if policy.global { "global" } else { key };
-            let mut limiter = crate::limiter(KeyBuilder::new().part("key", key))
-                .scope(format!("{}.{}", self.scope, policy.name))
-                .algorithm(policy.algorithm);
-            limiter = match &policy.rate {
-                Ok(rate) => limiter.rate(*rate),
-                // Checked by `build`.
-                Err(_) => limiter,
-            };
-            if let Some(burst) = policy.burst {
-                limiter = limiter.burst(burst);
-            }
+            let mut limiter = policy.limiter(parts, key, &self.scope)?;
             if let Some(handle) = &self.handle {
                 limiter = limiter.on(handle);
             }
             limits = limits.with(limiter);
         }
-        limits
+        Ok(limits)
     }
 
     fn reject<B>(&self, rejection: Rejection) -> Response<ResponseBody<B>> {
@@ -457,12 +589,18 @@ where
         if let Err(err) = KeyBuilder::new().part("key", key.as_str()).finish() {
             return ResponseFuture::ready(config.reject(Rejection::from_error(&err)));
         }
+        // Resolved from the request's head before it moves into the future; a plan that
+        // cannot be resolved is a server error, never an unchecked admission.
+        let limits = match config.limits(&parts, &key) {
+            Ok(limits) => limits,
+            Err(err) => return ResponseFuture::ready(config.reject(Rejection::from_error(&err))),
+        };
         let request = Request::from_parts(parts, body);
         // The ready service goes into the future; this one keeps a fresh clone.
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         ResponseFuture::boxed(Box::pin(async move {
-            let decisions = match config.limits(&key).decide().await {
+            let decisions = match limits.decide().await {
                 Ok(decisions) => decisions,
                 Err(err) => return Ok(config.reject(Rejection::from_error(&err))),
             };

@@ -55,6 +55,31 @@ pub trait AdminOps {
     /// Writes the quota override `value` at `key` (a rate limit's `:quota` companion), for
     /// `ttl` or, with none, until deleted; replaces one that was there.
     async fn admin_quota_set(&self, key: &Key, value: &str, ttl: Option<Duration>) -> Result<()>;
+
+    /// Sets (`value`) or removes (`None`) the prefix override `field` (a state-key prefix) in
+    /// the prefix-override hash `hash`, for `ttl` or, with none, until removed; true when one
+    /// was there. A new field beyond `max` is refused ([`Error::Config`](crate::Error::Config)),
+    /// nothing written.
+    async fn admin_quota_prefix(
+        &self,
+        hash: &Key,
+        field: &str,
+        value: Option<&str>,
+        ttl: Option<Duration>,
+        max: usize,
+    ) -> Result<bool>;
+
+    /// The live prefix overrides in `hash`: the store's time, and each field with its stored
+    /// value (`<expires_at_ms, 0: permanent> <override>`).
+    async fn admin_quota_prefixes(&self, hash: &Key) -> Result<(Duration, Vec<(String, String)>)>;
+}
+
+/// The refusal of a prefix override beyond the bound.
+pub(crate) fn prefixes_full(max: usize) -> crate::Error {
+    crate::Error::Config(format!(
+        "{max} prefix overrides are set already (the most a handle's prefix holds, since every \
+         rate-limit call reads them all): clear one first, or set per-key overrides"
+    ))
 }
 
 /// What [`AdminOps::admin_read`] saw.

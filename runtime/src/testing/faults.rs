@@ -730,6 +730,23 @@ impl AdminOps for FaultyStore {
     async fn admin_quota_set(&self, key: &Key, value: &str, ttl: Option<Duration>) -> Result<()> {
         self.inner.admin_quota_set(key, value, ttl).await
     }
+
+    async fn admin_quota_prefix(
+        &self,
+        hash: &Key,
+        field: &str,
+        value: Option<&str>,
+        ttl: Option<Duration>,
+        max: usize,
+    ) -> Result<bool> {
+        self.inner
+            .admin_quota_prefix(hash, field, value, ttl, max)
+            .await
+    }
+
+    async fn admin_quota_prefixes(&self, hash: &Key) -> Result<(Duration, Vec<(String, String)>)> {
+        self.inner.admin_quota_prefixes(hash).await
+    }
 }
 
 #[cfg(test)]

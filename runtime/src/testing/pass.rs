@@ -223,4 +223,19 @@ impl AdminOps for PassStore {
     async fn admin_quota_set(&self, _: &Key, _: &str, _: Option<Duration>) -> Result<()> {
         Ok(())
     }
+
+    async fn admin_quota_prefix(
+        &self,
+        _: &Key,
+        _: &str,
+        _: Option<&str>,
+        _: Option<Duration>,
+        _: usize,
+    ) -> Result<bool> {
+        Ok(false)
+    }
+
+    async fn admin_quota_prefixes(&self, _: &Key) -> Result<(Duration, Vec<(String, String)>)> {
+        Ok((Duration::ZERO, Vec::new()))
+    }
 }

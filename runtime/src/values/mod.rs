@@ -14,8 +14,8 @@ pub use self::decision::Decision;
 #[cfg(feature = "http")]
 pub(crate) use self::decision::{render_headers, secs_ceil};
 pub use self::lock::LockKind;
-pub(crate) use self::quota::QUOTA_SUFFIX;
-pub use self::quota::{MAX_QUOTA_TTL, Quota, QuotaTtl};
+pub use self::quota::{MAX_PREFIX_OVERRIDES, MAX_QUOTA_TTL, Quota, QuotaTtl};
+pub(crate) use self::quota::{QUOTA_SUFFIX, prefix_hash};
 pub(crate) use self::rate::micros;
 pub use self::rate::{
     Algorithm, IntoRate, Limit, MAX_RATE_COUNT, MAX_RATE_PERIOD, MAX_SLIDING_WINDOW_COUNT, Rate,

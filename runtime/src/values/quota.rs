@@ -19,6 +19,24 @@ use crate::values::{IntoRate, Limit, Rate};
 /// Suffix of a rate-limit key's override (after its hash tag: same Cluster slot).
 pub(crate) const QUOTA_SUFFIX: &str = "quota";
 
+/// Suffix, after `<prefix>:rate:`, of the hash holding a handle's prefix overrides: one
+/// field per state-key prefix, `<prefix>:rate:{<scope>:<body prefix>`, its value
+/// `<expires_at_ms, 0: permanent> ` and the override's stored form.
+pub(crate) const PREFIX_HASH: &str = "quota-prefixes";
+
+/// The most prefix overrides a handle's prefix holds: the deciding script reads them all
+/// (one `HGETALL` per call), so their number bounds its cost.
+pub const MAX_PREFIX_OVERRIDES: usize = 64;
+
+/// The prefix-override hash of the handle a rate-limit state key `key` belongs to.
+pub(crate) fn prefix_hash(key: &crate::key::Key) -> Option<crate::key::Key> {
+    let at = key.as_str().find(":rate:{")?;
+    Some(crate::key::Key::stored(format!(
+        "{}:rate:{PREFIX_HASH}",
+        &key.as_str()[..at]
+    )))
+}
+
 /// The longest TTL an override may be given (longer ones are [`permanent`](QuotaTtl::Permanent),
 /// said so explicitly).
 pub const MAX_QUOTA_TTL: Duration = Duration::from_secs(365 * 86_400);

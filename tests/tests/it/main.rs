@@ -20,6 +20,7 @@ mod histories;
 mod http_idempotency;
 mod http_layers;
 mod http_model;
+mod http_quotas;
 mod idempotency_faults;
 mod idempotency_sql;
 mod idempotency_wait;

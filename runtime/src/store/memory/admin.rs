@@ -265,6 +265,22 @@ impl AdminOps for MemoryStore {
         Ok(())
     }
 
+    async fn admin_quota_prefix(
+        &self,
+        _hash: &Key,
+        field: &str,
+        value: Option<&str>,
+        ttl: Option<Duration>,
+        max: usize,
+    ) -> Result<bool> {
+        // Fields are whole state-key prefixes: one table serves every handle prefix.
+        self.prefix_put(field, value, ttl, max)
+    }
+
+    async fn admin_quota_prefixes(&self, _hash: &Key) -> Result<(Duration, Vec<(String, String)>)> {
+        Ok(self.prefix_list())
+    }
+
     async fn admin_refund(&self, key: &Key, units: u64) -> Result<u64> {
         let (mut shard, now) = self.shard(key);
         Ok(shard

@@ -65,6 +65,8 @@ struct Tables {
     /// Seeds the shard pick per store: which keys share a shard differs between stores.
     seed: u64,
     lock_waiters: Waiters,
+    /// Prefix overrides by state-key prefix (`quota.rs`): locked after a check's shards.
+    quota_prefixes: Mutex<quota::Quotas>,
 }
 
 impl Default for Tables {
@@ -73,6 +75,7 @@ impl Default for Tables {
             shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
             seed: RandomState::new().hash_one(SHARDS),
             lock_waiters: Waiters::default(),
+            quota_prefixes: Mutex::default(),
         }
     }
 }

@@ -17,19 +17,20 @@ pub(super) type Quotas = Table<String>;
 const PERMANENT: Duration = Duration::MAX;
 
 /// `limit` with the override of the state at `key` applied, read from `shard` (locked by
-/// the caller: the override shares the state's hash tag), if one is set; an override that
-/// is not one is ignored (warned, counted), as the scripts ignore it.
+/// the caller: the override shares the state's hash tag), else with that of the longest
+/// prefix of `key` among `store`'s prefix overrides, if one is set; an override that is not
+/// one is ignored (warned, counted), as the scripts ignore it.
 pub(super) fn with_quota(
+    store: &MemoryStore,
     shard: &mut Shard,
     now: Duration,
     key: &Key,
     limit: &Limit,
 ) -> Option<Limit> {
-    let stored = shard
-        .quotas
-        .at(now)
-        .get(&key.companion(QUOTA_SUFFIX))?
-        .clone();
+    let stored = match shard.quotas.at(now).get(&key.companion(QUOTA_SUFFIX)) {
+        Some(stored) => stored.clone(),
+        None => store.prefix_quota(now, key)?,
+    };
     let applied = Quota::decode(&stored)
         .ok()
         .and_then(|quota| quota.apply(limit));
@@ -71,6 +72,70 @@ impl MemoryStore {
     pub(super) fn quota_remove(&self, key: &Key) -> bool {
         let (mut shard, now) = self.shard(key);
         shard.quotas.at(now).remove(key).is_some()
+    }
+
+    fn prefixes(&self) -> std::sync::MutexGuard<'_, Quotas> {
+        // One map operation per change: a poisoned lock still holds a consistent table.
+        self.tables
+            .quota_prefixes
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The stored override of the longest prefix of `key`, if any.
+    fn prefix_quota(&self, now: Duration, key: &Key) -> Option<String> {
+        let mut prefixes = self.prefixes();
+        let live = prefixes.at(now);
+        let longest = live
+            .keys()
+            .filter(|prefix| key.as_str().starts_with(prefix))
+            .max_by_key(|prefix| prefix.len())?;
+        live.get(&Key::stored(longest)).cloned()
+    }
+
+    /// Sets or (`None`) removes the prefix override at `field`; whether one was there.
+    pub(super) fn prefix_put(
+        &self,
+        field: &str,
+        value: Option<&str>,
+        ttl: Option<Duration>,
+        max: usize,
+    ) -> crate::error::Result<bool> {
+        let now = self.clock.now();
+        let mut prefixes = self.prefixes();
+        let mut live = prefixes.at(now);
+        let field = Key::stored(field);
+        let had = live.get(&field).is_some();
+        match value {
+            Some(value) => {
+                if !had && live.keys().count() >= max {
+                    return Err(crate::store::admin::prefixes_full(max));
+                }
+                let at = ttl.map_or(PERMANENT, |ttl| now.saturating_add(ttl));
+                live.put(&field, value.to_owned(), at);
+            }
+            None => {
+                live.remove(&field);
+            }
+        }
+        Ok(had)
+    }
+
+    /// The live prefix overrides, in the scripts' listing form.
+    pub(super) fn prefix_list(&self) -> (Duration, Vec<(String, String)>) {
+        let now = self.clock.now();
+        let mut prefixes = self.prefixes();
+        let live = prefixes.at(now);
+        let fields = live
+            .keys()
+            .filter_map(|field| {
+                let key = Key::stored(field);
+                let at = live.expires_at(&key).filter(|at| *at != PERMANENT);
+                let at_ms = at.map_or(0, |at| u64::try_from(at.as_millis()).unwrap_or(u64::MAX));
+                Some((field.to_owned(), format!("{at_ms} {}", live.get(&key)?)))
+            })
+            .collect();
+        (now, fields)
     }
 
     /// Writes `value` at `key`, for `ttl` or (none) for good.

@@ -327,8 +327,13 @@ impl RateOps for MemoryStore {
         let mut decisions = Vec::with_capacity(checks.len());
         let mut commits: Vec<Option<(Commit, f64)>> = Vec::with_capacity(checks.len());
         for check in checks {
-            let quota =
-                super::quota::with_quota(shards.of(self, check.key), now_d, check.key, check.limit);
+            let quota = super::quota::with_quota(
+                self,
+                shards.of(self, check.key),
+                now_d,
+                check.key,
+                check.limit,
+            );
             let limit = quota.as_ref().unwrap_or(check.limit);
             let period = micros(limit.rate.period()) as f64;
             let burst = limit.burst as f64;
@@ -491,7 +496,7 @@ impl RateOps for MemoryStore {
 
     async fn rate_adjust(&self, check: &RateCheck<'_>, adjust: RateAdjust) -> Result<u64> {
         let (mut shard, now) = self.shard(check.key);
-        let quota = super::quota::with_quota(&mut shard, now, check.key, check.limit);
+        let quota = super::quota::with_quota(self, &mut shard, now, check.key, check.limit);
         let limit = quota.as_ref().unwrap_or(check.limit);
         let mut states = shard.rates.at(now);
         let state = states.get(check.key);

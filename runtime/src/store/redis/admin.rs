@@ -24,9 +24,10 @@ lua!(READ = "admin_read.lua" after "expiry.lua");
 lua!(UNLOCK = "admin_unlock.lua" after "fence.lua");
 lua!(REFUND = "admin_refund.lua" after "expiry.lua");
 lua!(FORGET = "admin_forget.lua");
+lua!(PREFIX = "admin_quota_prefix.lua");
 
 pub(super) fn scripts() -> Vec<&'static Lua> {
-    vec![&READ, &UNLOCK, &REFUND, &FORGET]
+    vec![&READ, &UNLOCK, &REFUND, &FORGET, &PREFIX]
 }
 
 /// Keys asked for per `SCAN` call.
@@ -166,6 +167,53 @@ impl AdminOps for RedisStore {
 
     async fn admin_refund(&self, key: &Key, units: u64) -> Result<u64> {
         self.eval("admin_refund", &REFUND, &[key], &[&units]).await
+    }
+
+    async fn admin_quota_prefix(
+        &self,
+        hash: &Key,
+        field: &str,
+        value: Option<&str>,
+        ttl: Option<Duration>,
+        max: usize,
+    ) -> Result<bool> {
+        let ttl_ms = ttl.map_or(0, |t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX));
+        let had: i64 = match value {
+            Some(value) => {
+                self.eval(
+                    "admin_quota_prefix",
+                    &PREFIX,
+                    &[hash],
+                    &[&"set", &field, &value, &ttl_ms, &max],
+                )
+                .await?
+            }
+            None => {
+                self.eval("admin_quota_prefix", &PREFIX, &[hash], &[&"del", &field])
+                    .await?
+            }
+        };
+        if had < 0 {
+            return Err(crate::store::admin::prefixes_full(max));
+        }
+        Ok(had == 1)
+    }
+
+    async fn admin_quota_prefixes(&self, hash: &Key) -> Result<(Duration, Vec<(String, String)>)> {
+        let reply: Vec<String> = self
+            .eval("admin_quota_prefix", &PREFIX, &[hash], &[&"list"])
+            .await?;
+        let corrupt = || Error::Corrupt {
+            key: hash.to_string(),
+            detail: "the prefix-override listing is malformed".to_owned(),
+        };
+        let (now, fields) = reply.split_first().ok_or_else(corrupt)?;
+        let now = Duration::from_millis(now.parse().map_err(|_| corrupt())?);
+        let fields = fields
+            .chunks_exact(2)
+            .map(|p| (p[0].clone(), p[1].clone()))
+            .collect();
+        Ok((now, fields))
     }
 
     async fn admin_forget(&self, key: &Key, fields: &[(String, String)]) -> Result<bool> {

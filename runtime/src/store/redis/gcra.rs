@@ -189,10 +189,24 @@ impl RedisStore {
         let Some(first) = items.first() else {
             return Ok((0, Vec::new()));
         };
-        let mut cmd = super::evalsha(&GCRA, 2 * items.len(), 1 + 3 * items.len());
+        // Off a Cluster, the prefix overrides too (one hash, in another slot on a Cluster,
+        // where a check runs alone).
+        let prefixes = if self.is_cluster() {
+            None
+        } else {
+            crate::values::prefix_hash(first.key)
+        };
+        let mut cmd = super::evalsha(
+            &GCRA,
+            2 * items.len() + usize::from(prefixes.is_some()),
+            1 + 3 * items.len(),
+        );
         for item in items {
             cmd.arg(item.key.as_str())
                 .arg(item.key.companion(QUOTA_SUFFIX).as_str());
+        }
+        if let Some(prefixes) = &prefixes {
+            cmd.arg(prefixes.as_str());
         }
         cmd.arg(if mode == RateMode::Peek { "1" } else { "0" });
         for item in items {

@@ -124,11 +124,19 @@ impl RateOps for RedisStore {
         }
         let limit = check.limit;
         let quota = check.key.companion(QUOTA_SUFFIX);
+        // Off a Cluster, the prefix overrides too (in another slot on a Cluster).
+        let prefixes = (!self.is_cluster())
+            .then(|| crate::values::prefix_hash(check.key))
+            .flatten();
+        let mut keys = vec![check.key, &quota];
+        if let Some(prefixes) = &prefixes {
+            keys.push(prefixes);
+        }
         let reply: Vec<i64> = self
             .eval(
                 "rate_adjust",
                 &ADJUST,
-                &[check.key, &quota],
+                &keys,
                 &[
                     &op,
                     &units,
@@ -190,11 +198,24 @@ impl RedisStore {
         };
         // Every key first, then the arguments: EVALSHA's order. Each limit passes three
         // keys and six arguments.
-        let mut cmd = evalsha(&CHECK, checks.len() * 3, 1 + checks.len() * 6);
+        // Off a Cluster, the prefix overrides too (one hash, in another slot on a Cluster).
+        let prefixes = if self.is_cluster() {
+            None
+        } else {
+            crate::values::prefix_hash(first.key)
+        };
+        let mut cmd = evalsha(
+            &CHECK,
+            checks.len() * 3 + usize::from(prefixes.is_some()),
+            1 + checks.len() * 6,
+        );
         for check in checks {
             cmd.arg(check.key.as_str())
                 .arg(format!("{}{BLOCK_SUFFIX}", check.key))
                 .arg(check.key.companion(QUOTA_SUFFIX).as_str());
+        }
+        if let Some(prefixes) = &prefixes {
+            cmd.arg(prefixes.as_str());
         }
         cmd.arg(match phase {
             Phase::Consume => "0",

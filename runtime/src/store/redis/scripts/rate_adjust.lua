@@ -3,7 +3,8 @@
 -- for exactness), so a cost charged after the call leaves the state a cost charged up front
 -- leaves. A charge always lands, past the limit too: the balance goes negative (a debt
 -- beyond the burst, a window's count above its limit) and the next check waits it out.
--- KEYS[1] the limit's state key, KEYS[2] its quota override (quota.lua).
+-- KEYS[1] the limit's state key, KEYS[2] its quota override (quota.lua); KEYS[3], off a
+-- Cluster, the handle's prefix-override hash (quota.lua's prefixes()).
 -- ARGV[1] 'c' to charge, 'r' to give back; ARGV[2] units (1 to 1e9); ARGV[3] algorithm;
 -- ARGV[4] interval_ns, ARGV[5] period_us, ARGV[6] burst or count (the code's; an override
 -- replaces them as in rate_check.lua).
@@ -18,7 +19,10 @@ local period = tonumber(ARGV[5])
 local burst = tonumber(ARGV[6])
 local window = algo == 'fixed_window' or algo == 'sliding_window' or algo == 'sliding_counter'
 local q = 0
-local qi, qp, qc, qb = quota(KEYS[2])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+if KEYS[3] then prefixes(KEYS[3]) end
+local qi, qp, qc, qb = quota(KEYS[2], key, now)
 if qi == false or (qi and algo == 'sliding_window' and qc > 10000) then
   q = -1
 elseif qi then
@@ -26,8 +30,6 @@ elseif qi then
   if window then burst = qc else burst = qb end
 end
 
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local function int(x) return string.format('%.0f', x) end
 local function num(x) return string.format('%.17g', x) end
 local function ms(us)

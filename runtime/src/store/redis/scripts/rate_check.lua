@@ -1,6 +1,7 @@
 -- Check several rate limits all-or-nothing at Redis's time.
 -- KEYS: per limit i, KEYS[3i-2] its state key, KEYS[3i-1] its block (penalty) key and
--- KEYS[3i] its quota override (quota.lua).
+-- KEYS[3i] its quota override (quota.lua); then, off a Cluster, the handle's prefix-override
+-- hash (quota.lua's prefixes()).
 -- ARGV[1] '0' to charge every limit when all admit, '1' to peek (write nothing), '2' to
 -- judge (charge nothing, but write the penalties of limits that reject: phase one of a call
 -- whose limits are in several Cluster slots); then per limit 6 values: algorithm,
@@ -23,7 +24,8 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local peek = ARGV[1] == '1'
 local charge = ARGV[1] == '0'
-local n = #KEYS / 3
+local n = (#ARGV - 1) / 6
+if #KEYS > 3 * n then prefixes(KEYS[#KEYS]) end
 
 local function int(x) return string.format('%.0f', x) end
 local function num(x) return string.format('%.17g', x) end
@@ -121,7 +123,7 @@ for i = 1, n do
   local cost = tonumber(ARGV[b + 5])
   local block = tonumber(ARGV[b + 6])
   local q_cap, q_unit = 0, 0
-  local qi, qp, qc, qb = quota(KEYS[3 * i])
+  local qi, qp, qc, qb = quota(KEYS[3 * i], key, now)
   local window = algo == 'fixed_window' or algo == 'sliding_window' or algo == 'sliding_counter'
   if qi == false or (qi and algo == 'sliding_window' and qc > 10000) then
     -- Not an override, or one a sliding log cannot hold (one entry per call, 10,000 at

@@ -2,7 +2,8 @@
 -- store coalesces concurrent calls on a connection into one run): rate_check.lua's GCRA
 -- path with only what such a check needs, so one decision costs Redis a GET, a PEXPIRETIME
 -- and a SET and no closures or tables beyond the reply.
--- KEYS: per check i, KEYS[2i-1] its state key and KEYS[2i] its quota override (quota.lua).
+-- KEYS: per check i, KEYS[2i-1] its state key and KEYS[2i] its quota override (quota.lua);
+-- then, off a Cluster, the handle's prefix-override hash (quota.lua's prefixes()).
 -- ARGV[1] '0' to charge each check that admits, '1' to peek (write nothing); then per check
 -- 3 values: interval_ns, burst, cost (the code's; an override replaces the first two).
 -- Returns one string of integers separated by spaces: now_us, then per check allowed (0/1),
@@ -22,13 +23,15 @@ local charge = ARGV[1] == '0'
 local ms_now = math.floor(now / 1000)
 local out = { string.format('%.0f', now) }
 
-for i = 1, #KEYS / 2 do
+local n = (#ARGV - 1) / 3
+if #KEYS > 2 * n then prefixes(KEYS[#KEYS]) end
+for i = 1, n do
   local key = KEYS[2 * i - 1]
   local interval = tonumber(ARGV[3 * i - 1])
   local burst = tonumber(ARGV[3 * i])
   local cost = tonumber(ARGV[3 * i + 1])
   local q_burst = 0
-  local qi, _, _, qb = quota(KEYS[2 * i])
+  local qi, _, _, qb = quota(KEYS[2 * i], key, now)
   if qi then
     interval, burst, q_burst = qi, qb, qb
   elseif qi == false then
