@@ -15,8 +15,10 @@
 //! and `run`; `begin.rs` the begin and what undoes one whose outcome is unknown;
 //! `execution.rs` the body, its timeout and the verdict it owes its record; `keep_alive.rs`
 //! the renewal of a PROCESSING record; `replay.rs` [`track_replay`]; `classify.rs` how an
-//! error's outcome is classified.
+//! error's outcome is classified; `batch.rs` [`Batch`], many messages claimed in one store
+//! call.
 
+mod batch;
 mod begin;
 mod builder;
 mod classify;
@@ -29,6 +31,7 @@ use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
 
+pub use self::batch::{Batch, BatchOutcome, MAX_BATCH, MAX_BATCH_CONCURRENCY};
 pub use self::builder::{Detached, Idempotency};
 pub use self::classify::{Classify, ErrorClass};
 pub use self::replay::track_replay;

@@ -20,6 +20,7 @@ mod histories;
 mod http_idempotency;
 mod http_layers;
 mod http_model;
+mod idempotency_batch;
 mod idempotency_faults;
 mod idempotent_processes;
 mod idempotent_redis;
