@@ -10,6 +10,7 @@
 //! without the redis-benchmark baselines.
 
 mod baseline;
+mod batch;
 mod charts;
 mod idem;
 mod inproc;
@@ -504,6 +505,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
     print_header();
     idem::cases(&mut bench, &rg, &memory).await;
+    batch::cases(&mut bench, &rg).await;
     rate::cases(&mut bench, &rg, &memory).await;
     quota::cases(&mut bench, &rg).await;
     inproc::cases(&mut bench).await;

@@ -57,9 +57,9 @@ pub const MAX_BATCH_CONCURRENCY: usize = 64;
 ///         .idempotency_batch()
 ///         .scope("billing-consumer")
 ///         .message(redguard::key("msg:{id}").part("id", &id))
-///         .run(|_| async {
-///             runs += 1;
-///             Ok::<_, redguard::Error>(id * 100)
+///         .run(|_| {
+///             runs += 1; // `body` is called only for a message that runs
+///             async move { Ok::<_, redguard::Error>(id * 100) }
 ///         })
 ///         .await?;
 ///     assert!(outcomes.iter().all(BatchOutcome::is_done)); // ack
@@ -278,8 +278,7 @@ impl Batch {
             messages,
             ..
         } = self;
-        let mut outcomes: Vec<Option<BatchOutcome<T, E>>> =
-            messages.iter().map(|_| None).collect();
+        let mut outcomes: Vec<Option<BatchOutcome<T, E>>> = messages.iter().map(|_| None).collect();
         let mut claims = Vec::with_capacity(messages.len());
         for (index, message) in messages.into_iter().enumerate() {
             let prepared = message.key.and_then(|body| {
@@ -358,7 +357,9 @@ impl Batch {
         // Shared by the bodies in flight; called only for a message about to run.
         let body = Mutex::new(body);
         let runs = futures_util::stream::iter(to_run.into_iter().map(|claim| {
-            run_claimed(&handle, &scope, &pending, claim, sent, expire, timeout, &body)
+            run_claimed(
+                &handle, &scope, &pending, claim, sent, expire, timeout, &body,
+            )
         }))
         .buffer_unordered(concurrency)
         .collect::<Vec<_>>()
@@ -460,11 +461,14 @@ fn replayed<T: DeserializeOwned, E>(key: &Key, bytes: &[u8]) -> BatchOutcome<T, 
     }
 }
 
+/// A record's key and the owner id a claim gave it.
+type Owned = (Key, String);
+
 /// The claims a batch has made (or may have made) and no execution owns yet, by message
 /// position; undone (removed if still the claimer's PROCESSING record) when dropped armed.
 #[derive(Debug, Clone)]
 struct Pending {
-    claims: Arc<Mutex<Vec<Option<(Key, String)>>>>,
+    claims: Arc<Mutex<Vec<Option<Owned>>>>,
     handle: Redguard,
 }
 
@@ -484,7 +488,7 @@ impl Pending {
         self.lock()[index] = None;
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Option<(Key, String)>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Option<Owned>>> {
         self.claims.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
@@ -498,10 +502,12 @@ impl Compensate for Pending {
     }
 
     async fn undo(self) {
-        let claims: Vec<(Key, String)> = self.lock().iter_mut().filter_map(Option::take).collect();
+        let claims: Vec<Owned> = self.lock().iter_mut().filter_map(Option::take).collect();
         let store = self.handle.store();
         let undone = futures_util::future::join_all(
-            claims.iter().map(|(key, owner)| store.idem_abandon(key, owner)),
+            claims
+                .iter()
+                .map(|(key, owner)| store.idem_abandon(key, owner)),
         )
         .await;
         for ((key, _), result) in claims.iter().zip(undone) {

@@ -61,7 +61,9 @@ stores!(
 const SCOPE: &str = "batch-test";
 
 fn single(rg: &Redguard, id: &str) -> redguard::idempotency::Idempotency {
-    rg.idempotency(id).scope(SCOPE).expire(Duration::from_secs(60))
+    rg.idempotency(id)
+        .scope(SCOPE)
+        .expire(Duration::from_secs(60))
 }
 
 /// Fresh, done, failed, in progress, unknown, reused and invalid ids in one batch: each gets
@@ -128,11 +130,31 @@ async fn a_mixed_batch_reports_each_message(rg: Redguard) {
     assert_eq!(busy.await.unwrap().unwrap(), 5);
 
     assert_eq!(outcomes.len(), ids.len());
-    assert!(matches!(outcomes[0], BatchOutcome::Ran(Ok(100))), "{:?}", outcomes[0]);
-    assert!(matches!(outcomes[1], BatchOutcome::Replayed(7)), "{:?}", outcomes[1]);
-    assert!(matches!(outcomes[2], BatchOutcome::Ran(Ok(102))), "{:?}", outcomes[2]);
-    assert!(matches!(outcomes[3], BatchOutcome::InProgress), "{:?}", outcomes[3]);
-    assert!(matches!(outcomes[4], BatchOutcome::Unknown), "{:?}", outcomes[4]);
+    assert!(
+        matches!(outcomes[0], BatchOutcome::Ran(Ok(100))),
+        "{:?}",
+        outcomes[0]
+    );
+    assert!(
+        matches!(outcomes[1], BatchOutcome::Replayed(7)),
+        "{:?}",
+        outcomes[1]
+    );
+    assert!(
+        matches!(outcomes[2], BatchOutcome::Ran(Ok(102))),
+        "{:?}",
+        outcomes[2]
+    );
+    assert!(
+        matches!(outcomes[3], BatchOutcome::InProgress),
+        "{:?}",
+        outcomes[3]
+    );
+    assert!(
+        matches!(outcomes[4], BatchOutcome::Unknown),
+        "{:?}",
+        outcomes[4]
+    );
     assert!(
         matches!(outcomes[5], BatchOutcome::Failed(Error::KeyReuse)),
         "{:?}",
@@ -220,7 +242,10 @@ async fn racing_consumers_run_each_id_once(rg: Redguard) {
         .filter(|id| runs.get(id).copied().unwrap_or(0) != 1)
         .map(|id| (id, runs.get(&id).copied().unwrap_or(0)))
         .collect();
-    assert!(violations.is_empty(), "ids not run exactly once: {violations:?}");
+    assert!(
+        violations.is_empty(),
+        "ids not run exactly once: {violations:?}"
+    );
 }
 
 /// A batch whose future is dropped while message 2's body runs: 0 and 1 are recorded,
@@ -272,11 +297,31 @@ async fn a_dropped_batch_leaves_each_message_as_the_model_says(rg: Redguard) {
         })
         .await
         .unwrap();
-    assert!(matches!(outcomes[0], BatchOutcome::Replayed(0)), "{:?}", outcomes[0]);
-    assert!(matches!(outcomes[1], BatchOutcome::Replayed(1)), "{:?}", outcomes[1]);
-    assert!(matches!(outcomes[2], BatchOutcome::Unknown), "{:?}", outcomes[2]);
-    assert!(matches!(outcomes[3], BatchOutcome::Ran(Ok(13))), "{:?}", outcomes[3]);
-    assert!(matches!(outcomes[4], BatchOutcome::Ran(Ok(14))), "{:?}", outcomes[4]);
+    assert!(
+        matches!(outcomes[0], BatchOutcome::Replayed(0)),
+        "{:?}",
+        outcomes[0]
+    );
+    assert!(
+        matches!(outcomes[1], BatchOutcome::Replayed(1)),
+        "{:?}",
+        outcomes[1]
+    );
+    assert!(
+        matches!(outcomes[2], BatchOutcome::Unknown),
+        "{:?}",
+        outcomes[2]
+    );
+    assert!(
+        matches!(outcomes[3], BatchOutcome::Ran(Ok(13))),
+        "{:?}",
+        outcomes[3]
+    );
+    assert!(
+        matches!(outcomes[4], BatchOutcome::Ran(Ok(14))),
+        "{:?}",
+        outcomes[4]
+    );
     assert_eq!(*runs.lock().unwrap(), [0, 1, 3, 4]);
 }
 
@@ -306,7 +351,11 @@ async fn a_claim_that_expired_before_its_turn_does_not_run(rg: Redguard) {
         })
         .await
         .unwrap();
-    assert!(matches!(outcomes[0], BatchOutcome::Ran(Ok(0))), "{:?}", outcomes[0]);
+    assert!(
+        matches!(outcomes[0], BatchOutcome::Ran(Ok(0))),
+        "{:?}",
+        outcomes[0]
+    );
     for outcome in &outcomes[1..] {
         assert!(
             matches!(outcome, BatchOutcome::Failed(Error::Backend(_))),
@@ -318,8 +367,16 @@ async fn a_claim_that_expired_before_its_turn_does_not_run(rg: Redguard) {
         .run(|i| async move { Ok::<_, Error>(i as u64 + 10) })
         .await
         .unwrap();
-    assert!(matches!(again[1], BatchOutcome::Ran(Ok(11))), "{:?}", again[1]);
-    assert!(matches!(again[2], BatchOutcome::Ran(Ok(12))), "{:?}", again[2]);
+    assert!(
+        matches!(again[1], BatchOutcome::Ran(Ok(11))),
+        "{:?}",
+        again[1]
+    );
+    assert!(
+        matches!(again[2], BatchOutcome::Ran(Ok(12))),
+        "{:?}",
+        again[2]
+    );
 }
 
 #[tokio::test]
