@@ -7,7 +7,7 @@
 //! (`peers/`, when node is there) next to the matching cases. Prints a table and writes
 //! `target/bench/results.{json,md}`. `--only TEXT` runs only the rows whose "<case> @<store>"
 //! contains TEXT (for profiling one path: `--only "gcra random keys (runtime API) @redis"`),
-//! without the redis-benchmark baselines.
+//! without the redis-benchmark baselines; `--no-peers` leaves the peer libraries' rows out.
 
 mod baseline;
 mod batch;
@@ -16,6 +16,7 @@ mod idem;
 mod inproc;
 mod lock;
 mod measure;
+mod pace;
 mod peers;
 mod quota;
 mod rate;
@@ -91,6 +92,9 @@ pub(crate) struct Bench {
     requests: usize,
     /// `--only`: run only the rows whose "<case> @<store>" contains this.
     only: Option<String>,
+    /// `--no-peers`: no peer rows, for counting our instructions alone (a Rust peer runs in
+    /// this process, on the same `redis` crate: its calls would be counted as ours).
+    no_peers: bool,
     /// Whether the peers can run; found out when the first one is selected.
     peers: Option<bool>,
     /// Same-run ratios to the Rust peers, printed under the table.
@@ -132,7 +136,7 @@ impl Bench {
         F: Fn(u64) -> Fut + Send + Sync + Clone + 'static,
         Fut: Future<Output = ()> + Send,
     {
-        let wanted = self.selected(case, "peer") || ours.iter().any(|c| self.selected(c, "redis"));
+        let wanted = self.peer_wanted(case, ours);
         if !wanted {
             return Vec::new();
         }
@@ -249,7 +253,7 @@ impl Bench {
         R: Fn(G) -> RF + Send + Sync + Clone + 'static,
         RF: Future<Output = ()> + Send,
     {
-        if self.selected(case, "peer") || ours.iter().any(|c| self.selected(c, "redis")) {
+        if self.peer_wanted(case, ours) {
             self.contended_levels(case, "peer", &[], acquire, release)
                 .await;
         }
@@ -320,7 +324,7 @@ impl Bench {
         ours: &[String],
         levels: Vec<usize>,
     ) -> Vec<Option<f64>> {
-        let wanted = self.selected(case, "peer") || ours.iter().any(|c| self.selected(c, "redis"));
+        let wanted = self.peer_wanted(case, ours);
         if !wanted || !*self.peers.get_or_insert_with(peers::ready) {
             return Vec::new();
         }
@@ -346,6 +350,13 @@ impl Bench {
         };
         let levels = self.levels.iter().map(|&n| rb(n, 1).unwrap_or(0.0));
         (levels.collect(), rb(16, 16))
+    }
+
+    /// Whether to run the peer rows `case`: selected themselves, or a case they are the peer
+    /// of (`ours`, on Redis) is; never with `--no-peers`.
+    fn peer_wanted(&self, case: &str, ours: &[String]) -> bool {
+        !self.no_peers
+            && (self.selected(case, "peer") || ours.iter().any(|c| self.selected(c, "redis")))
     }
 
     /// `--only TEXT`: the rows whose "<case> @<store>" contains TEXT.
@@ -495,6 +506,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         port,
         requests: if quick { 20_000 } else { 200_000 },
         only,
+        no_peers: args.iter().any(|a| a == "--no-peers"),
         peers: None,
         notes: Vec::new(),
         conn: ConnectionManager::new(redis::Client::open(server.url())?).await?,
@@ -508,6 +520,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     batch::cases(&mut bench, &rg).await;
     rate::cases(&mut bench, &rg, &memory).await;
     quota::cases(&mut bench, &rg).await;
+    pace::cases(&mut bench, &rg).await;
     inproc::cases(&mut bench).await;
     lock::cases(&mut bench, &rg, &memory).await;
     replicas::cases(&mut bench).await;

@@ -8,6 +8,10 @@ pub const MIN_EXPIRE: Duration = Duration::from_secs(1);
 /// for a bad client.
 pub const MAX_EXPIRE: Duration = Duration::from_secs(7 * 24 * 3600);
 
+/// Longest a duplicate may wait for the first execution's outcome: waiting is always bounded,
+/// and a caller that must wait longer should retry later instead of holding a connection.
+pub const MAX_WAIT: Duration = Duration::from_secs(60);
+
 /// Checks `expire`.
 pub fn expire(expire: Duration) -> Result<(), String> {
     if expire < MIN_EXPIRE || expire > MAX_EXPIRE {
@@ -22,6 +26,17 @@ pub fn expire(expire: Duration) -> Result<(), String> {
 pub fn timeout(timeout: Duration) -> Result<(), String> {
     if timeout.is_zero() {
         return Err("an idempotent body's timeout must be greater than zero".to_owned());
+    }
+    Ok(())
+}
+
+/// Checks a duplicate's `wait` (zero: do not wait).
+pub fn wait(wait: Duration) -> Result<(), String> {
+    if wait > MAX_WAIT {
+        return Err(format!(
+            "a duplicate waits at most {MAX_WAIT:?} for the first execution, got {wait:?}: \
+             waiting is always bounded; a client that must wait longer retries later"
+        ));
     }
     Ok(())
 }

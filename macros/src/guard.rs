@@ -231,6 +231,7 @@ pub(crate) fn expand<G: Guard>(attr: TokenStream, item: TokenStream) -> TokenStr
         .chain(stacked.iter().map(|(name, _)| *name))
         .collect::<Vec<_>>();
     rate_limit::same_key_in_one_call(&built, &mut errors);
+    rate_limit::charge_stands_alone(&built, &mut errors);
 
     match (errors.finish(), ret) {
         (Ok(()), Some(ret)) => {
@@ -374,6 +375,10 @@ fn emit(
             .rev()
             .fold(quote!(#body_ident), |inner, (layer, names)| match layer {
                 Layer::Wrapper(wrapper) => wrapper.wrap(&cx, &names[0], inner),
+                // A limit charged after the call stands alone in its layer.
+                Layer::Limits(limits) if limits.iter().any(|l| l.charges_after()) => {
+                    expand::at_return(&cx, quote!(rate_limit_charged), quote!(#(#names),*, #inner))
+                }
                 Layer::Limits(_) => {
                     expand::at_return(&cx, quote!(rate_limit), quote!([#(#names),*], #inner))
                 }

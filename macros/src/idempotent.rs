@@ -19,7 +19,7 @@ pub(crate) struct Idempotent;
 
 arguments! {
     /// `#[idempotent(key = "..", expire = .., scope = "..", payload = expr, timeout = "..",
-    /// token = "..", scene = "..", detach, replicas = n, replicas_timeout = "..")]`
+    /// token = "..", scene = "..", detach, replicas = n, replicas_timeout = "..", wait = "..")]`
     IdempotentArgs for "idempotent" {
         key: Template,
         expire: Duration,
@@ -31,6 +31,7 @@ arguments! {
         detach: Flag,
         replicas: Int,
         replicas_timeout: Duration,
+        wait: Duration,
     }
 }
 
@@ -61,6 +62,18 @@ impl Guard for Idempotent {
             && let Err(why) = grammar::timeout(timeout.value)
         {
             errors.push(timeout.span, format!("invalid `timeout`: {why}"));
+        }
+        if let Some(wait) = &args.wait {
+            if let Err(why) = grammar::wait(wait.value) {
+                errors.push(wait.span, format!("invalid `wait`: {why}"));
+            } else if token_only {
+                // Why: a duplicate waits for the record's outcome; token mode alone keeps none.
+                errors.push(
+                    wait.span,
+                    "`wait` of `#[idempotent]` waits for the first execution's record, and \
+                     token mode without `key` keeps none: add `key = \"..\"` or remove `wait`",
+                );
+            }
         }
         let token = match (&args.token, &args.scene) {
             (Some(token), Some(scene)) => {
@@ -111,6 +124,7 @@ impl Guard for Idempotent {
             scope: args.scope,
             detach: args.detach.is_some(),
             replicas,
+            wait: args.wait.map(|w| w.value).filter(|w| !w.is_zero()),
         })))
     }
 }
@@ -124,6 +138,7 @@ struct IdempotentExpansion {
     scope: Option<LitStr>,
     detach: bool,
     replicas: Option<(u32, Duration)>,
+    wait: Option<Duration>,
 }
 
 fn millis(duration: Duration) -> TokenStream {
@@ -133,7 +148,7 @@ fn millis(duration: Duration) -> TokenStream {
 
 impl Expansion for IdempotentExpansion {
     /// Output: `{ <return-type checks>; idempotency(scope, Some(key)).expire(..)
-    /// [.payload(&expr)] [.timeout(..)] [.replicas(n, ..)] [token] }`, evaluated while the parameters are
+    /// [.payload(&expr)] [.timeout(..)] [.replicas(n, ..)] [.wait(..)] [token] }`, evaluated while the parameters are
     /// still borrowable.
     fn prelude(&self, cx: &Context) -> TokenStream {
         let (ret, krate) = (&cx.ret, &cx.krate);
@@ -164,12 +179,17 @@ impl Expansion for IdempotentExpansion {
             quote!(.timeout(#timeout))
         });
         let replicas = expand::replicas(self.replicas);
+        let wait = self.wait.map(|wait| {
+            let wait = millis(wait);
+            quote!(.wait(#wait))
+        });
         let mut guard = quote! {
             #krate::__private::idempotency(#scope, #key)
                 .expire(#expire)
                 #(#payload)*
                 #timeout
                 #replicas
+                #wait
         };
         if let Some((token, scene)) = &self.token {
             let token = expand::key(krate, token);

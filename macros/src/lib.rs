@@ -179,15 +179,19 @@ pub fn dist_lock(attr: TokenStream, item: TokenStream) -> TokenStream {
 ///   `redguard::rate::Rate` or text (`rate = config.login_rate()`), checked on each call — a bad
 ///   configured value is `Error::InvalidLimit`, never a panic.
 /// - `burst = 10`: the capacity of `gcra`, `token_bucket` and `leaky_bucket` (default: the
-///   rate's count); a literal or an expression. Window algorithms take no burst.
+///   rate's count); a literal or an expression. Window algorithms take no burst. The default
+///   admits a full bucket at once: `rate = "10/s"` lets up to 19 through in its first second;
+///   for an outgoing quota (a provider's 10 per second) write `burst = 1`, or what it allows.
 /// - `algorithm = "gcra"`: `gcra` (default), `fixed_window`, `sliding_window` (exact log),
 ///   `sliding_counter` (approximate, O(1)), `token_bucket`, `leaky_bucket`.
 /// - `cost = req.items.len()`: units this call consumes (default 1); more than the burst
 ///   is an error (a compile error for literals), not a forever-rejected key.
 /// - `block = "15m"`: penalty — once the key exceeds its limit, reject it for that long
 ///   without counting.
-/// - `wait = "200ms"`: when rejected with a `retry_after` within this bound, wait (with
-///   jitter) and try once more instead of failing at once (at most 1 minute).
+/// - `wait = "200ms"`: wait up to this long to be admitted instead of failing at once (at
+///   most 1 minute): callers of one key on one instance wait in arrival order, none admitted
+///   earlier than the limit allows, and a call is refused only if the limit cannot admit it
+///   within its wait.
 /// - `local = true`: an in-process first tier that repeats the store's rejections of a key
 ///   until its `retry_after` without a round trip (never admits more than the store).
 /// - `shadow = cfg.dry_run` (or `true`): shadow mode — decided and counted as if enforced,

@@ -37,7 +37,7 @@ const ALGORITHMS: &[(&str, &str)] = &[
 
 arguments! {
     /// `#[rate_limit(key = "..", rate = .., burst = .., algorithm = "..", cost = ..,
-    /// block = "..", wait = "..", local = bool, shadow = bool, scope = "..")]`
+    /// block = "..", wait = "..", local = bool, shadow = bool, scope = "..", charge = after)]`
     RateArgs for "rate_limit" {
         key: Template,
         rate: Expr,
@@ -49,6 +49,7 @@ arguments! {
         local: Expr,
         shadow: Expr,
         scope: Str,
+        charge: Expr,
     }
 }
 
@@ -125,6 +126,21 @@ impl Guard for RateLimit {
             }
         };
 
+        // `charge = after`: admitted at `cost`, settled with the `Ok` value's `Cost`.
+        let charge_after = match args.charge.as_ref().map(peel) {
+            None => None,
+            Some(Expr::Path(path)) if path.path.is_ident("after") => Some(path.span()),
+            Some(other) => {
+                errors.push(
+                    other.span(),
+                    "`charge` of `#[rate_limit]` expects `after`: `charge = after` admits the \
+                     call at `cost` and charges or refunds the rest from the `Ok` value's \
+                     `redguard::rate::Cost`",
+                );
+                None
+            }
+        };
+
         let key = args.key?;
         // Limits merged into one call are refused at runtime when two share a key: the same
         // template under the same written (or default) scope always does.
@@ -147,6 +163,7 @@ impl Guard for RateLimit {
             wait_ms,
             local,
             shadow,
+            charge_after,
         })))
     }
 }
@@ -321,6 +338,27 @@ pub(crate) fn same_key_in_one_call(stack: &[(&str, Option<Built>)], errors: &mut
     }
 }
 
+/// `charge = after` settles one limit's cost after the body; adjacent limits are decided and
+/// charged together, so a charged-after limit must stand alone. Reported at each `charge`.
+pub(crate) fn charge_stands_alone(stack: &[(&str, Option<Built>)], errors: &mut Errors) {
+    let is_limit = |i: usize| matches!(stack.get(i), Some((_, Some(Built::Limit(_)))));
+    for (i, (_, built)) in stack.iter().enumerate() {
+        let Some(Built::Limit(limit)) = built else {
+            continue;
+        };
+        if let Some(span) = limit.charge_after
+            && ((i > 0 && is_limit(i - 1)) || is_limit(i + 1))
+        {
+            errors.push(
+                span,
+                "`charge = after` settles the cost of one limit, but this `#[rate_limit]` is \
+                 stacked right next to another and adjacent limits are decided together: \
+                 put another attribute between them, or charge this one up front",
+            );
+        }
+    }
+}
+
 /// One `#[rate_limit]`, checked.
 pub(crate) struct RateLimitExpansion {
     key: TemplateArg,
@@ -337,9 +375,16 @@ pub(crate) struct RateLimitExpansion {
     local: bool,
     /// `shadow = ..` as written (a bool literal or expression).
     shadow: Option<Expr>,
+    /// Where `charge = after` was written, if it was.
+    charge_after: Option<Span>,
 }
 
 impl RateLimitExpansion {
+    /// Whether the cost is settled after the body (`charge = after`).
+    pub(crate) fn charges_after(&self) -> bool {
+        self.charge_after.is_some()
+    }
+
     /// Output: `::redguard::__private::rate_limiter(<key>, <scope>, <rate>).burst(10)`, one
     /// call per argument written (`rate_cost(<that>, rate_count(<expr>, "cost"))` for a value
     /// checked per call), every expression evaluated before the body is moved. The wrapper of

@@ -205,6 +205,35 @@ where
     }
 }
 
+/// The wrapper of a `#[rate_limit(.., charge = after)]`: admits the call at the limit's
+/// `cost`, runs `inner`, and settles the `Ok` value's [`Cost`](crate::rate::Cost) (the
+/// difference charged or refunded). An `Err` keeps the admission's cost. The work is done
+/// by then and its value is the caller's: a settlement the store cannot take is warned
+/// about and counted, not returned in the value's place.
+pub async fn rate_limit_charged<T, E, F>(limiter: crate::rate::Limiter, inner: F) -> Result<T, E>
+where
+    E: GuardError,
+    F: std::future::Future<Output = Result<T, E>>,
+    T: crate::rate::Cost,
+{
+    let mut charge = match limiter.reserve().await {
+        Ok(charge) => charge,
+        Err(err) => return Err(E::from(err)),
+    };
+    let value = inner.await?;
+    if let Err(err) = charge.settle(value.cost()).await {
+        metrics::counter!("redguard_rate_settle_errors_total").increment(1);
+        tracing::warn!(
+            error = %err,
+            held = charge.held(),
+            cost = value.cost(),
+            "redguard: the cost a `#[rate_limit(charge = after)]` call reported could not be \
+             settled; the units charged so far stand"
+        );
+    }
+    Ok(value)
+}
+
 /// `#[dist_lock]`'s prelude: the lock on the fn's key in its scope; the expansion goes on
 /// with one builder call per argument written (`.fair()`, `.wait(..)`, …).
 pub fn dist_lock_builder(

@@ -6,7 +6,8 @@ use crate::handle::{FailMode, Redguard};
 use crate::key::{GuardKind, Key};
 
 /// Turns a store result into "decided by the store" (`Some`) or "store down, fail open"
-/// (`None`), per the handle's policy for the guard.
+/// (`None`; for rate limits under `FailMode::Local`, "decide locally"), per the handle's
+/// policy for the guard.
 pub(crate) trait Degrade<T> {
     fn or_degrade(
         self,
@@ -34,6 +35,7 @@ impl<T> Degrade<T> for Result<T> {
         let outcome = match mode {
             FailMode::Open => "fail_open",
             FailMode::Closed => "fail_closed",
+            FailMode::Local { .. } => "fail_local",
         };
         metrics::counter!(
             "redguard_backend_errors_total",
@@ -44,7 +46,8 @@ impl<T> Degrade<T> for Result<T> {
         .increment(1);
         tracing::warn!(guard = guard.as_str(), op, %key, outcome, error = %err, "store unavailable");
         match mode {
-            FailMode::Open => Ok(None),
+            // `None` for the local fallback too: the rate limits decide in process then.
+            FailMode::Open | FailMode::Local { .. } => Ok(None),
             FailMode::Closed => Err(Error::Backend(err)),
         }
     }

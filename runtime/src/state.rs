@@ -19,6 +19,10 @@ use crate::values::Decision;
 pub(crate) struct State {
     pub(crate) lock_queues: LockQueues,
     pub(crate) rejections: Rejections,
+    /// Paced rate-limit waiters, queued per set of limit keys (`rate/pace.rs`).
+    pub(crate) rate_queues: LockQueues,
+    /// What the local fallback of `FailMode::Local` admitted (`rate/fallback.rs`).
+    pub(crate) fallback: crate::rate::FallbackTable,
     /// Lock renewal tasks alive.
     pub(crate) watchdogs: AtomicUsize,
 }
@@ -38,15 +42,20 @@ const SWEEP_QUEUES_AT: usize = 256;
 impl LockQueues {
     /// The queue of `key`, shared by every task of this handle waiting for it.
     pub(crate) fn queue(&self, key: &Key) -> Queue {
+        self.queue_named(key.as_str())
+    }
+
+    /// The queue of `name` (a key, or several keys joined), as [`queue`](Self::queue).
+    pub(crate) fn queue_named(&self, name: &str) -> Queue {
         let mut queues = lock(&self.queues);
-        if let Some(queue) = queues.get(key.as_str()).and_then(Weak::upgrade) {
+        if let Some(queue) = queues.get(name).and_then(Weak::upgrade) {
             return queue;
         }
         if queues.len() >= SWEEP_QUEUES_AT {
             queues.retain(|_, queue| queue.strong_count() > 0);
         }
         let queue = Queue::default();
-        queues.insert(key.as_str().to_owned(), Arc::downgrade(&queue));
+        queues.insert(name.to_owned(), Arc::downgrade(&queue));
         queue
     }
 }

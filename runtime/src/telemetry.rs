@@ -105,17 +105,30 @@ pub const METRICS: &[Metric] = &[
     ),
     counter(
         "redguard_rate_decisions_total",
-        &["scope", "limit", "outcome"],
+        &["scope", "limit", "outcome", "mode"],
         "Rate decisions per limit (limit: its position in a stacked call, 0 the first): \
          allowed, rejected, rejected_local (by the in-process tier), not_charged (admitted \
          by this limit, refused by another), shadow_rejected (a shadow limit would have \
-         refused: admitted anyway).",
+         refused: admitted anyway); mode=\"local\" when the local fallback decided \
+         (FailMode::Local), absent when the store did.",
     ),
     counter(
         "redguard_rate_near_limit_total",
         &["scope", "limit"],
         "Admitted rate decisions that left fewer units than the limit's near-limit threshold \
          (`Limiter::near_limit`): the key is close to refusing.",
+    ),
+    counter(
+        "redguard_rate_adjusted_units_total",
+        &["op"],
+        "Rate-limit units charged (`op=\"charge\"`) or given back (`op=\"refund\"`) after \
+         the call, through `rate::Charge` or `#[rate_limit(charge = after)]`.",
+    ),
+    counter(
+        "redguard_rate_settle_errors_total",
+        &[],
+        "`#[rate_limit(charge = after)]` calls whose reported cost could not be settled (the \
+         store failed): the units charged so far stand, the call's value was returned.",
     ),
     counter(
         "redguard_rate_quota_invalid_total",
@@ -128,7 +141,7 @@ pub const METRICS: &[Metric] = &[
         "redguard_backend_errors_total",
         &["guard", "op", "outcome"],
         "Store calls that failed or timed out, by guard, operation and the FailMode applied \
-         (fail_open, fail_closed; unrecorded: an idempotent outcome that could not be stored).",
+         (fail_open, fail_closed, fail_local; unrecorded: an idempotent outcome that could not be stored).",
     ),
 ];
 

@@ -3,7 +3,8 @@
 //!
 //! Guard spans are at info level — `redguard.idempotent`, `redguard.lock`,
 //! `redguard.rate_limit` — with `scope`, `store` and what was decided (`outcome`; a lock's
-//! `fence` and `wait_ms`; a rate limit's `decision`, `remaining`, `retry_after_ms`). Store
+//! `fence` and `wait_ms`; a rate limit's `decision`, `remaining`, `retry_after_ms`, and
+//! `mode` when the local fallback decided: `local`, or `recovering` for its gate). Store
 //! calls are debug-level children named `redguard.store` with the OpenTelemetry database
 //! fields `db.system = "redis"` and `db.operation` (the script or command). No field carries
 //! a request's values beyond the validated key parts in `scope`'s key (not even those: keys
@@ -57,6 +58,7 @@ pub(crate) fn rate_limit(scope: &str, limits: usize, store: &'static str) -> Spa
         retry_after_ms = Empty,
         shadow_rejected = Empty,
         near_limit = Empty,
+        mode = Empty,
     )
 }
 

@@ -22,6 +22,9 @@ use crate::auth::{self, Admin, User, now_s};
 use crate::error::{self, ApiError, ApiJson, ApiPath};
 use crate::orders::{self, OrderRequest, PaymentCallback, Shared};
 
+#[cfg(test)]
+mod limits_under_faults;
+
 /// The largest quantity one order may ask for.
 const MAX_QTY: u32 = 1000;
 /// The longest a user token minted by `POST /admin/tokens` lives: 30 days.

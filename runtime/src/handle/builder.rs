@@ -1,6 +1,7 @@
 //! [`Builder`]: the settings every handle shares, written once for every target, and
 //! `connect`.
 
+use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -30,6 +31,46 @@ pub enum FailMode {
     Open,
     /// Refuse the call with [`Error::Backend`].
     Closed,
+    /// Rate limits only: decide in process, each instance at its share of every limit (rate
+    /// and burst divided by `instances`, the burst rounded down but never below one call),
+    /// until the store answers again; then, for one window of each limit, admit a key that
+    /// was admitted locally only when the store and the local limiter both do, so the
+    /// store, which did not see the local admissions, grants no stale burst. Build it with
+    /// [`FailMode::local`]; the guide's [failures page](crate::guide::failures) has the
+    /// details.
+    Local {
+        /// The instances expected to share the limit while the store is down.
+        instances: NonZeroU32,
+    },
+}
+
+/// The most instances [`FailMode::local`] takes.
+pub const MAX_FALLBACK_INSTANCES: u32 = 100_000;
+
+impl FailMode {
+    /// The local fallback for a service of `instances` instances (1 to
+    /// [`MAX_FALLBACK_INSTANCES`]): each admits `rate ÷ instances`, bursts of
+    /// `burst ÷ instances`, while the store cannot answer.
+    ///
+    /// ```
+    /// use redguard::handle::FailMode;
+    ///
+    /// let mode = FailMode::local(4)?;
+    /// assert!(matches!(mode, FailMode::Local { instances } if instances.get() == 4));
+    /// assert!(FailMode::local(0).is_err());
+    /// # Ok::<(), redguard::Error>(())
+    /// ```
+    pub fn local(instances: u32) -> Result<FailMode> {
+        NonZeroU32::new(instances)
+            .filter(|n| n.get() <= MAX_FALLBACK_INSTANCES)
+            .map(|instances| FailMode::Local { instances })
+            .ok_or_else(|| {
+                Error::Config(format!(
+                    "a local fallback needs 1 to {MAX_FALLBACK_INSTANCES} instances, not \
+                     {instances}"
+                ))
+            })
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -115,8 +156,27 @@ impl<T: Topology> Builder<T> {
     }
 
     /// What `guard` does when the store cannot answer; see [`FailMode`] for the defaults.
-    /// [`GuardKind::Token`] shares the idempotency setting.
+    /// [`GuardKind::Token`] shares the idempotency setting. [`FailMode::Local`] applies to
+    /// rate limits only (`connect` refuses it for another guard).
+    ///
+    /// ```no_run
+    /// # async fn run() -> redguard::Result<()> {
+    /// use redguard::{Redguard, handle::FailMode, key::GuardKind};
+    ///
+    /// // Three instances: while Redis is down, each admits a third of every rate limit.
+    /// let rg = Redguard::redis("redis://127.0.0.1:6379/")
+    ///     .fail_mode(GuardKind::RateLimit, FailMode::local(3)?)
+    ///     .connect()
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
     pub fn fail_mode(mut self, guard: GuardKind, mode: FailMode) -> Self {
+        if matches!(mode, FailMode::Local { .. }) && guard != GuardKind::RateLimit {
+            return self.misused(Some(
+                "`FailMode::Local` applies to rate limits only: a lock, an idempotency key or \
+                 a token decided in one process would not exclude the others",
+            ));
+        }
         match guard {
             GuardKind::Idempotency | GuardKind::Token => self.settings.idempotency = mode,
             GuardKind::Lock => self.settings.lock = mode,

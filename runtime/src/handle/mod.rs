@@ -18,6 +18,7 @@ use crate::store::{MemoryStore, Store};
 use self::builder::Settings;
 pub use self::builder::{
     Builder, DEFAULT_CONNECT_TIMEOUT, DEFAULT_PREFIX, DEFAULT_TIMEOUT, FailMode,
+    MAX_FALLBACK_INSTANCES,
 };
 pub use self::current::spawn;
 #[cfg(feature = "sentinel")]

@@ -44,7 +44,7 @@
 //! | a malformed key, or one breaking the key rules | `400` |
 //! | a body over [`max_body`](IdempotencyBuilder::max_body) | `413` |
 //! | the first with its key | runs; the response is recorded as its class or status says (below) |
-//! | a retry while the first runs | `409` `in_progress`, `Retry-After: 1` |
+//! | a retry while the first runs | `409` `in_progress`, `Retry-After: 1` (with [`wait`](IdempotencyBuilder::wait): once it runs out; the first's response replayed if it ends before) |
 //! | a retry after an unknown outcome | `409` `outcome_unknown` (until an operator resolves it, or it expires) |
 //! | the same key with another method, path or body | `422` `key_reuse` |
 //! | a retry after a recorded success | the recorded response, with `Idempotent-Replayed: true` |
@@ -174,6 +174,7 @@ struct Config {
     fingerprint: Box<Fingerprinter>,
     per: Option<Box<dyn KeyExtractor>>,
     timeout: Option<Duration>,
+    wait: Duration,
     detach: bool,
     handle: Option<Redguard>,
     on_rejection: Option<OnRejection>,
@@ -241,6 +242,7 @@ fn default_fingerprint(parts: &Parts, body: &[u8]) -> Vec<u8> {
 ///     .replay_headers([header::CONTENT_TYPE, header::LOCATION, header::ETAG])
 ///     .fingerprint(|parts, body| [parts.uri.path().as_bytes(), body].concat())
 ///     .timeout(Duration::from_secs(10))           // then 503, outcome unknown
+///     .wait(Duration::from_secs(2))               // a duplicate waits for the first's response
 ///     .build()?;
 /// # Ok::<(), redguard::Error>(())
 /// ```
@@ -267,6 +269,7 @@ impl IdempotencyLayer {
                 fingerprint: Box::new(default_fingerprint),
                 per: None,
                 timeout: None,
+                wait: Duration::ZERO,
                 detach: true,
                 handle: None,
                 on_rejection: None,
@@ -378,6 +381,16 @@ impl IdempotencyBuilder {
         self
     }
 
+    /// A duplicate request arriving while the first runs waits up to `wait` (at most 60 s)
+    /// for its outcome instead of `409 in_progress`: it gets the replayed response (with
+    /// `Idempotent-Replayed: true`), or runs the retry a business failure allows, or `409`
+    /// once `wait` runs out (default zero: answer `409` at once). See
+    /// [`Idempotency::wait`](crate::idempotency::Idempotency::wait).
+    pub fn wait(mut self, wait: Duration) -> Self {
+        self.config.wait = wait;
+        self
+    }
+
     /// Whether the handler runs in its own task, finishing and recording its outcome when
     /// the client disconnects (default `true`; see
     /// [`Idempotency::detach`](crate::idempotency::Idempotency::detach)).
@@ -404,7 +417,7 @@ impl IdempotencyBuilder {
         self
     }
 
-    /// Checks the configuration (scope, expire, timeout, at least one method, the replayed
+    /// Checks the configuration (scope, expire, timeout, wait, at least one method, the replayed
     /// headers).
     pub fn build(self) -> Result<IdempotencyLayer> {
         let config = self.config;
@@ -413,6 +426,7 @@ impl IdempotencyBuilder {
         if let Some(timeout) = config.timeout {
             redguard_grammar::idempotency::timeout(timeout).map_err(Error::Config)?;
         }
+        redguard_grammar::idempotency::wait(config.wait).map_err(Error::Config)?;
         if config.methods.is_empty() {
             return Err(Error::Config(
                 "an IdempotencyLayer needs at least one method to guard".to_owned(),
@@ -633,6 +647,7 @@ where
             let guard = crate::idempotency(body_key)
                 .scope(config.scope.clone())
                 .expire(config.expire)
+                .wait(config.wait)
                 .payload(&fingerprint);
             let guard = match config.timeout {
                 Some(timeout) => guard.timeout(timeout),

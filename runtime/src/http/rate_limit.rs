@@ -45,7 +45,8 @@
 //!   store.
 //! - The store cannot answer: the rate-limit [`FailMode`](crate::handle::FailMode) applies (by
 //!   default the request is admitted, its headers showing the whole quota;
-//!   `FailMode::Closed` answers `503` with `Retry-After`).
+//!   `FailMode::Closed` answers `503` with `Retry-After`; `FailMode::Local` decides in
+//!   process at the instance's share, its headers showing that share).
 //!
 //! # Order
 //!

@@ -4,6 +4,7 @@
 use serde::de::DeserializeOwned;
 
 use super::execution::Execution;
+use super::wait::Waiting;
 use super::{Idempotency, record_outcome, replay};
 use crate::degrade::Degrade;
 use crate::error::{BackendError, Error, Result};
@@ -64,73 +65,99 @@ impl Idempotency {
         let mut record = None;
         // The record's expire counts from before the begin was sent, as a lock's lease does:
         // the only origin that is never later than Redis's.
-        let sent = tokio::time::Instant::now();
+        let mut sent = tokio::time::Instant::now();
         if let Some(key) = key {
-            // Armed before the call: a begin that fails or is dropped may still have run.
-            undo.record(Some(key.clone()));
-            let begin = store
-                .idem_begin(Begin {
-                    key: &key,
-                    owner: &owner,
-                    fingerprint: &fingerprint,
-                    ttl: self.expire,
-                    replicas,
-                })
-                .await
-                .or_degrade(handle, GuardKind::Idempotency, "idem_begin", &key);
-            let outcome = match &begin {
-                Ok(None) => "fail_open",
-                Ok(Some(IdemBegin::Started)) => "started",
-                Ok(Some(IdemBegin::Retrying)) => "retried",
-                Ok(Some(IdemBegin::InProgress)) => "in_progress",
-                Ok(Some(IdemBegin::Unknown)) => "unknown",
-                Ok(Some(IdemBegin::Done(_))) => "replayed",
-                Ok(Some(IdemBegin::KeyReuse)) => "key_reuse",
-                Err(_) => "fail_closed",
+            redguard_grammar::idempotency::wait(self.wait).map_err(Error::Config)?;
+            // A duplicate that may wait subscribes before its first begin (see `wait.rs`).
+            let mut waiting = match self.wait.is_zero() {
+                true => None,
+                false => Some(Waiting::start(handle, &key, self.wait).await),
             };
-            record_outcome(&self.scope, outcome);
-            tracing::debug!(guard = "idem", %key, outcome);
-            match begin? {
-                // The store is down and the policy is fail-open: run without a record (the
-                // begin, which may still run, is undone).
-                None => {}
-                // Answered after its expire: the record may have lapsed and been begun by a
-                // twin meanwhile, so the body must not run on it (the begin is undone).
-                Some(IdemBegin::Started | IdemBegin::Retrying) if sent.elapsed() >= self.expire => {
-                    return Err(Error::Backend(BackendError::Timeout {
-                        op: "idem_begin",
-                        after: self.expire,
+            loop {
+                sent = tokio::time::Instant::now();
+                // Armed before the call: a begin that fails or is dropped may still have run.
+                undo.record(Some(key.clone()));
+                let begin = store
+                    .idem_begin(Begin {
+                        key: &key,
+                        owner: &owner,
+                        fingerprint: &fingerprint,
+                        ttl: self.expire,
+                        replicas,
                     })
-                    .into());
+                    .await
+                    .or_degrade(handle, GuardKind::Idempotency, "idem_begin", &key);
+                let outcome = match &begin {
+                    Ok(None) => "fail_open",
+                    Ok(Some(IdemBegin::Started)) => "started",
+                    Ok(Some(IdemBegin::Retrying)) => "retried",
+                    Ok(Some(IdemBegin::InProgress)) => "in_progress",
+                    Ok(Some(IdemBegin::Unknown)) => "unknown",
+                    Ok(Some(IdemBegin::Done(_))) => "replayed",
+                    Ok(Some(IdemBegin::KeyReuse)) => "key_reuse",
+                    Err(_) => "fail_closed",
+                };
+                // A waiting duplicate counts its last begin only.
+                let waits = waiting.is_some() && outcome == "in_progress";
+                if !waits {
+                    record_outcome(&self.scope, outcome);
                 }
-                Some(IdemBegin::Started | IdemBegin::Retrying) => record = Some(key),
-                Some(IdemBegin::InProgress) => {
-                    undo.record(None);
-                    return Err(Error::InProgress.into());
-                }
-                Some(IdemBegin::Unknown) => {
-                    undo.record(None);
-                    return Err(Error::OutcomeUnknown.into());
-                }
-                Some(IdemBegin::KeyReuse) => {
-                    undo.record(None);
-                    return Err(Error::KeyReuse.into());
-                }
-                Some(IdemBegin::Done(result)) => {
-                    undo.record(None);
-                    replay::mark();
-                    return serde_json::from_slice(&result)
-                        .map(Begun::Replayed)
-                        .map_err(|err| {
-                            Error::Corrupt {
-                                key: key.to_string(),
-                                detail: format!(
-                                    "the stored result does not deserialize as {}: {err}",
-                                    std::any::type_name::<T>()
-                                ),
-                            }
-                            .into()
-                        });
+                tracing::debug!(guard = "idem", %key, outcome);
+                match begin? {
+                    // The store is down and the policy is fail-open: run without a record (the
+                    // begin, which may still run, is undone).
+                    None => break,
+                    // Answered after its expire: the record may have lapsed and been begun by a
+                    // twin meanwhile, so the body must not run on it (the begin is undone).
+                    Some(IdemBegin::Started | IdemBegin::Retrying)
+                        if sent.elapsed() >= self.expire =>
+                    {
+                        return Err(Error::Backend(BackendError::Timeout {
+                            op: "idem_begin",
+                            after: self.expire,
+                        })
+                        .into());
+                    }
+                    Some(IdemBegin::Started | IdemBegin::Retrying) => {
+                        record = Some(key);
+                        break;
+                    }
+                    Some(IdemBegin::InProgress) => {
+                        undo.record(None);
+                        if let Some(waiting) = &mut waiting
+                            && waiting.next().await
+                        {
+                            continue;
+                        }
+                        if waits {
+                            record_outcome(&self.scope, outcome);
+                        }
+                        return Err(Error::InProgress.into());
+                    }
+                    Some(IdemBegin::Unknown) => {
+                        undo.record(None);
+                        return Err(Error::OutcomeUnknown.into());
+                    }
+                    Some(IdemBegin::KeyReuse) => {
+                        undo.record(None);
+                        return Err(Error::KeyReuse.into());
+                    }
+                    Some(IdemBegin::Done(result)) => {
+                        undo.record(None);
+                        replay::mark();
+                        return serde_json::from_slice(&result)
+                            .map(Begun::Replayed)
+                            .map_err(|err| {
+                                Error::Corrupt {
+                                    key: key.to_string(),
+                                    detail: format!(
+                                        "the stored result does not deserialize as {}: {err}",
+                                        std::any::type_name::<T>()
+                                    ),
+                                }
+                                .into()
+                            });
+                    }
                 }
             }
         }

@@ -54,6 +54,8 @@ pub struct Idempotency {
     pub(super) token: Option<(String, Result<KeyBody>)>,
     /// `(count, timeout)` as given, checked when the guard runs.
     pub(super) replicas: Option<(u32, Duration)>,
+    /// How long a duplicate waits for the first execution (see `wait.rs`); zero: not at all.
+    pub(super) wait: Duration,
 }
 
 impl Redguard {
@@ -75,6 +77,7 @@ impl Idempotency {
             timeout: None,
             token: None,
             replicas: None,
+            wait: Duration::ZERO,
         }
     }
 
@@ -113,6 +116,38 @@ impl Idempotency {
     /// the record becomes UNKNOWN.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = Some(timeout);
+        self
+    }
+
+    /// A duplicate that finds the intent in progress waits up to `wait` (at most 60 s) for
+    /// the first execution to end, instead of returning [`Error::InProgress`] at once: it is
+    /// woken when that execution records its outcome, then gets the replay of a SUCCESS, runs
+    /// the retry a business failure allows (one waiter wins it; the others wait on for its
+    /// outcome), or [`Error::OutcomeUnknown`] for an unknown outcome. When `wait` runs out
+    /// first, [`Error::InProgress`] as without it. Default zero: do not wait. See the guide,
+    /// [Waiting duplicates](crate::guide::idempotency#waiting-duplicates).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> redguard::Result<()> {
+    /// use std::time::Duration;
+    /// let rg = redguard::Redguard::memory();
+    /// let charge = || {
+    ///     rg.idempotency(redguard::key("charge:{id}").part("id", &5u64))
+    ///         .scope("charges")
+    ///         .wait(Duration::from_secs(2))
+    /// };
+    /// let first = charge().run(async {
+    ///     tokio::time::sleep(Duration::from_millis(50)).await;
+    ///     Ok::<_, redguard::Error>(500)
+    /// });
+    /// // Arrives while the first runs: waits for it, and gets its result without running.
+    /// let duplicate = charge().run(async { Ok::<_, redguard::Error>(0) });
+    /// let (first, duplicate) = tokio::join!(first, duplicate);
+    /// assert_eq!((first?, duplicate?), (500, 500));
+    /// # Ok(()) }
+    /// ```
+    pub fn wait(mut self, wait: Duration) -> Self {
+        self.wait = wait;
         self
     }
 

@@ -15,7 +15,8 @@
 //! and `run`; `begin.rs` the begin and what undoes one whose outcome is unknown;
 //! `execution.rs` the body, its timeout and the verdict it owes its record; `keep_alive.rs`
 //! the renewal of a PROCESSING record; `replay.rs` [`track_replay`]; `classify.rs` how an
-//! error's outcome is classified; `batch.rs` [`Batch`], many messages claimed in one store
+//! error's outcome is classified; `wait.rs` a duplicate waiting for the first execution's
+//! outcome ([`Idempotency::wait`]); `batch.rs` [`Batch`], many messages claimed in one store
 //! call.
 
 mod batch;
@@ -25,6 +26,7 @@ mod classify;
 mod execution;
 mod keep_alive;
 mod replay;
+mod wait;
 
 use serde::Serialize;
 use sha2::{Digest, Sha256};

@@ -20,7 +20,7 @@ use crate::values::{LockKind, Replicas};
 /// Validated settings of one acquisition.
 #[derive(Debug, Clone)]
 pub(crate) struct Spec {
-    pub(crate) scope: String,
+    pub(crate) scope: metrics::SharedString,
     pub(crate) wait: Duration,
     pub(crate) lease: Duration,
     pub(crate) skip_if_held: bool,
@@ -92,21 +92,46 @@ impl Compensate for FairPlace {
 
 pub(super) async fn acquire(handle: Redguard, key: Key, spec: Spec) -> Result<LockGuard> {
     let span = crate::trace::lock(&spec.scope, spec.kind, handle.store().kind().as_str());
+    let scope = spec.scope.clone();
     let started = Instant::now();
-    let result = acquire_traced(handle, key, spec)
+    let result = acquire_traced(handle, key, spec, started)
         .instrument(span.clone())
         .await;
+    // One reading of the clock for the metric and the span: under Tokio's `test-util` clock
+    // each reading takes a lock.
+    let waited = started.elapsed();
     let done = match &result {
         Ok(guard) if guard.is_degraded() => Ok(None),
         Ok(guard) => Ok(Some(guard.fence())),
         Err(err) => Err(err),
     };
-    crate::trace::lock_done(&span, started.elapsed(), done);
+    if let Some(outcome) = outcome(&done) {
+        record(&scope, outcome, waited);
+    }
+    crate::trace::lock_done(&span, waited, done);
     result
 }
 
-async fn acquire_traced(handle: Redguard, key: Key, spec: Spec) -> Result<LockGuard> {
-    let started = Instant::now();
+/// The `outcome` label of `redguard_lock_acquire_total` for an acquisition's result; none
+/// for a degraded guard or a store error (counted as backend errors).
+fn outcome(done: &Result<Option<u64>, &Error>) -> Option<&'static str> {
+    match done {
+        Ok(Some(_)) => Some("acquired"),
+        Ok(None) => None,
+        Err(Error::LockTooDeep { .. }) => Some("too_deep"),
+        Err(Error::LockTimeout { .. }) => Some("timeout"),
+        Err(Error::LockLost { .. }) => Some("lost"),
+        Err(Error::LockHeld { .. }) => Some("held"),
+        Err(_) => None,
+    }
+}
+
+async fn acquire_traced(
+    handle: Redguard,
+    key: Key,
+    spec: Spec,
+    started: Instant,
+) -> Result<LockGuard> {
     let deadline = started + spec.wait;
     let (owner, level) = if spec.kind.is_reentrant() {
         owner_for(&key)
@@ -114,7 +139,6 @@ async fn acquire_traced(handle: Redguard, key: Key, spec: Spec) -> Result<LockGu
         (new_owner(), 1)
     };
     if level > spec.max_depth {
-        record(&spec.scope, "too_deep", started);
         return Err(Error::LockTooDeep {
             key: key.to_string(),
             depth: level - 1,
@@ -143,7 +167,6 @@ async fn acquire_traced(handle: Redguard, key: Key, spec: Spec) -> Result<LockGu
             match tokio::time::timeout_at(deadline, queue.lock_owned()).await {
                 Ok(turn) => Some(turn),
                 Err(_) => {
-                    record(&spec.scope, "timeout", started);
                     return Err(Error::LockTimeout {
                         key: key.to_string(),
                         waited: started.elapsed(),
@@ -165,16 +188,20 @@ async fn acquire_traced(handle: Redguard, key: Key, spec: Spec) -> Result<LockGu
     }
     // The start of the last attempt: a fair lock handed to us after it is ours from then.
     let mut attempt_at = started;
+    // Without a subscription or a local queue nothing came between `started` and the first
+    // attempt: it starts then, and the clock is not read again.
+    let mut first_at_start = watch.is_none();
     loop {
         if let Some(fence) = watch.as_ref().and_then(LockWatch::handed) {
             place.disarm();
-            record(&spec.scope, "acquired", started);
             tracing::debug!(%key, fence, "fair lock handed over");
             return Ok(LockGuard::handed(
                 handle, key, owner, fence, attempt_at, spec,
             ));
         }
-        attempt_at = Instant::now();
+        if !std::mem::take(&mut first_at_start) {
+            attempt_at = Instant::now();
+        }
         // A nested level is undone by name, so its undo never leaves the outer level.
         let mut in_flight = Undo::armed(Acquisition {
             handle: handle.clone(),
@@ -217,14 +244,12 @@ async fn acquire_traced(handle: Redguard, key: Key, spec: Spec) -> Result<LockGu
             None => return Ok(LockGuard::degraded(key)),
             Some(LockAcquire::Acquired { fence, depth }) => {
                 place.disarm();
-                record(&spec.scope, "acquired", started);
                 tracing::debug!(%key, fence, depth, "lock acquired");
                 return Ok(LockGuard::acquired(
                     handle, key, owner, fence, level, attempt_at, spec,
                 ));
             }
             Some(LockAcquire::Lost) => {
-                record(&spec.scope, "lost", started);
                 return Err(Error::LockLost {
                     key: key.to_string(),
                 });
@@ -232,14 +257,12 @@ async fn acquire_traced(handle: Redguard, key: Key, spec: Spec) -> Result<LockGu
             Some(LockAcquire::Held { ttl }) => ttl,
         };
         if spec.skip_if_held {
-            record(&spec.scope, "held", started);
             return Err(Error::LockHeld {
                 key: key.to_string(),
             });
         }
         let now = Instant::now();
         if now >= deadline {
-            record(&spec.scope, "timeout", started);
             return Err(Error::LockTimeout {
                 key: key.to_string(),
                 waited: now - started,
@@ -267,13 +290,13 @@ async fn acquire_traced(handle: Redguard, key: Key, spec: Spec) -> Result<LockGu
     }
 }
 
-fn record(scope: &str, outcome: &'static str, started: Instant) {
+fn record(scope: &metrics::SharedString, outcome: &'static str, waited: Duration) {
     metrics::counter!(
         "redguard_lock_acquire_total",
-        "scope" => scope.to_owned(),
+        "scope" => scope.clone(),
         "outcome" => outcome,
     )
     .increment(1);
-    metrics::histogram!("redguard_lock_wait_seconds", "scope" => scope.to_owned())
-        .record(started.elapsed().as_secs_f64());
+    metrics::histogram!("redguard_lock_wait_seconds", "scope" => scope.clone())
+        .record(waited.as_secs_f64());
 }

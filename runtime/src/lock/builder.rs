@@ -16,6 +16,16 @@ use crate::error::{Error, Result};
 use crate::handle::Redguard;
 use crate::key::{GuardKind, KeyBody};
 use crate::values::{LockKind, Replicas};
+use metrics::SharedString;
+
+/// `scope` as a label value cheap to clone: a `&'static str` as it is, a `String` behind an
+/// `Arc`.
+pub(super) fn shared(scope: Cow<'static, str>) -> SharedString {
+    match scope {
+        Cow::Borrowed(scope) => SharedString::const_str(scope),
+        Cow::Owned(scope) => SharedString::from_shared(std::sync::Arc::from(scope)),
+    }
+}
 
 mod sealed {
     pub trait Sealed {}
@@ -102,7 +112,9 @@ pub struct LockBuilder<K = Exclusive> {
 /// What every kind shares.
 #[derive(Debug)]
 struct Settings {
-    scope: String,
+    /// Shared, not owned: every metric a lock records carries it as a label, and a clone of a
+    /// `String` per label was an allocation per metric per call.
+    scope: SharedString,
     wait: Duration,
     lease: Duration,
     skip_if_held: bool,
@@ -119,7 +131,7 @@ impl LockBuilder<Exclusive> {
             handle,
             body,
             settings: Settings {
-                scope: DEFAULT_LOCK_SCOPE.to_owned(),
+                scope: SharedString::const_str(DEFAULT_LOCK_SCOPE),
                 wait: Duration::ZERO,
                 lease: DEFAULT_LEASE,
                 skip_if_held: false,
@@ -243,7 +255,7 @@ impl<K: Kind> LockBuilder<K> {
     /// not meet. A `&'static str` or a `String`; default [`DEFAULT_LOCK_SCOPE`] (`#[dist_lock]`
     /// uses the fn's path).
     pub fn scope(mut self, scope: impl Into<Cow<'static, str>>) -> Self {
-        self.settings.scope = scope.into().into_owned();
+        self.settings.scope = shared(scope.into());
         self
     }
 

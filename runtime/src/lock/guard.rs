@@ -260,12 +260,14 @@ impl LockGuard {
                         // The renewal ended without finding a loss: it never will.
                         Err(_) => watching = false,
                     },
+                    // Before the renewal's timer: a body that finishes at its first poll never
+                    // registers one (a timer entry costs about as much as the rest of `run`).
+                    output = &mut work => break Some(output),
                     () = tokio::time::sleep_until(due.unwrap_or_else(Instant::now)), if due.is_some() => {
                         renewal = renewal
                             .take()
                             .map(|r| r.start(&held.handle, &self.key, &held.owner, &held.spec));
                     }
-                    output = &mut work => break Some(output),
                 }
             }
         };
@@ -290,7 +292,7 @@ impl LockGuard {
 impl Held {
     /// How long the key must stay taken after release, for `hold_at_least`.
     fn keep(&self) -> Duration {
-        if self.level > 1 || !self.spec.kind.is_reentrant() {
+        if self.level > 1 || !self.spec.kind.is_reentrant() || self.spec.hold_at_least.is_zero() {
             return Duration::ZERO;
         }
         self.spec

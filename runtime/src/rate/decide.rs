@@ -1,11 +1,11 @@
-//! Deciding resolved limits: the local tier, the store (with the rate-limit fail mode), the
-//! bounded wait, and the outcome's metrics.
+//! Deciding resolved limits: the local tier, the store (with the rate-limit fail mode), and
+//! the outcome's metrics; a call that may wait is paced by `pace.rs`.
 
 use std::time::Duration;
 
 use tracing::Instrument;
 
-use super::local;
+use super::{fallback, local};
 use crate::degrade::Degrade;
 use crate::error::{Error, Result};
 use crate::handle::Redguard;
@@ -13,25 +13,16 @@ use crate::key::{GuardKind, Key};
 use crate::store::{RateCheck, RateMode};
 use crate::values::{Decision, Limit};
 
-/// Checks `limits`; when rejected, and every rejecting limit's wait covers its
-/// `retry_after`, sleeps (with jitter) and checks once more.
+/// Checks `limits`; when rejected and some limit may wait, waits in arrival order until they
+/// admit or a wait runs out ([`super::pace`]).
 pub(super) async fn enforce_resolved(
     handle: &Redguard,
     limits: &[Resolved<'_>],
     waits: &[Duration],
 ) -> Result<Vec<Decision>> {
-    let decisions = decide(handle, limits, RateMode::Consume).await?;
-    let Some(rejected) = most_restrictive(&decisions) else {
-        return Ok(decisions);
-    };
-    let may_wait = decisions
-        .iter()
-        .zip(waits)
-        .all(|(d, wait)| d.allowed || d.retry_after <= *wait);
-    if !may_wait {
-        return Err(Error::RateLimited(rejected));
+    if waits.iter().any(|wait| !wait.is_zero()) {
+        return super::pace::paced(handle, limits, waits).await;
     }
-    tokio::time::sleep(rejected.retry_after + jitter(rejected.retry_after)).await;
     let decisions = decide(handle, limits, RateMode::Consume).await?;
     match most_restrictive(&decisions) {
         Some(rejected) => Err(Error::RateLimited(rejected)),
@@ -39,20 +30,8 @@ pub(super) async fn enforce_resolved(
     }
 }
 
-/// Up to 10% of `base` (at most 50 ms), random: waiters released by the same refill do not
-/// all come back in the same millisecond.
-fn jitter(base: Duration) -> Duration {
-    let cap = (base / 10).min(Duration::from_millis(50));
-    let cap_us = u64::try_from(cap.as_micros()).unwrap_or(0);
-    if cap_us == 0 {
-        return Duration::ZERO;
-    }
-    let random = uuid::Uuid::new_v4().as_u128() as u64;
-    Duration::from_micros(random % cap_us)
-}
-
 /// The rejecting decision that asks to wait longest, if any limit rejected.
-fn most_restrictive(decisions: &[Decision]) -> Option<Decision> {
+pub(super) fn most_restrictive(decisions: &[Decision]) -> Option<Decision> {
     decisions
         .iter()
         .filter(|d| !d.allowed)
@@ -149,11 +128,17 @@ async fn decide_traced(
     let outcome = handle.store().rate_check(&checks, mode).await;
     let Some(mut outcome) = outcome.or_degrade(handle, GuardKind::RateLimit, op, &first.key)?
     else {
+        if let Some(decisions) = fallback::outage(handle, limits, mode) {
+            return Ok(decisions);
+        }
         return Ok(limits
             .iter()
             .map(|r| Decision::degraded(r.limit.burst, r.limit.window()))
             .collect());
     };
+    if let Some(refused) = fallback::gate(handle, limits, mode, &outcome) {
+        return Ok(refused);
+    }
     // Refused by shadow limits only: the call goes ahead, so the enforced limits, which the
     // all-or-nothing call left uncharged, are charged now (a second call, only then).
     let refused_by_shadow =

@@ -168,6 +168,30 @@ impl Limiter {
     }
 
     /// The burst of the bucket algorithms (default: the rate's count).
+    ///
+    /// The default lets a full bucket out at once and then the rate: `rate("10/s")` admits
+    /// up to **19** in its first second (10 at once, then one each 100 ms). For an outgoing
+    /// quota (a provider's "10 requests per second"), set `burst(1)`, or what the provider
+    /// allows:
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() -> redguard::Result<()> {
+    /// use std::time::Duration;
+    /// let rg = redguard::Redguard::memory();
+    /// // Calls every 10 ms for one second: how many does each limit admit?
+    /// async fn first_second(limiter: redguard::rate::Limiter) -> u32 {
+    ///     let mut admitted = 0;
+    ///     for _ in 0..100 {
+    ///         admitted += u32::from(limiter.check().await.is_ok());
+    ///         tokio::time::advance(Duration::from_millis(10)).await;
+    ///     }
+    ///     admitted
+    /// }
+    /// assert_eq!(first_second(rg.limiter("default").rate("10/s")).await, 19);
+    /// assert_eq!(first_second(rg.limiter("outgoing").rate("10/s").burst(1)).await, 10);
+    /// # Ok(()) }
+    /// ```
     pub fn burst(mut self, burst: u64) -> Self {
         self.burst = Some(burst);
         self
@@ -192,9 +216,34 @@ impl Limiter {
         self
     }
 
-    /// Bounded waiting for [`check`](Limiter::check): when rejected with a `retry_after`
-    /// of at most `wait`, sleep that long (plus up to 10% jitter, so waiters do not return in
-    /// lockstep) and try once more. [`decide`](Limiter::decide) never waits.
+    /// Bounded waiting for [`check`](Limiter::check) (and [`run`](Limiter::run)): the call
+    /// waits until the limit admits it or `wait` has passed, in arrival order among this
+    /// handle's callers of the same key. Nothing is admitted earlier than the limit allows,
+    /// and a call is refused only when the limit would not admit it within its `wait` (behind
+    /// those who came first). Only the first waiter of a key asks the store, again at its
+    /// `retry_after`: the store sees one call per admission, plus about one refused call each
+    /// while the limit is saturated. A call dropped while waiting has reserved nothing.
+    /// Across instances each has its own queue; the store decides between them.
+    /// [`decide`](Limiter::decide) never waits.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() -> redguard::Result<()> {
+    /// use std::time::Duration;
+    /// let rg = redguard::Redguard::memory();
+    /// let api = rg.limiter("provider").rate("10/s").burst(1).wait(Duration::from_secs(2));
+    /// let start = tokio::time::Instant::now();
+    /// let mut calls = tokio::task::JoinSet::new();
+    /// for _ in 0..20 {
+    ///     let api = api.clone();
+    ///     calls.spawn(async move { api.check().await });
+    /// }
+    /// while let Some(call) = calls.join_next().await {
+    ///     call.expect("no panic")?; // none refused: 20 calls fit in 2 s at 10/s
+    /// }
+    /// assert!(start.elapsed() >= Duration::from_millis(1900)); // and none early
+    /// # Ok(()) }
+    /// ```
     pub fn wait(mut self, wait: Duration) -> Self {
         self.wait = wait;
         self
@@ -252,8 +301,8 @@ impl Limiter {
     }
 
     /// Enforces the limit: checks and, when admitted, counts this call; a **rejection is
-    /// `Err(`[`Error::RateLimited`]`)`**, so `limiter.check().await?` limits. Waits once when
-    /// [`wait`](Limiter::wait) allows it. [`decide`](Limiter::decide) answers `Ok` either way.
+    /// `Err(`[`Error::RateLimited`]`)`**, so `limiter.check().await?` limits. Waits as
+    /// [`wait`](Limiter::wait) allows. [`decide`](Limiter::decide) answers `Ok` either way.
     pub async fn check(&self) -> Result<Decision> {
         let (handle, resolved) = self.resolve_alone()?;
         single(enforce_resolved(&handle, &[resolved], &[self.wait]).await?)
@@ -298,6 +347,15 @@ impl Limiter {
     /// This limit and `other`, decided together (see [`RateLimits`]).
     pub fn and(self, other: Limiter) -> RateLimits {
         RateLimits::new().with(self).with(other)
+    }
+
+    /// [`check`](Limiter::check), keeping the key and the limit it decided on: the
+    /// admission of [`reserve`](Limiter::reserve).
+    pub(super) async fn admit(&self) -> Result<(Redguard, Decision, crate::key::Key, Limit)> {
+        let (handle, resolved) = self.resolve_alone()?;
+        let limits = std::slice::from_ref(&resolved);
+        let decision = single(enforce_resolved(&handle, limits, &[self.wait]).await?)?;
+        Ok((handle, decision, resolved.key, resolved.limit))
     }
 
     /// Bounded waiting allowed by this limit (see [`wait`](Limiter::wait)).
@@ -410,8 +468,9 @@ impl RateLimits {
 
     /// Enforces the limits: decides and (when all admit) counts; a rejection is
     /// `Err(`[`Error::RateLimited`]`)`
-    /// carrying the rejecting decision that asks to wait longest. Waits once if every
-    /// rejecting limit allows it (see [`Limiter::wait`]).
+    /// carrying the rejecting decision that asks to wait longest. Waits while every
+    /// rejecting limit's [`wait`](Limiter::wait) still covers its `retry_after`, in arrival
+    /// order among this handle's callers of the same limits (see [`Limiter::wait`]).
     pub async fn check(&self) -> Result<Vec<Decision>> {
         let (handle, resolved) = self.resolve()?;
         let waits: Vec<Duration> = self.limiters.iter().map(Limiter::max_wait).collect();

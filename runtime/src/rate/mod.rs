@@ -4,14 +4,23 @@
 //! round trip ([`RateOps`](crate::store::RateOps)): either every limit admits and all are
 //! charged, or the call is turned away and none is. When the store cannot answer, the
 //! rate-limit [`FailMode`](crate::handle::FailMode) applies: by default the call is let through,
-//! logged and counted (`redguard_backend_errors_total`).
+//! logged and counted (`redguard_backend_errors_total`); `FailMode::Local` decides it in
+//! process at the instance's share of the limit.
 //!
 //! Code map: `limiter.rs` the API ([`Limiter`], [`RateLimits`]); `decide.rs` asking the store
-//! (or the local tier), the bounded wait, metrics; `local.rs` the in-process first tier.
+//! (or the local tier), metrics; `pace.rs` the wait, in arrival order; `local.rs` the
+//! in-process first tier; `fallback.rs` the local limiter of [`FailMode::Local`](crate::handle::FailMode::Local);
+//! `charge.rs` cost charged after the call ([`Charge`], [`Cost`]).
 
+mod charge;
 mod decide;
+mod fallback;
 mod limiter;
 mod local;
+mod pace;
+
+pub use self::charge::{Charge, Cost};
+pub(crate) use self::fallback::Table as FallbackTable;
 
 pub use self::limiter::{Limiter, RateLimits};
 pub use crate::values::{

@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+use super::LockWatch;
 use crate::error::Result;
 use crate::key::Key;
 use crate::values::Replicas;
@@ -57,6 +58,15 @@ pub trait IdemOps {
     /// result, or FAIL. Applies to an UNKNOWN or FAIL record; a PROCESSING or SUCCESS one only
     /// when `force`. The record keeps its TTL and fingerprint.
     async fn idem_resolve(&self, resolve: Resolve<'_>) -> Result<Resolved>;
+
+    /// A subscription to the end of the execution at `key`: it fires when a PROCESSING
+    /// record there is finished, abandoned or resolved, once a begin found it in progress (a
+    /// store may skip announcing ends nobody waited for). Take it *before* the begin, so an
+    /// end between a begin that found the record in progress and the wait is not missed.
+    /// The same notifications as [`lock_watch`](super::LockOps::lock_watch) (one
+    /// subscription per handle on Redis); never fails: when they are unavailable the watch
+    /// says so and the waiter polls.
+    async fn idem_watch(&self, key: &Key) -> LockWatch;
 }
 
 /// An execution that begins: what [`IdemOps::idem_begin`] takes.

@@ -41,7 +41,7 @@ pub use self::lock::{
 #[cfg(feature = "test-util")]
 pub use self::lock::{FENCE_TTL, WRITER_INTENT};
 pub use self::memory::MemoryStore;
-pub use self::rate::{RateCheck, RateMode, RateOps, RateOutcome};
+pub use self::rate::{RateAdjust, RateCheck, RateMode, RateOps, RateOutcome};
 pub use self::redis::RedisStore;
 #[cfg(feature = "sentinel")]
 pub(crate) use self::redis::{Auth as SentinelAuth, SentinelTarget};

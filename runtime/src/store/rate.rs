@@ -23,6 +23,25 @@ use crate::values::{Decision, Limit};
 pub trait RateOps {
     /// Decides `checks` together at the store's current time.
     async fn rate_check(&self, checks: &[RateCheck<'_>], mode: RateMode) -> Result<RateOutcome>;
+
+    /// Charges or gives back units of `check`'s limit at the store's current time, without
+    /// deciding anything: what a call charged after its work ([`Charge`](crate::rate::Charge))
+    /// asks. The same key, algorithm and override (`:quota`) as `rate_check`, atomically.
+    ///
+    /// A charge always lands, even past the limit: the balance then goes negative (GCRA's
+    /// and the buckets' debt beyond the burst, a window's count above its limit), and the
+    /// next admission waits until it is repaid. A refund gives back at most what the key
+    /// holds. Returns the units charged or given back.
+    async fn rate_adjust(&self, check: &RateCheck<'_>, adjust: RateAdjust) -> Result<u64>;
+}
+
+/// What [`RateOps::rate_adjust`] does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RateAdjust {
+    /// Adds units to the key's use.
+    Charge(u64),
+    /// Gives units back.
+    Refund(u64),
 }
 
 /// One limit on one key.

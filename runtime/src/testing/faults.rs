@@ -18,8 +18,8 @@ use crate::key::Key;
 use crate::store::admin::{ForceUnlock, ScanKeys, Snapshot, Unlocked};
 use crate::store::{
     Acquire, AdminOps, Begin, Finish, IdemBegin, IdemFinished, IdemOps, LockAcquire, LockOps,
-    LockRelease, LockWatch, RateCheck, RateMode, RateOps, RateOutcome, Release, Resolve, Resolved,
-    Store, StoreKind, TokenOps, TokenOutcome,
+    LockRelease, LockWatch, RateAdjust, RateCheck, RateMode, RateOps, RateOutcome, Release,
+    Resolve, Resolved, Store, StoreKind, TokenOps, TokenOutcome,
 };
 use crate::values::Replicas;
 
@@ -553,6 +553,10 @@ impl IdemOps for FaultyStore {
     async fn idem_resolve(&self, resolve: Resolve<'_>) -> Result<Resolved> {
         self.inner.idem_resolve(resolve).await
     }
+
+    async fn idem_watch(&self, key: &Key) -> LockWatch {
+        self.inner.idem_watch(key).await
+    }
 }
 
 #[async_trait]
@@ -649,6 +653,15 @@ impl RateOps for FaultyStore {
         let keys: Vec<&Key> = checks.iter().map(|check| check.key).collect();
         self.apply(Point::RateCheck, &keys, || {
             self.inner.rate_check(checks, mode)
+        })
+        .await
+    }
+
+    async fn rate_adjust(&self, check: &RateCheck<'_>, adjust: RateAdjust) -> Result<u64> {
+        // The same fault point as the check: a charge after the call meets the store the
+        // check met.
+        self.apply(Point::RateCheck, &[check.key], || {
+            self.inner.rate_adjust(check, adjust)
         })
         .await
     }

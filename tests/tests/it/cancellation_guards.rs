@@ -16,7 +16,9 @@
 //!
 //! A detached body, once begun, runs to its end whenever its caller is dropped: the record is
 //! then SUCCESS and the retry replays; before that, the begin is undone and the retry runs. A
-//! call refused for a used token leaves no record, however it is dropped.
+//! call refused for a used token leaves no record, however it is dropped. A duplicate
+//! dropped while it waits for a first execution (`wait`) leaves that execution's record as
+//! it was: the first records SUCCESS, the duplicate's body never ran, a retry replays.
 //!
 //! The body runs once in all, original and retry together. A token consumption dropped (or
 //! failed with a backend error) gives the token back. A rate check dropped before its second
@@ -55,6 +57,8 @@ async fn guard_operations(h: &mut Harness) {
     h.sweep("idempotent call with a used token", used_token)
         .await;
     h.sweep("idempotent call, detached", detached).await;
+    h.sweep("idempotent duplicate waiting", waiting_duplicate)
+        .await;
     h.sweep("token consume", consume).await;
     h.sweep("rate check with wait", rate_wait).await;
 }
@@ -276,6 +280,73 @@ async fn detached(at: Attempt) -> Verdict {
     let runs = first.runs.load(Ordering::SeqCst) + second.runs.load(Ordering::SeqCst);
     v.check(matches!(retry, Ok(7)) && runs == 1, || {
         format!("the retry gave {retry:?}, the body ran {runs} times in all")
+    });
+    v
+}
+
+/// A duplicate (with `wait`) of an execution that runs until the duplicate was dropped or
+/// gave up waiting: however it ends, the first's record is the first's, and its outcome is
+/// what a retry gets.
+async fn waiting_duplicate(at: Attempt) -> Verdict {
+    let key = at.key("wait");
+    let intent = || {
+        redguard::idempotency(KeyBuilder::new().text(&key).finish().expect("key"))
+            .scope(SCOPE)
+            .expire(EXPIRE)
+    };
+    let (started, release) = (
+        Arc::new(tokio::sync::Notify::new()),
+        Arc::new(tokio::sync::Notify::new()),
+    );
+    let first = {
+        let (started, release) = (started.clone(), release.clone());
+        tokio::spawn(at.rg.scope(intent().run(async move {
+            started.notify_one();
+            release.notified().await;
+            Ok::<_, Error>(7)
+        })))
+    };
+    started.notified().await;
+    let duplicate = Arc::new(Body::default());
+    let body = duplicate.clone();
+    let outcome = at
+        .drive(
+            at.rg
+                .scope(intent().wait(Duration::from_millis(200)).run(async move {
+                    body.runs.fetch_add(1, Ordering::SeqCst);
+                    Ok::<_, Error>(8)
+                })),
+        )
+        .await;
+    at.settle().await;
+    release.notify_one();
+    let first = first.await.expect("the first execution's task");
+    let mut v = Verdict::new(outcome.is_some());
+    v.landed(match &outcome {
+        Some(_) => "completed",
+        None => "dropped",
+    });
+    v.check(
+        matches!(
+            outcome,
+            None | Some(Err(Error::InProgress)) | Some(Err(Error::Backend(_)))
+        ),
+        || format!("the duplicate ended with {outcome:?} while the first ran"),
+    );
+    v.check(matches!(first, Ok(7)), || {
+        format!("the first execution ended with {first:?}")
+    });
+    if let Some(view) = at.view() {
+        let record = format!("redguard:idem:{{{SCOPE}:{key}}}");
+        let status = view.field(&record, "status").await;
+        v.check(status.as_deref() == Some("S"), || {
+            format!("the first's record is {status:?}, not SUCCESS")
+        });
+    }
+    let retry = call(&at.rg, &key, None, Arc::new(Body::default())).await;
+    let runs = duplicate.runs.load(Ordering::SeqCst);
+    v.check(matches!(retry, Ok(7)) && runs == 0, || {
+        format!("the retry gave {retry:?}; the duplicate's body ran {runs} times")
     });
     v
 }

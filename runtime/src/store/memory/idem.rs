@@ -9,7 +9,8 @@ use crate::error::Result;
 use crate::key::Key;
 use crate::store::admin::Raw;
 use crate::store::{
-    Begin, Finish, IdemBegin, IdemFinish, IdemFinished, IdemOps, IdemStatus, Resolve, Resolved,
+    Begin, Finish, IdemBegin, IdemFinish, IdemFinished, IdemOps, IdemStatus, LockWatch, Resolve,
+    Resolved,
 };
 
 #[derive(Debug)]
@@ -122,6 +123,8 @@ impl IdemOps for MemoryStore {
         });
         if owned {
             records.remove(key);
+            drop(shard);
+            self.tables.lock_waiters.notify(key.as_str());
         }
         Ok(())
     }
@@ -148,6 +151,9 @@ impl IdemOps for MemoryStore {
             IdemFinish::Unknown => Status::Unknown,
         };
         records.set_expiry(key, now + ttl);
+        drop(shard);
+        // Waiting duplicates (see `idem_watch`) take their replay or their retry now.
+        self.tables.lock_waiters.notify(key.as_str());
         Ok(IdemFinished::Recorded)
     }
 
@@ -168,6 +174,13 @@ impl IdemOps for MemoryStore {
             None => Status::Fail,
         };
         "resolved".clone_into(&mut record.owner);
+        drop(shard);
+        self.tables.lock_waiters.notify(key.as_str());
         Ok(Resolved::Done(was))
+    }
+
+    async fn idem_watch(&self, key: &Key) -> LockWatch {
+        // The same in-process fan-out as lock releases: an end here is seen at once.
+        self.tables.lock_waiters.watch(key.as_str(), true)
     }
 }

@@ -11,7 +11,7 @@ use super::{MemoryStore, Shard};
 use crate::error::Result;
 use crate::key::Key;
 use crate::store::admin::{Raw, SNAPSHOT_MEMBERS};
-use crate::store::{RateCheck, RateMode, RateOps, RateOutcome};
+use crate::store::{RateAdjust, RateCheck, RateMode, RateOps, RateOutcome};
 use crate::values::{Algorithm, Decision, Limit, micros};
 
 /// A limit's state. Window numbers are `f64` microseconds/units, as in the Lua script, so
@@ -487,5 +487,178 @@ impl RateOps for MemoryStore {
             now: Duration::from_micros(now as u64),
             decisions,
         })
+    }
+
+    async fn rate_adjust(&self, check: &RateCheck<'_>, adjust: RateAdjust) -> Result<u64> {
+        let (mut shard, now) = self.shard(check.key);
+        let quota = super::quota::with_quota(&mut shard, now, check.key, check.limit);
+        let limit = quota.as_ref().unwrap_or(check.limit);
+        let mut states = shard.rates.at(now);
+        let state = states.get(check.key);
+        let Some((next, ttl_us, units)) = adjusted(state, limit, micros(now), adjust) else {
+            return Ok(0);
+        };
+        let expires = Duration::from_micros(micros(now) + ceil_ms_us(ttl_us as f64) as u64);
+        states.put(check.key, next, expires);
+        Ok(units)
+    }
+}
+
+/// The most a debt grows to, in GCRA's unit (µs or ns), as the script caps it: 2^52, beyond
+/// any burst, so every number stays exact.
+const DEBT_CAP: u128 = 1 << 52;
+
+/// `state` after `adjust` at `now` (µs) under `limit`, with the time until it may go (µs)
+/// and the units charged or given back; `None` when there is nothing to give back. The
+/// arithmetic of `rate_adjust.lua`.
+fn adjusted(
+    state: Option<&RateState>,
+    limit: &Limit,
+    now: u64,
+    adjust: RateAdjust,
+) -> Option<(RateState, u64, u64)> {
+    if matches!(adjust, RateAdjust::Charge(0) | RateAdjust::Refund(0)) {
+        return None;
+    }
+    let period = micros(limit.rate.period());
+    match limit.algorithm {
+        Algorithm::Gcra | Algorithm::TokenBucket | Algorithm::LeakyBucket => {
+            let interval = limit.rate.interval_ns();
+            let t = u128::from(interval);
+            let unit: u128 = if interval.is_multiple_of(1000) {
+                1000
+            } else {
+                1
+            };
+            let now_ns = u128::from(now) * 1000;
+            // The debt as the check reads it (rescaled in units when the interval changed).
+            let probe = Limit {
+                cost: 0,
+                burst: u64::MAX,
+                ..limit.clone()
+            };
+            let debt = gcra(state, &probe, now).reset_ns;
+            let (new, units) = match adjust {
+                RateAdjust::Charge(n) => {
+                    let new = (debt + u128::from(n) * t).min(DEBT_CAP * unit);
+                    (new, n)
+                }
+                RateAdjust::Refund(n) => {
+                    let back = debt.div_ceil(t).min(u128::from(n));
+                    if back == 0 {
+                        return None;
+                    }
+                    (debt.saturating_sub(back * t), u64::try_from(back).ok()?)
+                }
+            };
+            let state = RateState::Debt {
+                algorithm: limit.algorithm,
+                tat: now_ns + new,
+                interval,
+            };
+            Some((state, u64::try_from(new.div_ceil(1000)).ok()?, units))
+        }
+        Algorithm::FixedWindow => {
+            let win = (now / period) as f64;
+            let used = match state {
+                Some(RateState::FixedWindow { win: w, used }) if *w == win => *used,
+                _ => 0.0,
+            };
+            let (used, units) = match adjust {
+                RateAdjust::Charge(n) => (used + n as f64, n),
+                RateAdjust::Refund(n) => {
+                    let back = (n as f64).min(used);
+                    if back <= 0.0 {
+                        return None;
+                    }
+                    (used - back, back as u64)
+                }
+            };
+            let end = (now / period + 1) * period;
+            Some((RateState::FixedWindow { win, used }, end - now, units))
+        }
+        Algorithm::SlidingCounter => {
+            let win = (now / period) as f64;
+            let (mut cur, mut prev) = match state {
+                Some(RateState::SlidingCounter { win: w, cur, prev }) if *w == win => (*cur, *prev),
+                Some(RateState::SlidingCounter { win: w, cur, .. }) if *w == win - 1.0 => {
+                    (0.0, *cur)
+                }
+                _ => (0.0, 0.0),
+            };
+            let units = match adjust {
+                RateAdjust::Charge(n) => {
+                    cur += n as f64;
+                    n
+                }
+                RateAdjust::Refund(n) => {
+                    // This window's units first: they weigh fully in the estimate.
+                    let from_cur = (n as f64).min(cur);
+                    let from_prev = (n as f64 - from_cur).min(prev);
+                    if from_cur + from_prev <= 0.0 {
+                        return None;
+                    }
+                    cur -= from_cur;
+                    prev -= from_prev;
+                    (from_cur + from_prev) as u64
+                }
+            };
+            let end = (now / period + 2) * period;
+            Some((
+                RateState::SlidingCounter { win, cur, prev },
+                end - now,
+                units,
+            ))
+        }
+        Algorithm::SlidingWindow => {
+            let lo = now.saturating_sub(period);
+            let mut log = match state {
+                Some(RateState::SlidingWindow { log }) => log.clone(),
+                _ => VecDeque::new(),
+            };
+            let stale = log.partition_point(|e| e.at <= lo);
+            log.drain(..stale);
+            let units = match adjust {
+                RateAdjust::Charge(n) => {
+                    // An entry of its own, at now: these units stay in the window for a
+                    // whole period from the charge, as an admission's do. Into the newest
+                    // entry instead when that one is not older than now (nothing changes
+                    // then) or the log already holds a window's count of entries, so
+                    // repeated charges never grow it past that bound.
+                    let full = log.len() as u64 >= limit.burst;
+                    if let Some(newest) = log.back_mut().filter(|e| e.at >= now || full) {
+                        newest.cost += n;
+                        newest.cum += n;
+                    } else {
+                        let (at, cum) = log
+                            .back()
+                            .map_or((now, n), |e| (now.max(e.at + 1), e.cum + n));
+                        log.push_back(LogEntry { at, cum, cost: n });
+                    }
+                    n
+                }
+                RateAdjust::Refund(n) => {
+                    // From the newest entries: lowering an entry's cost and cum together
+                    // keeps every older entry's cum as it was.
+                    let mut back = 0;
+                    while back < n {
+                        let Some(newest) = log.back_mut() else { break };
+                        let take = newest.cost.min(n - back);
+                        newest.cost -= take;
+                        newest.cum -= take;
+                        back += take;
+                        if newest.cost == 0 {
+                            log.pop_back();
+                        }
+                    }
+                    if back == 0 {
+                        return None;
+                    }
+                    back
+                }
+            };
+            let ttl = log.back().map_or(1, |e| e.at + period - now);
+            Some((RateState::SlidingWindow { log }, ttl, units))
+        }
     }
 }

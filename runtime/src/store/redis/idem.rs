@@ -10,7 +10,8 @@ use super::lua::{Lua, lua};
 use crate::error::{Error, Result};
 use crate::key::Key;
 use crate::store::{
-    Begin, Finish, IdemBegin, IdemFinish, IdemFinished, IdemOps, IdemStatus, Resolve, Resolved,
+    Begin, Finish, IdemBegin, IdemFinish, IdemFinished, IdemOps, IdemStatus, LockWatch, Resolve,
+    Resolved,
 };
 
 lua!(BEGIN = "idem_begin.lua");
@@ -177,5 +178,11 @@ impl IdemOps for RedisStore {
             Some(Value::Int(3)) => Err(unrecognised(key, reply.get(1))),
             other => Err(corrupt(key, format!("idem_resolve replied {other:?}"))),
         }
+    }
+
+    async fn idem_watch(&self, key: &Key) -> LockWatch {
+        // The lock releases' subscription: its pattern covers every key under the prefix, and
+        // the idem scripts publish on the record's own name.
+        self.bus.watch(key, None, self.timeout()).await
     }
 }

@@ -39,6 +39,24 @@ fn release_pattern(prefix: &str) -> String {
     format!("{prefix}:*")
 }
 
+/// The suffix of a lock's fencing counter (see [`Key::companion`]).
+const FENCE: &str = "fence";
+
+/// `key.companion(suffix)` written straight into a command: the acquisition, the hot path,
+/// then renders no key of its own.
+struct Companion<'a>(&'a Key, &'static str);
+
+impl redis::ToRedisArgs for Companion<'_> {
+    fn write_redis_args<W: ?Sized + redis::RedisWrite>(&self, out: &mut W) {
+        use std::io::Write as _;
+        let mut arg = out.writer_for_next_arg();
+        // Writes into the command's own buffer: they cannot fail.
+        let _ = arg.write_all(self.0.as_str().as_bytes());
+        let _ = arg.write_all(b":");
+        let _ = arg.write_all(self.1.as_bytes());
+    }
+}
+
 /// The payload an operator's reset of a rate limit publishes on the limit's key.
 pub(super) const RESET: &[u8] = b"reset";
 
@@ -77,18 +95,16 @@ impl LockOps for RedisStore {
             waiting,
             replicas,
         } = acquire;
-        let fence_key = key.companion("fence");
-        let fence_ttl = fence_ttl(lease);
-        let waiting = if waiting { "1" } else { "0" };
+        let mut cmd = super::evalsha(&ACQUIRE, 2, 5);
+        cmd.arg(key.as_str())
+            .arg(Companion(key, FENCE))
+            .arg(owner)
+            .arg(millis(lease))
+            .arg(level)
+            .arg(fence_ttl(lease))
+            .arg(if waiting { "1" } else { "0" });
         let reply: (i64, i64, i64) = self
-            .eval_confirmed(
-                "lock_acquire",
-                &ACQUIRE,
-                &[key, &fence_key],
-                &[&owner, &millis(lease), &level, &fence_ttl, &waiting],
-                replicas,
-                acquired,
-            )
+            .run_confirmed("lock_acquire", &ACQUIRE, cmd, Some(key), replicas, acquired)
             .await?;
         match reply {
             (3, _, _) => Err(Error::Corrupt {
@@ -429,7 +445,12 @@ impl ReleaseBus {
     /// Subscribes a waiter to `key` (to `owner`'s turns at a fair lock), starting the
     /// connection if needed and waiting up to `timeout` for the subscription to be in place
     /// (after that the watch polls).
-    async fn watch(&self, key: &Key, owner: Option<&str>, timeout: Duration) -> LockWatch {
+    pub(super) async fn watch(
+        &self,
+        key: &Key,
+        owner: Option<&str>,
+        timeout: Duration,
+    ) -> LockWatch {
         let watch = |live| match owner {
             Some(owner) => self.waiters.watch_handed(key.as_str(), owner, live),
             None => self.waiters.watch(key.as_str(), live),
@@ -620,5 +641,21 @@ impl Bus {
                 None => self.waiters.notify(channel),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The fencing counter the acquisition names is the one every other script names.
+    #[test]
+    fn companion_arg_is_the_companion_key() {
+        let key = Key::stored("redguard:lock:{scope:order=7}");
+        let mut written = redis::cmd("EVALSHA");
+        written.arg(Companion(&key, FENCE)).arg("next");
+        let mut rendered = redis::cmd("EVALSHA");
+        rendered.arg(key.companion(FENCE).as_str()).arg("next");
+        assert_eq!(written.get_packed_command(), rendered.get_packed_command());
     }
 }

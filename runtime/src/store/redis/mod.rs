@@ -363,10 +363,6 @@ impl RedisStore {
         replicas: Option<Replicas>,
         wrote: impl FnOnce(&T) -> bool + Send,
     ) -> Result<T> {
-        let Some(replicas) = replicas else {
-            return self.eval(op, script, keys, args).await;
-        };
-        self.check_replicas(replicas)?;
         let mut cmd = evalsha(script, keys.len(), args.len());
         for key in keys {
             cmd.arg(key.as_str());
@@ -374,6 +370,25 @@ impl RedisStore {
         for arg in args {
             arg.write_to(&mut cmd);
         }
+        self.run_confirmed(op, script, cmd, keys.first().copied(), replicas, wrote)
+            .await
+    }
+
+    /// [`eval_confirmed`](RedisStore::eval_confirmed) of a command already built by
+    /// [`evalsha`] for `script`, `key` being its first key.
+    pub(crate) async fn run_confirmed<T: FromRedisValue + Send>(
+        &self,
+        op: &'static str,
+        script: &Lua,
+        cmd: redis::Cmd,
+        key: Option<&Key>,
+        replicas: Option<Replicas>,
+        wrote: impl FnOnce(&T) -> bool + Send,
+    ) -> Result<T> {
+        let Some(replicas) = replicas else {
+            return self.run_script(op, script, cmd, key).await;
+        };
+        self.check_replicas(replicas)?;
         #[cfg(feature = "test-util")]
         let cmd = self.test.rewrite(script, cmd);
         let mut pipe = redis::pipe();
@@ -390,7 +405,7 @@ impl RedisStore {
             }
         })
         .await
-        .map_err(|err| match keys.first() {
+        .map_err(|err| match key {
             Some(key) => corrupt_or(err, key),
             None => err,
         })?;

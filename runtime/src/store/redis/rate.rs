@@ -8,13 +8,14 @@ use super::lua::{Lua, lua};
 use super::{RedisStore, evalsha};
 use crate::error::{Error, Result};
 use crate::key::Key;
-use crate::store::{RateCheck, RateMode, RateOps, RateOutcome, Store as _};
+use crate::store::{RateAdjust, RateCheck, RateMode, RateOps, RateOutcome, Store as _};
 use crate::values::{Decision, QUOTA_SUFFIX, micros};
 
 lua!(CHECK = "rate_check.lua" after "expiry.lua", "quota.lua");
+lua!(ADJUST = "rate_adjust.lua" after "expiry.lua", "quota.lua");
 
 pub(super) fn scripts() -> Vec<&'static Lua> {
-    vec![&CHECK]
+    vec![&CHECK, &ADJUST]
 }
 
 /// Suffix of a limit's penalty key. It sits after the `{..}` hash tag, so the block key lands
@@ -109,6 +110,50 @@ impl RateOps for RedisStore {
             }
         }
         Ok(outcome)
+    }
+
+    /// One script on the state key and its override, which share a slot: atomic on a
+    /// Cluster too.
+    async fn rate_adjust(&self, check: &RateCheck<'_>, adjust: RateAdjust) -> Result<u64> {
+        let (op, units) = match adjust {
+            RateAdjust::Charge(units) => ("c", units),
+            RateAdjust::Refund(units) => ("r", units),
+        };
+        if units == 0 {
+            return Ok(0);
+        }
+        let limit = check.limit;
+        let quota = check.key.companion(QUOTA_SUFFIX);
+        let reply: Vec<i64> = self
+            .eval(
+                "rate_adjust",
+                &ADJUST,
+                &[check.key, &quota],
+                &[
+                    &op,
+                    &units,
+                    &limit.algorithm.as_str(),
+                    &limit.rate.interval_ns(),
+                    &micros(limit.rate.period()),
+                    &limit.burst,
+                ],
+            )
+            .await?;
+        match reply.as_slice() {
+            [done, q] => {
+                if *q == -1 {
+                    crate::store::rate::quota_ignored(check.key);
+                }
+                u64::try_from(*done).map_err(|_| Error::Corrupt {
+                    key: check.key.to_string(),
+                    detail: format!("rate_adjust returned {reply:?}"),
+                })
+            }
+            _ => Err(Error::Corrupt {
+                key: check.key.to_string(),
+                detail: format!("rate_adjust returned {reply:?}"),
+            }),
+        }
     }
 }
 

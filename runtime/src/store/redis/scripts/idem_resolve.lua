@@ -3,7 +3,8 @@
 -- or SUCCESS record too.
 -- Returns {0, status} resolved (the status it had), {1, status} refused, {2} no record,
 -- {3, status} unrecognised record. The record keeps its TTL (HSET leaves it).
-local status = redis.call('HGET', KEYS[1], 'status')
+local rec = redis.call('HMGET', KEYS[1], 'status', 'w')
+local status = rec[1]
 if not status then
   if redis.call('EXISTS', KEYS[1]) == 1 then
     return {3, ''}
@@ -23,5 +24,10 @@ if ARGV[1] == 'S' then
 else
   redis.call('HSET', KEYS[1], 'status', 'F', 'finished', now_ms, 'owner', 'resolved')
   redis.call('HDEL', KEYS[1], 'result')
+end
+-- A forced verdict on a PROCESSING record ends what duplicates wait for (idem_begin.lua).
+if rec[2] then
+  redis.call('HDEL', KEYS[1], 'w')
+  redis.call('PUBLISH', KEYS[1], '1')
 end
 return {0, status}

@@ -1,0 +1,354 @@
+//! Pacing of calls that may wait (`Limiter::wait`, `RateLimits`): many concurrent callers are
+//! admitted in arrival order as the limit allows, none early, none refused that the limit
+//! would admit within its wait; the store is asked about once per admission plus one retry.
+//!
+//! Before pacing a waiting call slept once for its `retry_after` and tried once more, so of
+//! 100 concurrent callers of `10/s` two were admitted and 98 refused: the first tests here fail
+//! on that code.
+//!
+//! On memory the runtime's time is paused, so a 10 s schedule runs in no time and exactly; on
+//! Redis (and a Cluster) in real time, scaled down, with tolerances only where a real clock and
+//! a round trip come in.
+
+use std::time::Duration;
+
+use redguard::rate::{Algorithm, Limiter, RateLimits};
+use redguard::{Error, Redguard};
+use redguard_tests::{RedisCluster, RedisServer, metrics};
+use tokio::time::Instant;
+
+/// What each caller got, in the order they were started.
+struct Run {
+    /// Per caller: when it returned, since the start, and whether it was admitted.
+    outcomes: Vec<(Duration, bool)>,
+    /// Callers in the order they were admitted.
+    admitted_order: Vec<usize>,
+    /// Store calls made (one decision per call of one limit).
+    calls: u64,
+}
+
+impl Run {
+    fn admitted(&self) -> Vec<Duration> {
+        let mut times: Vec<Duration> = self
+            .outcomes
+            .iter()
+            .filter(|(_, ok)| *ok)
+            .map(|(at, _)| *at)
+            .collect();
+        times.sort();
+        times
+    }
+
+    fn refused(&self) -> usize {
+        self.outcomes.iter().filter(|(_, ok)| !*ok).count()
+    }
+}
+
+/// Starts `callers` tasks, in order, each making one waiting call of `call`.
+async fn run<F, Fut>(scope: &str, callers: usize, call: F) -> Run
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = redguard::Result<()>> + Send + 'static,
+{
+    metrics::install();
+    let calls_before = metrics::counter("redguard_rate_decisions_total", &[("scope", scope)]);
+    let start = Instant::now();
+    let (order_tx, mut order_rx) = tokio::sync::mpsc::unbounded_channel();
+    let mut tasks = Vec::with_capacity(callers);
+    for i in 0..callers {
+        let call = call();
+        let order_tx = order_tx.clone();
+        tasks.push(tokio::spawn(async move {
+            let result = call.await;
+            let at = start.elapsed();
+            match result {
+                Ok(()) => {
+                    order_tx.send(i).expect("the receiver outlives the callers");
+                    (at, true)
+                }
+                Err(Error::RateLimited(_)) => (at, false),
+                Err(err) => panic!("caller {i}: {err}"),
+            }
+        }));
+    }
+    drop(order_tx);
+    let mut outcomes = Vec::with_capacity(callers);
+    for task in tasks {
+        outcomes.push(task.await.expect("caller panicked"));
+    }
+    let mut admitted_order = Vec::new();
+    while let Some(i) = order_rx.recv().await {
+        admitted_order.push(i);
+    }
+    let calls =
+        metrics::counter("redguard_rate_decisions_total", &[("scope", scope)]) - calls_before;
+    Run {
+        outcomes,
+        admitted_order,
+        calls,
+    }
+}
+
+/// GCRA's schedule from the start: the k-th admission (0-based) comes no earlier than
+/// `(k + 1 - burst) × interval`. `slack` covers a real clock against the store's.
+fn assert_none_early(admitted: &[Duration], interval: Duration, burst: u32, slack: Duration) {
+    for (k, at) in admitted.iter().enumerate() {
+        let due = interval * (k as u32 + 1).saturating_sub(burst);
+        assert!(
+            *at + slack >= due,
+            "admission {k} at {at:?}, before its slot at {due:?}: {admitted:?}"
+        );
+    }
+}
+
+/// The most admissions in any window `[t, t + width)`.
+fn most_in_window(admitted: &[Duration], width: Duration) -> usize {
+    (0..admitted.len())
+        .map(|i| {
+            admitted[i..]
+                .iter()
+                .take_while(|at| **at < admitted[i] + width)
+                .count()
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+#[tokio::test(start_paused = true)]
+async fn memory_100_waiters_of_10_per_sec_are_all_admitted_in_order_none_early() {
+    let rg = Redguard::memory();
+    let limiter = rg
+        .limiter("one-key")
+        .scope("pace-gcra")
+        .rate("10/s")
+        .burst(1)
+        .wait(Duration::from_secs(10));
+    let run = run("pace-gcra", 100, || {
+        let limiter = limiter.clone();
+        async move { limiter.check().await.map(drop) }
+    })
+    .await;
+    let admitted = run.admitted();
+    assert_eq!(run.refused(), 0, "refused although the wait covers them");
+    assert_eq!(admitted.len(), 100);
+    assert!(
+        admitted[99] <= Duration::from_secs(10),
+        "the last at {:?}",
+        admitted[99]
+    );
+    assert_none_early(&admitted, Duration::from_millis(100), 1, Duration::ZERO);
+    assert!(most_in_window(&admitted, Duration::from_secs(1)) <= 10);
+    assert_eq!(
+        run.admitted_order,
+        (0..100).collect::<Vec<_>>(),
+        "admitted in arrival order"
+    );
+    // The first is admitted at once; each later one is asked about twice (refused as the new
+    // head, admitted at its retry_after).
+    println!("memory: {} store calls for 100 admissions", run.calls);
+    assert!(run.calls <= 2 * 100, "{} store calls", run.calls);
+}
+
+#[tokio::test(start_paused = true)]
+async fn memory_wait_runs_out_refuses_only_what_the_limit_cannot_fit() {
+    let rg = Redguard::memory();
+    let limiter = rg
+        .limiter("short-wait")
+        .scope("pace-short")
+        .rate("10/s")
+        .burst(1)
+        .wait(Duration::from_secs(1));
+    let run = run("pace-short", 30, || {
+        let limiter = limiter.clone();
+        async move { limiter.check().await.map(drop) }
+    })
+    .await;
+    let admitted = run.admitted();
+    // Slots at 0, 100 ms, ..., 1 s fit a 1 s wait: 11 callers (10 if one whose wait ran out
+    // took the slot at 1 s with its last ask, ahead of the head asleep until then).
+    assert!(
+        (10..=11).contains(&admitted.len()),
+        "{} admitted",
+        admitted.len()
+    );
+    assert_none_early(&admitted, Duration::from_millis(100), 1, Duration::ZERO);
+    for (at, ok) in &run.outcomes {
+        if !ok {
+            assert!(
+                *at >= Duration::from_secs(1),
+                "refused at {at:?}, before its wait ran out"
+            );
+        }
+    }
+    // Bounded: a queued waiter whose wait runs out asks once.
+    assert!(run.calls <= 2 * 11 + 30, "{} store calls", run.calls);
+}
+
+#[tokio::test(start_paused = true)]
+async fn memory_every_algorithm_paces_waiters_within_its_bound() {
+    let rg = Redguard::memory();
+    for (algorithm, most_per_second) in [
+        (Algorithm::Gcra, 10),
+        (Algorithm::TokenBucket, 11),
+        (Algorithm::LeakyBucket, 11),
+        (Algorithm::SlidingWindow, 10),
+        (Algorithm::SlidingCounter, 20),
+        (Algorithm::FixedWindow, 20),
+    ] {
+        let scope = format!("pace-{}", algorithm.as_str().replace('_', "-"));
+        let mut limiter = rg
+            .limiter("algo")
+            .scope(scope.clone())
+            .rate("10/s")
+            .algorithm(algorithm)
+            .wait(Duration::from_secs(5));
+        if !algorithm.is_window() {
+            limiter = limiter.burst(1);
+        }
+        let run = run(&scope, 30, || {
+            let limiter = limiter.clone();
+            async move { limiter.check().await.map(drop) }
+        })
+        .await;
+        let admitted = run.admitted();
+        assert_eq!(run.refused(), 0, "{algorithm}: refused within the wait");
+        let most = most_in_window(&admitted, Duration::from_secs(1));
+        assert!(
+            most <= most_per_second,
+            "{algorithm}: {most} in one second: {admitted:?}"
+        );
+        assert_eq!(
+            run.admitted_order,
+            (0..30).collect::<Vec<_>>(),
+            "{algorithm}"
+        );
+        println!(
+            "memory {algorithm}: {} store calls for 30 admissions",
+            run.calls
+        );
+        assert!(
+            run.calls <= 2 * 30 + 5,
+            "{algorithm}: {} store calls",
+            run.calls
+        );
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn memory_several_limits_wait_together_all_or_nothing() {
+    let rg = Redguard::memory();
+    let limits = || {
+        RateLimits::new()
+            .with(
+                rg.limiter("tenant:7")
+                    .scope("pace-both")
+                    .rate("10/s")
+                    .burst(1)
+                    .wait(Duration::from_secs(5)),
+            )
+            .with(
+                rg.limiter("global")
+                    .scope("pace-both")
+                    .rate("20/s")
+                    .burst(2)
+                    .wait(Duration::from_secs(5)),
+            )
+    };
+    let run = run("pace-both", 40, || {
+        let limits = limits();
+        async move { limits.check().await.map(drop) }
+    })
+    .await;
+    let admitted = run.admitted();
+    assert_eq!(run.refused(), 0);
+    assert_none_early(&admitted, Duration::from_millis(100), 1, Duration::ZERO);
+    // Two decisions per store call.
+    assert!(run.calls <= 2 * (2 * 40), "{} decisions", run.calls);
+}
+
+/// Waiting callers of one limit on a real store: all admitted within the scaled schedule
+/// (40 callers of 20/s: the last slot at 1.95 s), none before their slot.
+async fn real_store_paces(rg: &Redguard, scope: &str) {
+    let limiter: Limiter = rg
+        .limiter("real")
+        .scope(scope.to_owned())
+        .rate("20/s")
+        .burst(1)
+        .wait(Duration::from_secs(6));
+    let run = run(scope, 40, || {
+        let limiter = limiter.clone();
+        async move { limiter.check().await.map(drop) }
+    })
+    .await;
+    let admitted = run.admitted();
+    assert_eq!(run.refused(), 0, "{scope}: refused within the wait");
+    // Generous for a loaded machine: the schedule says 1.95 s.
+    assert!(
+        admitted[39] < Duration::from_secs(5),
+        "{scope}: last at {:?}",
+        admitted[39]
+    );
+    // A reply arrives after the store decided, so a local time is never earlier than the
+    // store's; 5 ms covers the local monotonic clock against Redis `TIME`.
+    assert_none_early(
+        &admitted,
+        Duration::from_millis(50),
+        1,
+        Duration::from_millis(5),
+    );
+    println!(
+        "{scope}: {} store calls for 40 admissions, last at {:?}",
+        run.calls, admitted[39]
+    );
+    assert!(
+        run.calls <= 2 * 40 + 10,
+        "{scope}: {} store calls",
+        run.calls
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_paces_waiters_none_refused_none_early() {
+    let server = RedisServer::start();
+    let rg = redguard_tests::connect(&server).await;
+    real_store_paces(&rg, "pace-redis").await;
+    server.assert_every_key_has_ttl();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_paces_waiters_of_several_limits_in_different_slots() {
+    let cluster = RedisCluster::start();
+    let rg = cluster.connect().await;
+    real_store_paces(&rg, "pace-cluster").await;
+    // Two limits whose keys live in different slots (decided in two phases): paced alike.
+    let limits = || {
+        RateLimits::new()
+            .with(
+                rg.limiter("user:1")
+                    .scope("pace-slots")
+                    .rate("20/s")
+                    .burst(1)
+                    .wait(Duration::from_secs(6)),
+            )
+            .with(
+                rg.limiter("all")
+                    .scope("pace-slots")
+                    .rate("40/s")
+                    .burst(1)
+                    .wait(Duration::from_secs(6)),
+            )
+    };
+    let run = run("pace-slots", 30, || {
+        let limits = limits();
+        async move { limits.check().await.map(drop) }
+    })
+    .await;
+    assert_eq!(run.refused(), 0);
+    assert_none_early(
+        &run.admitted(),
+        Duration::from_millis(50),
+        1,
+        Duration::from_millis(5),
+    );
+    cluster.assert_every_key_has_ttl();
+}
