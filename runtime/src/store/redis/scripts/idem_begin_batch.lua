@@ -1,5 +1,6 @@
 -- Begin a batch of idempotent executions: idem_begin.lua's transitions for each key, in
--- one script (the keys share a slot: a single node, or one Cluster slot group).
+-- one script (the keys share a slot: a single node, or one Cluster slot group). A batch
+-- never waits for an execution in progress, so it does not mark one (`w`) as idem_begin.lua does.
 -- KEYS[i] record i; ARGV[1] ttl ms, ARGV[2i] owner i, ARGV[2i+1] fingerprint i ('' = none).
 -- Returns {code_1, value_1, code_2, value_2, ...}, codes as idem_begin.lua's: 0 started,
 -- 1 retrying a FAIL, 2 in progress, 3 done (value: the result), 4 fingerprint mismatch,
@@ -25,7 +26,7 @@ for i, key in ipairs(KEYS) do
   elseif status == 'F' then
     -- A failure releases the key for any payload: the retry's payload is the one that runs.
     redis.call('HSET', key, 'status', 'P', 'owner', owner, 'fp', fp_new, 'started', now_ms)
-    redis.call('HDEL', key, 'result', 'finished')
+    redis.call('HDEL', key, 'result', 'finished', 'w')
     redis.call('PEXPIRE', key, ttl)
     code = 1
   elseif fp_new ~= '' and rec[2] and rec[2] ~= '' and rec[2] ~= fp_new then
