@@ -10,6 +10,7 @@
 //! without the redis-benchmark baselines; `--no-peers` leaves the peer libraries' rows out.
 
 mod baseline;
+mod batch;
 mod charts;
 mod idem;
 mod inproc;
@@ -516,6 +517,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
     print_header();
     idem::cases(&mut bench, &rg, &memory).await;
+    batch::cases(&mut bench, &rg).await;
     rate::cases(&mut bench, &rg, &memory).await;
     quota::cases(&mut bench, &rg).await;
     pace::cases(&mut bench, &rg).await;

@@ -17,8 +17,10 @@
 //! the renewal of a PROCESSING record; `replay.rs` [`track_replay`]; `classify.rs` how an
 //! error's outcome is classified; `wait.rs` a duplicate waiting for the first execution's
 //! outcome ([`Idempotency::wait`]); `transaction.rs` (feature `sqlx`) the outcome committed in
-//! the caller's database transaction.
+//! the caller's database transaction; `batch.rs` [`Batch`], many messages claimed in one store
+//! call.
 
+mod batch;
 mod begin;
 mod builder;
 mod classify;
@@ -34,6 +36,7 @@ use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
 
+pub use self::batch::{Batch, BatchOutcome, MAX_BATCH, MAX_BATCH_CONCURRENCY};
 pub use self::builder::{Detached, Idempotency};
 pub use self::classify::{Classify, ErrorClass};
 pub use self::replay::track_replay;

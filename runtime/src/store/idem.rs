@@ -25,6 +25,19 @@ pub trait IdemOps {
     /// undoes it with [`idem_abandon`](IdemOps::idem_abandon)).
     async fn idem_begin(&self, begin: Begin<'_>) -> Result<IdemBegin>;
 
+    /// Begins each of `begins` as [`idem_begin`](IdemOps::idem_begin) does, in as few round
+    /// trips as the store can (Redis: one script per Cluster slot group, the groups sent at
+    /// once); one result per begin, in order. A begin whose result is an error may still have
+    /// been applied: the caller undoes it with [`idem_abandon`](IdemOps::idem_abandon). The
+    /// default begins them one after another.
+    async fn idem_begin_batch(&self, begins: &[Begin<'_>]) -> Vec<Result<IdemBegin>> {
+        let mut begun = Vec::with_capacity(begins.len());
+        for begin in begins {
+            begun.push(self.idem_begin(*begin).await);
+        }
+        begun
+    }
+
     /// Extends the PROCESSING record `owner` began to live `ttl` from now, while its
     /// execution runs; false when it is no longer `owner`'s PROCESSING record (nothing is
     /// changed then).

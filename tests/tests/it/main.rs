@@ -21,6 +21,7 @@ mod http_idempotency;
 mod http_layers;
 mod http_model;
 mod http_quotas;
+mod idempotency_batch;
 mod idempotency_faults;
 mod idempotency_sql;
 mod idempotency_wait;

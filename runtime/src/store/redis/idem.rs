@@ -34,7 +34,7 @@ fn status(value: Option<&Value>) -> Option<IdemStatus> {
     }
 }
 
-fn unrecognised(key: &Key, status: Option<&Value>) -> Error {
+pub(super) fn unrecognised(key: &Key, status: Option<&Value>) -> Error {
     corrupt(
         key,
         format!(
@@ -46,18 +46,18 @@ fn unrecognised(key: &Key, status: Option<&Value>) -> Error {
     )
 }
 
-fn millis(ttl: Duration) -> u64 {
+pub(super) fn millis(ttl: Duration) -> u64 {
     u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1)
 }
 
-fn corrupt(key: &Key, detail: impl Into<String>) -> Error {
+pub(super) fn corrupt(key: &Key, detail: impl Into<String>) -> Error {
     Error::Corrupt {
         key: key.to_string(),
         detail: detail.into(),
     }
 }
 
-fn bytes(value: &Value) -> Option<Vec<u8>> {
+pub(super) fn bytes(value: &Value) -> Option<Vec<u8>> {
     match value {
         Value::BulkString(bytes) => Some(bytes.clone()),
         Value::SimpleString(text) => Some(text.as_bytes().to_vec()),
@@ -106,6 +106,10 @@ impl IdemOps for RedisStore {
             (6, _) => Ok(IdemBegin::Unknown),
             (other, _) => Err(corrupt(key, format!("idem_begin returned {other}"))),
         }
+    }
+
+    async fn idem_begin_batch(&self, begins: &[Begin<'_>]) -> Vec<Result<IdemBegin>> {
+        self.begin_batch(begins).await
     }
 
     async fn idem_renew(&self, key: &Key, owner: &str, ttl: Duration) -> Result<bool> {

@@ -5,6 +5,7 @@ mod admin;
 mod conn;
 mod gcra;
 mod idem;
+mod idem_batch;
 mod lock;
 mod lua;
 mod rate;
@@ -39,6 +40,7 @@ fn all_scripts() -> impl Iterator<Item = &'static Lua> {
     token::scripts()
         .into_iter()
         .chain(idem::scripts())
+        .chain(idem_batch::scripts())
         .chain(lock::scripts())
         .chain(rate::scripts())
         .chain(gcra::scripts())

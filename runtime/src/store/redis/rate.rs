@@ -23,7 +23,7 @@ pub(super) fn scripts() -> Vec<&'static Lua> {
 const BLOCK_SUFFIX: &str = ":block";
 
 /// The `{...}` hash tag of a key: keys with the same tag share a Cluster slot.
-fn hash_tag(key: &Key) -> &str {
+pub(super) fn hash_tag(key: &Key) -> &str {
     let key = key.as_str();
     key.find('{')
         .and_then(|open| Some((open, key[open..].find('}')? + open)))
