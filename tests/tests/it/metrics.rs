@@ -251,8 +251,26 @@ async fn workload(url: String, mut server: RedisServer) {
         .query(&mut server.connection())
         .unwrap();
     let _ = limiter().decide().await.unwrap();
-    server.kill();
+    // Units charged and given back after the call.
+    let mut charge = redguard::limiter("w:5")
+        .scope("w::rate")
+        .rate("100/s")
+        .on(&rg)
+        .reserve()
+        .await
+        .unwrap();
+    charge.charge(2).await.unwrap();
+    charge.refund(1).await.unwrap();
+    // A cost reported after the store went away: the settlement fails, the value stands.
+    assert_eq!(rg.scope(settled_after(&mut server)).await.unwrap(), 5);
     let _ = limiter().decide().await.unwrap();
+}
+
+/// Kills the store while it runs, so the cost it reports cannot be settled.
+#[redguard::rate_limit(key = "w:6", rate = "100/s", charge = after)]
+async fn settled_after(server: &mut RedisServer) -> redguard::Result<u64> {
+    server.kill();
+    Ok(5)
 }
 
 #[test]
