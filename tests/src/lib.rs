@@ -362,6 +362,35 @@ pub async fn connect(server: &RedisServer) -> redguard::Redguard {
         .expect("connect to the test redis-server")
 }
 
+/// Runs each listed case (an `async fn(Redguard)` in the calling module) on a fresh
+/// in-memory store (`memory::<case>`) and on its own `redis-server` (`redis::<case>`), whose
+/// keys must all have a TTL afterwards: [`conformance!`] for cases that need no Cluster or
+/// Sentinel run.
+#[macro_export]
+macro_rules! on_memory_and_redis {
+    ($($case:ident),* $(,)?) => {
+        mod memory {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    super::$case(::redguard::Redguard::memory()).await;
+                }
+            )*
+        }
+        mod redis {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    let server = $crate::RedisServer::start();
+                    let rg = $crate::connect(&server).await;
+                    super::$case(rg).await;
+                    server.assert_every_key_has_ttl();
+                }
+            )*
+        }
+    };
+}
+
 /// Runs each listed case (an `async fn(Redguard)` in the calling module) once per store:
 /// `memory::<case>` on a fresh in-memory store, `redis::<case>` on its own `redis-server`,
 /// `declared::<case>` there with every script checking it touches only keys in `KEYS`

@@ -17,32 +17,8 @@ use redguard::http::{
     ClientIp, HeaderKey, IdempotencyKey, IdempotencyLayer, Policy, RateLimitLayer,
 };
 use redguard::{Error, ErrorClass, Redguard, idempotent};
+use redguard_tests::on_memory_and_redis;
 use tower::ServiceExt as _;
-
-/// Each case on the memory store and on a real Redis (whose keys must all have a TTL).
-macro_rules! on_memory_and_redis {
-    ($($case:ident),* $(,)?) => {
-        mod memory {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $case() {
-                    super::$case(::redguard::Redguard::memory()).await;
-                }
-            )*
-        }
-        mod redis {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $case() {
-                    let server = ::redguard_tests::RedisServer::start();
-                    let rg = ::redguard_tests::connect(&server).await;
-                    super::$case(rg).await;
-                    server.assert_every_key_has_ttl();
-                }
-            )*
-        }
-    };
-}
 
 on_memory_and_redis!(
     rate_limit_adds_headers_then_answers_429,

@@ -16,32 +16,8 @@ use redguard::http::IdempotencyLayer;
 use redguard::idempotency::track_replay;
 use redguard::{Classify, Error, ErrorClass, Redguard, idempotent};
 use redguard_tests::RedisServer;
+use redguard_tests::on_memory_and_redis;
 use tower::ServiceExt as _;
-
-/// Each case on the memory store and on a real Redis (whose keys must all have a TTL).
-macro_rules! on_memory_and_redis {
-    ($($case:ident),* $(,)?) => {
-        mod memory {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $case() {
-                    super::$case(::redguard::Redguard::memory()).await;
-                }
-            )*
-        }
-        mod redis {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $case() {
-                    let server = ::redguard_tests::RedisServer::start();
-                    let rg = ::redguard_tests::connect(&server).await;
-                    super::$case(rg).await;
-                    server.assert_every_key_has_ttl();
-                }
-            )*
-        }
-    };
-}
 
 on_memory_and_redis!(
     sixty_four_duplicates_run_once_and_replay_the_first,
