@@ -20,7 +20,7 @@
 //! `REDGUARD_RENEWAL_POINTS=<n>` runs `n` points evenly over 0 to 1.5 leases instead of the
 //! short grid (TESTING.md, *Renewal timing*).
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -190,9 +190,12 @@ async fn section(late: Late, fraction: f64) -> Result<String, String> {
     let point = Point::start().await;
     let delay = LEASE.mul_f64(fraction);
     let entered: Arc<Mutex<Option<(Instant, u64)>>> = Arc::default();
+    // Set by the body as it returns: from then on `run` releases the key, so a sample that
+    // finds it gone says nothing about the renewal.
+    let left = Arc::new(AtomicBool::new(false));
     let sent = point.hold(late, delay);
     let running = {
-        let (rg, entered) = (point.rg.clone(), Arc::clone(&entered));
+        let (rg, entered, left) = (point.rg.clone(), Arc::clone(&entered), Arc::clone(&left));
         let until = sent + delay + LEASE * 2;
         tokio::spawn(async move {
             rg.lock("timing")
@@ -201,6 +204,7 @@ async fn section(late: Late, fraction: f64) -> Result<String, String> {
                     let fence = redguard::lock::fence().expect("a fence inside run");
                     *entered.lock().unwrap() = Some((Instant::now(), fence));
                     tokio::time::sleep_until(until.into()).await;
+                    left.store(true, Ordering::SeqCst);
                     Ok::<_, Error>(())
                 })
                 .await
@@ -211,9 +215,12 @@ async fn section(late: Late, fraction: f64) -> Result<String, String> {
     let mut unheld = None;
     while !running.is_finished() {
         let inside = *entered.lock().unwrap();
+        // Read after Redis answered: a body still inside then had not yet let `run` release
+        // the key, so a key gone meanwhile was lost, not released.
         if let Some((_, fence)) = inside
             && unheld.is_none()
             && !holds(&mut conn, fence)
+            && !left.load(Ordering::SeqCst)
         {
             unheld = Some(sent.elapsed());
         }
@@ -305,17 +312,17 @@ async fn a_body_blocking_its_thread_loses_the_lock_and_spawn_blocking_keeps_it()
     let mut conn = server.connection();
     let key = "redguard:lock:{lock:blocking:kept}";
     while !kept.is_finished() {
-        if let Some(fence) = *fence.lock().unwrap()
-            && started.elapsed() < block
-        {
+        if let Some(fence) = *fence.lock().unwrap() {
             let stored: Option<u64> = redis::cmd("HGET")
                 .arg(key)
                 .arg("fence")
                 .query(&mut conn)
                 .unwrap();
-            assert_eq!(
-                stored,
-                Some(fence),
+            // Judged once Redis answered: the body blocks until `started + block` at the
+            // earliest, and only then may `run` release the key.
+            let inside = started.elapsed() < block;
+            assert!(
+                !inside || stored == Some(fence),
                 "under spawn_blocking, Redis no longer held the lock at {:?}",
                 started.elapsed()
             );
