@@ -42,7 +42,8 @@ pub use self::classify::{Classify, ErrorClass};
 pub use self::replay::track_replay;
 #[cfg(feature = "sqlx")]
 pub use self::transaction::{
-    MAX_SQL_RESULT_BYTES, OutcomeDatabase, Transactional, purge_expired, sql_failure,
+    MAX_SQL_RESULT_BYTES, OutcomeDatabase, POSTGRES_MIGRATION, SQLITE_MIGRATION, Transactional,
+    purge_expired, sql_failure,
 };
 
 pub use redguard_grammar::idempotency::{MAX_EXPIRE, MIN_EXPIRE};

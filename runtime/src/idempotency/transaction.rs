@@ -33,6 +33,29 @@ use crate::store::{Resolve, Resolved};
 /// Larger ones are refused and the transaction rolled back.
 pub const MAX_SQL_RESULT_BYTES: usize = 1024 * 1024;
 
+/// The Postgres migration that creates `redguard_outcomes` (the crate's
+/// `migrations/postgres/0001_redguard_outcomes.sql`), for a service that runs its schema
+/// from code rather than copying the file into its own migrations.
+///
+/// ```no_run
+/// # async fn f(pool: sqlx::PgPool) -> sqlx::Result<()> {
+/// sqlx::raw_sql(redguard::idempotency::POSTGRES_MIGRATION).execute(&pool).await?;
+/// # Ok(()) }
+/// ```
+pub const POSTGRES_MIGRATION: &str =
+    include_str!("../../migrations/postgres/0001_redguard_outcomes.sql");
+
+/// The SQLite migration that creates `redguard_outcomes` (the crate's
+/// `migrations/sqlite/0001_redguard_outcomes.sql`); see [`POSTGRES_MIGRATION`].
+///
+/// ```no_run
+/// # async fn f(pool: sqlx::SqlitePool) -> sqlx::Result<()> {
+/// sqlx::raw_sql(redguard::idempotency::SQLITE_MIGRATION).execute(&pool).await?;
+/// # Ok(()) }
+/// ```
+pub const SQLITE_MIGRATION: &str =
+    include_str!("../../migrations/sqlite/0001_redguard_outcomes.sql");
+
 /// How long a retry waits for a transaction that holds the intent's row before it answers
 /// [`Error::InProgress`] (Postgres `lock_timeout`; SQLite waits its connection's busy timeout).
 const PROBE_WAIT: &str = "SET LOCAL lock_timeout = '200ms'";

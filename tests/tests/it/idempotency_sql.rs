@@ -13,10 +13,7 @@ use redguard_tests::history::{self, Event, History, IdemOutcome};
 use redguard_tests::postgres::Postgres;
 use sqlx::{Pool, Postgres as Pg, Sqlite, Transaction};
 
-const PG_MIGRATION: &str =
-    include_str!("../../../runtime/migrations/postgres/0001_redguard_outcomes.sql");
-const SQLITE_MIGRATION: &str =
-    include_str!("../../../runtime/migrations/sqlite/0001_redguard_outcomes.sql");
+use redguard::idempotency::{POSTGRES_MIGRATION as PG_MIGRATION, SQLITE_MIGRATION};
 
 /// The test's side of a database: its effects table, written by the bodies.
 trait TestDb: redguard::idempotency::OutcomeDatabase {
