@@ -19,34 +19,45 @@ use crate::values::Decision;
 pub(crate) struct State {
     pub(crate) lock_queues: LockQueues,
     pub(crate) rejections: Rejections,
-    /// Paced rate-limit waiters, queued per set of limit keys (`rate/pace.rs`).
-    pub(crate) rate_queues: LockQueues,
+    /// Paced rate-limit waiters, queued per set of limit keys, each queue holding when its
+    /// next head may first be admitted (`rate/pace.rs`).
+    pub(crate) rate_queues: LockQueues<Option<tokio::time::Instant>>,
     /// What the local fallback of `FailMode::Local` admitted (`rate/fallback.rs`).
     pub(crate) fallback: crate::rate::FallbackTable,
     /// Lock renewal tasks alive.
     pub(crate) watchdogs: AtomicUsize,
 }
 
-/// One async mutex per lock key that local waiters are queued on.
-#[derive(Debug, Default)]
-pub(crate) struct LockQueues {
-    queues: Mutex<HashMap<String, Weak<tokio::sync::Mutex<()>>>>,
+/// One async mutex per lock key (or set of rate-limit keys) that local waiters are queued on,
+/// holding what a head hands to the next (`T`: nothing for locks, the earliest useful ask for
+/// paced rate limits).
+#[derive(Debug)]
+pub(crate) struct LockQueues<T = ()> {
+    queues: Mutex<HashMap<String, Weak<tokio::sync::Mutex<T>>>>,
+}
+
+impl<T> Default for LockQueues<T> {
+    fn default() -> Self {
+        LockQueues {
+            queues: Mutex::default(),
+        }
+    }
 }
 
 /// A key's local queue: whoever holds it is the one local waiter asking the store.
-pub(crate) type Queue = Arc<tokio::sync::Mutex<()>>;
+pub(crate) type Queue<T = ()> = Arc<tokio::sync::Mutex<T>>;
 
 /// Queues nobody waits in are dropped once this many are kept.
 const SWEEP_QUEUES_AT: usize = 256;
 
-impl LockQueues {
+impl<T: Default> LockQueues<T> {
     /// The queue of `key`, shared by every task of this handle waiting for it.
-    pub(crate) fn queue(&self, key: &Key) -> Queue {
+    pub(crate) fn queue(&self, key: &Key) -> Queue<T> {
         self.queue_named(key.as_str())
     }
 
     /// The queue of `name` (a key, or several keys joined), as [`queue`](Self::queue).
-    pub(crate) fn queue_named(&self, name: &str) -> Queue {
+    pub(crate) fn queue_named(&self, name: &str) -> Queue<T> {
         let mut queues = lock(&self.queues);
         if let Some(queue) = queues.get(name).and_then(Weak::upgrade) {
             return queue;

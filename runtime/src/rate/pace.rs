@@ -8,9 +8,11 @@
 //! and a delay added to each admission would add up along the queue (a GCRA slot not taken
 //! on time is lost), refusing its tail.
 //! So 1,000 waiters on one key hold one timer each (their deadline, while queued; the head's
-//! sleep once it leads), and the store sees one call per admission plus, when the limit is
-//! saturated, about one refused call per admission (the new head's first ask), never a
-//! stampede. Works the same for every algorithm and for several limits decided together,
+//! sleep once it leads), and the store sees one call per admission plus bounded retries,
+//! never a stampede. On GCRA, an admission says exactly when the next unit frees, and the head
+//! leaves that instant in the queue for the next, which sleeps until then instead of asking
+//! to be refused: one call per admission. Other algorithms' next head asks at once, so a
+//! saturated limit costs about one refused call per admission. Works the same for every algorithm and for several limits decided together,
 //! since the store alone decides: nothing is admitted that it would not admit at that moment.
 //!
 //! A caller dropped while queued or asleep leaves the queue and has reserved nothing: no slot
@@ -26,7 +28,7 @@ use super::decide::{Resolved, decide, most_restrictive};
 use crate::error::{Error, Result};
 use crate::handle::Redguard;
 use crate::store::RateMode;
-use crate::values::Decision;
+use crate::values::{Algorithm, Decision};
 
 /// The shortest sleep between two asks of one head: a `retry_after` of zero from a refusal
 /// (a rounding edge) never makes the head spin, so retries are bounded by `wait / MIN_PAUSE`.
@@ -44,10 +46,20 @@ pub(super) async fn paced(
     let last = deadlines.iter().copied().max().unwrap_or(start);
     let queue = handle.state().rate_queues.queue_named(&queue_name(limits));
     // Out of time while queued: one last ask (below), and no more waiting.
-    let turn = tokio::time::timeout_at(last, queue.lock()).await.ok();
+    let mut turn = tokio::time::timeout_at(last, queue.lock()).await.ok();
+    // The previous head's admission said when the limits could next admit: asking earlier
+    // would only be refused. Past our deadline, ask now for a real refusal.
+    if let Some(not_before) = turn.as_deref().copied().flatten()
+        && not_before <= last
+    {
+        tokio::time::sleep_until(not_before).await;
+    }
     loop {
         let decisions = decide(handle, limits, RateMode::Consume).await?;
         let Some(rejected) = most_restrictive(&decisions) else {
+            if let Some(next) = turn.as_deref_mut() {
+                *next = next_admission(limits, &decisions);
+            }
             return Ok(decisions);
         };
         let now = Instant::now();
@@ -61,6 +73,33 @@ pub(super) async fn paced(
         }
         tokio::time::sleep_until(now + pause).await;
     }
+}
+
+/// After an admission, the earliest instant the same limits could admit a call of one unit:
+/// exact for GCRA, whose state says when its next unit frees (its reset less the burst's
+/// other units), so the next head sleeps until its slot instead of asking to be refused.
+/// Counted from the reply, which came after the store decided: never early. Other
+/// algorithms, shadow limits and blocking limits say nothing here (the next head asks at
+/// once, as it would without the hint). Late by at most one slot when the limit changed
+/// meanwhile (an override, a refund): then the next ask admits at once. Kept only while
+/// someone waits in the queue: a caller arriving at an empty queue asks at once.
+fn next_admission(limits: &[Resolved<'_>], decisions: &[Decision]) -> Option<Instant> {
+    let wait = limits
+        .iter()
+        .zip(decisions)
+        .filter(|(r, d)| {
+            r.limit.algorithm == Algorithm::Gcra
+                && !r.shadow
+                && r.limit.block.is_zero()
+                && d.limit > 0
+        })
+        .map(|(_, d)| {
+            let unit = u64::try_from(d.window.as_nanos() / u128::from(d.limit))
+                .map_or(Duration::MAX, Duration::from_nanos);
+            d.reset_after.saturating_sub(d.window.saturating_sub(unit))
+        })
+        .max()?;
+    Some(Instant::now() + wait)
 }
 
 /// The queue of a call: its limit keys in order, so calls of the same limits queue together
