@@ -13,6 +13,7 @@ mod baseline;
 mod batch;
 mod charts;
 mod idem;
+mod idem_wait;
 mod inproc;
 mod lock;
 mod measure;
@@ -23,6 +24,7 @@ mod rate;
 mod raw;
 mod replicas;
 mod scale;
+mod txn;
 
 use std::fmt::Write as _;
 use std::future::Future;
@@ -518,6 +520,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     print_header();
     idem::cases(&mut bench, &rg, &memory).await;
     batch::cases(&mut bench, &rg).await;
+    idem_wait::cases(&mut bench, &rg).await;
+    txn::cases(&mut bench, &rg).await;
     rate::cases(&mut bench, &rg, &memory).await;
     quota::cases(&mut bench, &rg).await;
     pace::cases(&mut bench, &rg).await;

@@ -16,18 +16,25 @@ const WAITERS: u32 = 1000;
 const RATE: &str = "1000/s";
 
 /// Script calls Redis has run (`EVALSHA`, and `EVAL` should a script be sent whole).
-async fn script_calls(conn: &mut ConnectionManager) -> u64 {
+pub(crate) async fn script_calls(conn: &mut ConnectionManager) -> u64 {
+    command_calls(conn, |command| matches!(command, "evalsha" | "eval")).await
+}
+
+/// Calls Redis has run of the commands `counted` accepts (by lower-case name, as
+/// `INFO commandstats` spells them: `evalsha`, `psubscribe`, `info`...).
+pub(crate) async fn command_calls(
+    conn: &mut ConnectionManager,
+    counted: impl Fn(&str) -> bool,
+) -> u64 {
     let info: String = redis::cmd("INFO")
         .arg("commandstats")
         .query_async(conn)
         .await
         .expect("INFO commandstats");
     info.lines()
-        .filter_map(|line| {
-            line.strip_prefix("cmdstat_evalsha:calls=")
-                .or_else(|| line.strip_prefix("cmdstat_eval:calls="))
-        })
-        .filter_map(|rest| rest.split(',').next()?.parse::<u64>().ok())
+        .filter_map(|line| line.strip_prefix("cmdstat_")?.split_once(":calls="))
+        .filter(|(command, _)| counted(command))
+        .filter_map(|(_, rest)| rest.split(',').next()?.parse::<u64>().ok())
         .sum()
 }
 

@@ -32,6 +32,18 @@ pub struct Postgres {
 }
 
 impl Postgres {
+    /// Whether the server binaries are there, for callers that skip Postgres rather than
+    /// panic in [`Postgres::start`] (the bench).
+    ///
+    /// ```no_run
+    /// if redguard_tests::postgres::Postgres::available() {
+    ///     let _pg = redguard_tests::postgres::Postgres::start();
+    /// }
+    /// ```
+    pub fn available() -> bool {
+        bindir().is_some_and(|bin| bin.join("initdb").exists())
+    }
+
     /// Initializes a cluster in a temp dir and starts it on a free port; panics with what to
     /// install when the binaries are missing.
     pub fn start() -> Postgres {
