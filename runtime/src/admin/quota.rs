@@ -305,10 +305,31 @@ impl Admin {
     }
 
     /// Refuses a scope in which the store holds no rate-limit key (a typo, or a scope no
-    /// guard uses).
+    /// guard uses). The key's own state proves it at once; otherwise one bounded scan looks
+    /// for any key of the scope. A scan that ran out of budget on a large keyspace proves
+    /// nothing either way: the override is set with a warning rather than refused, since an
+    /// operator raising a quota during an incident must not be blocked by the store's size
+    /// (an override of an unused scope only sits there until its TTL).
     async fn scope_in_use(&self, scope: &str, state: &Key) -> Result<()> {
+        let own = self
+            .handle
+            .store()
+            .admin_read(std::slice::from_ref(state))
+            .await?;
+        if own.entries.iter().any(|e| e.value != Raw::Absent) {
+            return Ok(());
+        }
         let prefix = self.scope_prefix(scope)?;
         let found = self.handle.store().admin_scan(&prefix, 1).await?;
+        if found.keys.is_empty() && found.truncated {
+            tracing::warn!(
+                scope,
+                %state,
+                "could not confirm that a rate limit of this scope is in the store (the \
+                 keyspace is larger than one bounded scan); setting the override anyway"
+            );
+            return Ok(());
+        }
         if found.keys.is_empty() {
             return Err(Error::Config(format!(
                 "no rate limit of scope `{scope}` is in the store (nothing starts with \

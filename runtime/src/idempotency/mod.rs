@@ -28,7 +28,7 @@ mod execution;
 mod keep_alive;
 mod replay;
 #[cfg(feature = "sqlx")]
-mod transaction;
+pub(crate) mod transaction;
 mod wait;
 
 use serde::Serialize;

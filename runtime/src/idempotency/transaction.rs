@@ -33,28 +33,33 @@ use crate::store::{Resolve, Resolved};
 /// Larger ones are refused and the transaction rolled back.
 pub const MAX_SQL_RESULT_BYTES: usize = 1024 * 1024;
 
-/// The Postgres migration that creates `redguard_outcomes` (the crate's
-/// `migrations/postgres/0001_redguard_outcomes.sql`), for a service that runs its schema
-/// from code rather than copying the file into its own migrations.
+/// The Postgres migrations of redguard's tables, `redguard_outcomes` and `redguard_fences`
+/// (the crate's `migrations/postgres/*.sql`, in order; each runs again harmlessly), for a
+/// service that runs its schema from code rather than copying the files into its own
+/// migrations.
 ///
 /// ```no_run
 /// # async fn f(pool: sqlx::PgPool) -> sqlx::Result<()> {
 /// sqlx::raw_sql(redguard::idempotency::POSTGRES_MIGRATION).execute(&pool).await?;
 /// # Ok(()) }
 /// ```
-pub const POSTGRES_MIGRATION: &str =
-    include_str!("../../migrations/postgres/0001_redguard_outcomes.sql");
+pub const POSTGRES_MIGRATION: &str = concat!(
+    include_str!("../../migrations/postgres/0001_redguard_outcomes.sql"),
+    include_str!("../../migrations/postgres/0002_redguard_fences.sql"),
+);
 
-/// The SQLite migration that creates `redguard_outcomes` (the crate's
-/// `migrations/sqlite/0001_redguard_outcomes.sql`); see [`POSTGRES_MIGRATION`].
+/// The SQLite migrations of redguard's tables (the crate's `migrations/sqlite/*.sql`, in
+/// order); see [`POSTGRES_MIGRATION`].
 ///
 /// ```no_run
 /// # async fn f(pool: sqlx::SqlitePool) -> sqlx::Result<()> {
 /// sqlx::raw_sql(redguard::idempotency::SQLITE_MIGRATION).execute(&pool).await?;
 /// # Ok(()) }
 /// ```
-pub const SQLITE_MIGRATION: &str =
-    include_str!("../../migrations/sqlite/0001_redguard_outcomes.sql");
+pub const SQLITE_MIGRATION: &str = concat!(
+    include_str!("../../migrations/sqlite/0001_redguard_outcomes.sql"),
+    include_str!("../../migrations/sqlite/0002_redguard_fences.sql"),
+);
 
 /// How long a retry waits for a transaction that holds the intent's row before it answers
 /// [`Error::InProgress`] (Postgres `lock_timeout`; SQLite waits its connection's busy timeout).
@@ -83,6 +88,12 @@ pub trait OutcomeDatabase: sqlx::Database + sealed::Sealed {
     ) -> sqlx::Result<u64>;
     #[doc(hidden)]
     async fn __purge(conn: &mut Self::Connection, now: i64, limit: i64) -> sqlx::Result<u64>;
+    #[doc(hidden)]
+    async fn __advance_fence(
+        conn: &mut Self::Connection,
+        resource: &str,
+        fence: i64,
+    ) -> sqlx::Result<u64>;
     #[doc(hidden)]
     fn __failure(err: &sqlx::Error) -> DbFailure;
     #[doc(hidden)]
@@ -190,6 +201,25 @@ impl OutcomeDatabase for sqlx::Postgres {
         Ok(done.rows_affected())
     }
 
+    async fn __advance_fence(
+        conn: &mut sqlx::PgConnection,
+        resource: &str,
+        fence: i64,
+    ) -> sqlx::Result<u64> {
+        // The conflict arm locks the row and reads its newest version, so of two writers the
+        // later one judges against what the earlier committed.
+        let done = sqlx::query(
+            "INSERT INTO redguard_fences (resource, fence) VALUES ($1, $2) \
+             ON CONFLICT (resource) DO UPDATE SET fence = EXCLUDED.fence \
+             WHERE redguard_fences.fence <= EXCLUDED.fence",
+        )
+        .bind(resource)
+        .bind(fence)
+        .execute(conn)
+        .await?;
+        Ok(done.rows_affected())
+    }
+
     async fn __purge(conn: &mut sqlx::PgConnection, now: i64, limit: i64) -> sqlx::Result<u64> {
         let done = sqlx::query(
             "DELETE FROM redguard_outcomes WHERE ctid IN \
@@ -272,6 +302,23 @@ impl OutcomeDatabase for sqlx::Sqlite {
         .bind(row.scope)
         .bind(row.key)
         .bind(row.owner)
+        .execute(conn)
+        .await?;
+        Ok(done.rows_affected())
+    }
+
+    async fn __advance_fence(
+        conn: &mut sqlx::SqliteConnection,
+        resource: &str,
+        fence: i64,
+    ) -> sqlx::Result<u64> {
+        let done = sqlx::query(
+            "INSERT INTO redguard_fences (resource, fence) VALUES (?1, ?2) \
+             ON CONFLICT (resource) DO UPDATE SET fence = excluded.fence \
+             WHERE redguard_fences.fence <= excluded.fence",
+        )
+        .bind(resource)
+        .bind(fence)
         .execute(conn)
         .await?;
         Ok(done.rows_affected())

@@ -22,6 +22,8 @@ mod context;
 mod guard;
 mod multi;
 mod ops;
+#[cfg(feature = "sqlx")]
+mod storage;
 mod watchdog;
 
 pub(crate) use self::watchdog::Live;
@@ -35,6 +37,8 @@ pub use self::builder::{Exclusive, Fair, Kind, LockBuilder, Read, Reentrant, Sem
 pub use self::context::fence;
 pub use self::guard::LockGuard;
 pub use self::multi::{MultiLockBuilder, MultiLockGuard, lock_all};
+#[cfg(feature = "sqlx")]
+pub use self::storage::{MAX_FENCED_RESOURCE, advance_fence};
 
 pub use redguard_grammar::lock::{
     DEFAULT_LEASE, MAX_HOLD_AT_LEAST, MAX_LEASE, MAX_WAIT, MIN_LEASE,

@@ -31,6 +31,7 @@ mod key_injection;
 mod kit;
 mod lock_behaviour;
 mod lock_cancellation;
+mod lock_fence_sql;
 mod lock_processes;
 mod lock_safety;
 mod lock_slow_network;

@@ -720,3 +720,50 @@ async fn a_value_that_is_not_an_override_is_ignored() {
     assert!(seen.problem.is_some());
     server.assert_every_key_has_ttl();
 }
+
+/// A production keyspace is larger than one bounded scan: with two million other keys in
+/// Redis, an override for a key of a scope whose limit has run is set — at once when the key's
+/// own state is there, and with a warning when only the bounded scan could tell (it ran out
+/// of budget before meeting a key of the scope: not a proof that none exists). Before, the
+/// scan alone decided, and refused as "no rate limit of this scope" unless it happened to meet
+/// the scope's key among the first 64,000 it read (the bench's full run hit this after its
+/// earlier rows had filled Redis).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scope_in_use_is_found_among_millions_of_other_keys() {
+    let server = redguard_tests::RedisServer::start();
+    let rg = redguard_tests::connect(&server).await;
+    let mut conn = server.connection();
+    let filled: u64 = ::redis::cmd("EVAL")
+        .arg(
+            "for i = 1, tonumber(ARGV[1]) do redis.call('SET', 'filler:' .. i, 'x', 'EX', 3600) end \
+             return redis.call('DBSIZE')",
+        )
+        .arg(0)
+        .arg(2_000_000)
+        .query(&mut conn)
+        .expect("fill the keyspace");
+    assert!(filled >= 2_000_000);
+    assert!(tenant(&rg, "big").check().await.is_ok());
+
+    let admin = Admin::new(rg.clone());
+    let quota = Quota::new("10/min", None).unwrap();
+    // Keys whose state is not (yet) in the store: only the scan can tell the scope is in use.
+    for id in ["new-1", "new-2", "new-3"] {
+        admin
+            .quota_set(SCOPE, &format!("tenant:{id}"), &quota, HOUR)
+            .await
+            .expect("an override the bounded scan cannot confirm");
+    }
+    admin
+        .quota_set(SCOPE, "tenant:big", &quota, HOUR)
+        .await
+        .expect("an exact-key override of a key in use");
+    assert_eq!(tenant(&rg, "big").peek().await.unwrap().limit, 10);
+    // A scope no limit uses, on a keyspace small enough to read whole, is still refused.
+    ::redis::cmd("FLUSHALL").query::<()>(&mut conn).unwrap();
+    assert!(matches!(
+        admin.quota_set(SCOPE, "tenant:big", &quota, HOUR).await,
+        Err(Error::Config(_))
+    ));
+    server.assert_every_key_has_ttl();
+}
