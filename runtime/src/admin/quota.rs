@@ -305,39 +305,40 @@ impl Admin {
     }
 
     /// Refuses a scope in which the store holds no rate-limit key (a typo, or a scope no
-    /// guard uses). The key's own state proves it at once; otherwise one bounded scan looks
-    /// for any key of the scope. A scan that ran out of budget on a large keyspace proves
-    /// nothing either way: the override is set with a warning rather than refused, since an
-    /// operator raising a quota during an incident must not be blocked by the store's size
-    /// (an override of an unused scope only sits there until its TTL).
+    /// guard uses). One bounded scan looks for any key of the scope; it is also what a
+    /// services' ACL user may not run (`SCAN` is one of the operator's grants), so it comes
+    /// first. A scan that ran out of budget on a large keyspace proves nothing either way: then
+    /// the key's own state proves the scope, and without it the override is set with a warning
+    /// rather than refused, since an operator raising a quota during an incident must not be
+    /// blocked by the store's size (an override of an unused scope only sits there until its
+    /// TTL).
     async fn scope_in_use(&self, scope: &str, state: &Key) -> Result<()> {
-        let own = self
-            .handle
-            .store()
-            .admin_read(std::slice::from_ref(state))
-            .await?;
-        if own.entries.iter().any(|e| e.value != Raw::Absent) {
-            return Ok(());
-        }
         let prefix = self.scope_prefix(scope)?;
         let found = self.handle.store().admin_scan(&prefix, 1).await?;
-        if found.keys.is_empty() && found.truncated {
-            tracing::warn!(
-                scope,
-                %state,
-                "could not confirm that a rate limit of this scope is in the store (the \
-                 keyspace is larger than one bounded scan); setting the override anyway"
-            );
+        if !found.keys.is_empty() {
             return Ok(());
         }
-        if found.keys.is_empty() {
-            return Err(Error::Config(format!(
-                "no rate limit of scope `{scope}` is in the store (nothing starts with \
-                 `{prefix}`), so no guard would read an override at {state}; check the scope \
-                 (the fn's path, or its `scope = \"..\"`) and set it once the limit has run"
-            )));
+        if found.truncated {
+            let own = self
+                .handle
+                .store()
+                .admin_read(std::slice::from_ref(state))
+                .await?;
+            if !own.entries.iter().any(|e| e.value != Raw::Absent) {
+                tracing::warn!(
+                    scope,
+                    %state,
+                    "could not confirm that a rate limit of this scope is in the store (the \
+                     keyspace is larger than one bounded scan); setting the override anyway"
+                );
+            }
+            return Ok(());
         }
-        Ok(())
+        Err(Error::Config(format!(
+            "no rate limit of scope `{scope}` is in the store (nothing starts with \
+             `{prefix}`), so no guard would read an override at {state}; check the scope \
+             (the fn's path, or its `scope = \"..\"`) and set it once the limit has run"
+        )))
     }
 
     async fn read_quota(&self, state: &Key) -> Result<Option<QuotaEntry>> {
