@@ -9,7 +9,10 @@ use redguard_tests::rate::{Load, drive};
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    // Accuracy, not latency, is under test: on a machine busy with the rest of the suite a
+    // call can exceed the default 250 ms and count as an error (seen in CI).
     let rg = redguard::Redguard::redis(&args[0])
+        .timeout(std::time::Duration::from_secs(2))
         .connect()
         .await
         .expect("connect to redis");
