@@ -17,11 +17,8 @@ macro_rules! script {
             ".lua"
         ))
     };
-    ($name:literal after $prelude:literal) => {
-        concat!(script!($prelude), script!($name))
-    };
-    ($name:literal after $first:literal, $second:literal) => {
-        concat!(script!($first), script!($second), script!($name))
+    ($name:literal after $($prelude:literal),+) => {
+        concat!($(script!($prelude),)+ script!($name))
     };
 }
 
@@ -37,7 +34,10 @@ pub const SCRIPTS: &[(&str, &str)] = &[
     ("lock_acquire", script!("lock_acquire" after "fence")),
     ("lock_release", script!("lock_release")),
     ("lock_renew", script!("lock_renew")),
-    ("rate_check", script!("rate_check" after "expiry", "quota")),
+    (
+        "rate_check",
+        script!("rate_check" after "expiry", "quota", "rescale"),
+    ),
     ("rate_gcra", script!("rate_gcra" after "expiry", "quota")),
     ("rw_acquire", script!("rw_acquire" after "fence")),
     ("rw_release_read", script!("rw_release_read")),

@@ -360,3 +360,66 @@ async fn gcra_states_of_the_previous_version_are_read() {
     assert_eq!(d, model.decide(now, 1, RateMode::Peek));
     server.assert_every_key_has_ttl();
 }
+
+/// The scripts' conversion of a debt counted at one interval into another's units (a rate
+/// changed on a live key) is `ceil(d · new / old)` exactly, as the model and the memory store
+/// compute it in 128-bit integers, capped at 2^52 as they are. Random triples across every
+/// interval a limit may have, most of them with `d · new` past 2^53 where doubles cannot hold
+/// the product (the rate machine reaches that path in a few cases only).
+#[test]
+fn the_scripts_rescale_a_debt_exactly() {
+    const CAP: u128 = 1 << 52;
+    let server = redguard_tests::RedisServer::start();
+    let mut conn = server.connection();
+    let script = ::redis::Script::new(concat!(
+        include_str!("../../../runtime/src/store/redis/scripts/rescale.lua"),
+        "local out = {}\n",
+        "for i = 1, #ARGV, 3 do\n",
+        "  local r = rescale(tonumber(ARGV[i]), tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2]))\n",
+        "  out[#out + 1] = string.format('%.0f', math.min(r, 4503599627370496))\n",
+        "end\n",
+        "return out\n",
+    ));
+    let seed = fastrand::u64(..);
+    let mut rng = fastrand::Rng::with_seed(seed);
+    // An interval in the unit it counts in: ns below 1 ms when not whole µs, else µs (up to
+    // 30 days).
+    let interval = |rng: &mut fastrand::Rng| match rng.u8(..3) {
+        0 => rng.u64(1..1_000_000),
+        1 => rng.u64(1..100_000_000),
+        _ => rng.u64(1..=2_592_000_000_000),
+    };
+    let mut beyond = 0;
+    for _ in 0..20 {
+        let triples: Vec<(u64, u64, u64)> = (0..500)
+            .map(|_| {
+                let (old, new) = (interval(&mut rng), interval(&mut rng));
+                // A debt of up to a burst's span: at most 2^50 of its unit.
+                let bits = rng.u32(1..=30);
+                let units = rng.u64(1..=1 << bits);
+                let d = units
+                    .saturating_mul(old)
+                    .saturating_sub(rng.u64(..old))
+                    .min(1 << 50);
+                (d.max(1), new, old)
+            })
+            .collect();
+        let args: Vec<String> = triples
+            .iter()
+            .flat_map(|(d, b, a)| [d.to_string(), b.to_string(), a.to_string()])
+            .collect();
+        let got: Vec<String> = script.arg(&args).invoke(&mut conn).unwrap();
+        for ((d, b, a), got) in triples.iter().zip(got) {
+            let exact = (u128::from(*d) * u128::from(*b)).div_ceil(u128::from(*a));
+            if u128::from(*d) * u128::from(*b) >= 1 << 53 {
+                beyond += 1;
+            }
+            assert_eq!(
+                got,
+                exact.min(CAP).to_string(),
+                "ceil({d} · {b} / {a}) (seed {seed})"
+            );
+        }
+    }
+    assert!(beyond > 1000, "only {beyond} products past 2^53");
+}

@@ -37,9 +37,9 @@ impl Deref for Lua {
     }
 }
 
-/// Declares `static $name: Lazy<Lua>` for `scripts/$file`, with `scripts/$prelude` (functions
-/// several scripts share, such as `next_fence` in `fence.lua`) ahead of it: Redis scripts
-/// cannot import one another, so the shared code is one file joined in at compile time.
+/// Declares `static $name: Lazy<Lua>` for `scripts/$file`, with the `scripts/$prelude` files
+/// (functions several scripts share, such as `next_fence` in `fence.lua`) ahead of it: Redis
+/// scripts cannot import one another, so the shared code is one file joined in at compile time.
 macro_rules! lua {
     ($name:ident = $file:literal) => {
         static $name: once_cell::sync::Lazy<$crate::store::redis::lua::Lua> =
@@ -47,21 +47,11 @@ macro_rules! lua {
                 $crate::store::redis::lua::Lua::new(include_str!(concat!("scripts/", $file)))
             });
     };
-    ($name:ident = $file:literal after $first:literal, $second:literal) => {
+    ($name:ident = $file:literal after $($prelude:literal),+) => {
         static $name: once_cell::sync::Lazy<$crate::store::redis::lua::Lua> =
             once_cell::sync::Lazy::new(|| {
                 $crate::store::redis::lua::Lua::new(concat!(
-                    include_str!(concat!("scripts/", $first)),
-                    include_str!(concat!("scripts/", $second)),
-                    include_str!(concat!("scripts/", $file))
-                ))
-            });
-    };
-    ($name:ident = $file:literal after $prelude:literal) => {
-        static $name: once_cell::sync::Lazy<$crate::store::redis::lua::Lua> =
-            once_cell::sync::Lazy::new(|| {
-                $crate::store::redis::lua::Lua::new(concat!(
-                    include_str!(concat!("scripts/", $prelude)),
+                    $(include_str!(concat!("scripts/", $prelude)),)+
                     include_str!(concat!("scripts/", $file))
                 ))
             });

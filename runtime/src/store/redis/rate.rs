@@ -11,8 +11,8 @@ use crate::key::Key;
 use crate::store::{RateAdjust, RateCheck, RateMode, RateOps, RateOutcome, Store as _};
 use crate::values::{Decision, QUOTA_SUFFIX, micros};
 
-lua!(CHECK = "rate_check.lua" after "expiry.lua", "quota.lua");
-lua!(ADJUST = "rate_adjust.lua" after "expiry.lua", "quota.lua");
+lua!(CHECK = "rate_check.lua" after "expiry.lua", "quota.lua", "rescale.lua");
+lua!(ADJUST = "rate_adjust.lua" after "expiry.lua", "quota.lua", "rescale.lua");
 
 pub(super) fn scripts() -> Vec<&'static Lua> {
     vec![&CHECK, &ADJUST]

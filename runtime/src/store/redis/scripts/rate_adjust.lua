@@ -42,11 +42,6 @@ local function corrupt(detail)
 end
 -- The most a debt grows to (rate_check.lua's cap): beyond any burst, every number exact.
 local CAP = 4503599627370496
-local function rescale(d, b, a)
-  local x = d * b
-  if x < 9007199254740992 then return math.ceil(x / a) end
-  return math.ceil(d / a * b)
-end
 
 local ty = redis.call('TYPE', key).ok
 -- A hash's fields, when the key holds one.

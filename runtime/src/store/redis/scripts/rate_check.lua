@@ -34,15 +34,6 @@ local function ms(us) -- a PX/PEXPIRE value covering `us`, at least 1
   if v < 1 then v = 1 end
   return int(v)
 end
--- ceil(d * b / a) for whole d, a, b: a debt of d at interval a, in units of interval b. Exact
--- while d * b < 2^53 (a quotient that is not whole is then at least 1/a from a whole number,
--- more than a correctly rounded division can move it); beyond, the debt is past any burst.
-local function rescale(d, b, a)
-  local x = d * b
-  if x < 9007199254740992 then return math.ceil(x / a) end
-  return math.ceil(d / a * b)
-end
-
 -- Data this script never writes at a limit's keys (another type, a hand-edited value) is
 -- refused with a CORRUPT error naming the key: treating it as empty would silently admit.
 -- Each algorithm checks what it reads as it reads it, and nothing is written before every
