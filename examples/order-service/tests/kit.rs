@@ -232,7 +232,7 @@ async fn payments_survive_explored_faults() {
                 .scope(async {
                     for _ in 0..3 {
                         let _ = record_then_capture(&db, &trial.history, &payment, order_id).await;
-                        trial.clock.advance(Duration::from_millis(20));
+                        trial.advance(Duration::from_millis(20)).await;
                     }
                 })
                 .await;

@@ -106,6 +106,15 @@ impl Redguard {
         )
     }
 
+    /// This handle's store and settings with every key under `prefix`, and guard state of its
+    /// own: how `testing::Explore::on` keeps each run's keys apart on one Redis.
+    #[cfg(feature = "testing")]
+    pub(crate) fn under_prefix(&self, prefix: String) -> Redguard {
+        let mut settings = self.inner.settings.clone();
+        settings.prefix = prefix;
+        Redguard::new(Arc::clone(&self.inner.store), settings)
+    }
+
     fn new(store: Arc<dyn Store>, settings: Settings) -> Redguard {
         Redguard {
             inner: Arc::new(Inner {

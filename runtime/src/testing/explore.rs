@@ -11,10 +11,11 @@ use super::history::History;
 use crate::clock::ManualClock;
 use crate::handle::Redguard;
 
-/// Runs a test body many times, each on a fresh in-memory handle with a [`ManualClock`] and
-/// a random fault schedule of its own seed, and stops at the first run that panics or breaks
-/// a checker of its [`History`] (`never_twice`, `never_together` and `fences_increase` run
-/// after each body; assert [`at_most`](History::assert_at_most) in the body).
+/// Runs a test body many times, each on a fresh in-memory handle with a [`ManualClock`] (or,
+/// with [`on`](Explore::on), on a Redis of yours under a key prefix of the run's own) and a
+/// random fault schedule of its own seed, and stops at the first run that panics or breaks a
+/// checker of its [`History`] (`never_twice`, `never_together` and `fences_increase` run after
+/// each body; assert [`at_most`](History::assert_at_most) in the body).
 ///
 /// ```
 /// use redguard::idempotent;
@@ -53,16 +54,20 @@ pub struct Explore {
     probability: f64,
     at: At,
     kinds: Vec<Fault>,
+    on: Option<Redguard>,
 }
 
 /// One run of an exploration: what its body works with.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct Trial {
-    /// A fresh in-memory handle on `clock`, behind this run's faults.
+    /// A fresh in-memory handle on `clock` (or the [`on`](Explore::on) handle's store under
+    /// this run's own key prefix), behind this run's faults.
     pub rg: Redguard,
-    /// The store's clock: advance it to let leases, records and windows expire.
-    pub clock: ManualClock,
+    /// The in-memory store's clock; `None` on a store that keeps its own time (Redis). Let
+    /// leases, records and windows expire with [`advance`](Trial::advance), which works on
+    /// both.
+    pub clock: Option<ManualClock>,
     /// This run's history, timed by `clock`.
     pub history: History,
     /// This run's fault schedule.
@@ -93,6 +98,17 @@ pub struct Failure {
     pub schedule: Vec<Injected>,
     /// The panic's message or the checker's counter-example.
     pub message: String,
+}
+
+impl Trial {
+    /// Lets `by` pass on the run's store: the in-memory clock moves at once; on a store that
+    /// keeps its own time (Redis), the run sleeps.
+    pub async fn advance(&self, by: Duration) {
+        match &self.clock {
+            Some(clock) => clock.advance(by),
+            None => tokio::time::sleep(by).await,
+        }
+    }
 }
 
 impl fmt::Display for Failure {
@@ -133,7 +149,35 @@ impl Explore {
             probability: 0.1,
             at: At::any(),
             kinds: Fault::each(Duration::from_millis(50), Duration::from_millis(10)),
+            on: None,
         }
+    }
+
+    /// Runs each trial on `handle`'s store (a Redis, a Cluster) instead of a fresh in-memory
+    /// one: with `handle`'s settings, every key of run `n` under `<prefix>:explore-<id>-<n>`
+    /// (`id` drawn once per exploration), so no run sees what another left, and the store's own
+    /// time ([`Trial::clock`] is `None`; [`Trial::advance`] sleeps). Leftover keys expire with
+    /// their TTLs. Lock waiters keep their release notifications: the run's keys stay under
+    /// `<prefix>:*`.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> redguard::Result<()> {
+    /// use redguard::Redguard;
+    /// use redguard::testing::Explore;
+    ///
+    /// let redis = Redguard::redis("redis://127.0.0.1:6379").connect().await?;
+    /// Explore::new()
+    ///     .on(&redis)
+    ///     .runs(20)
+    ///     .run(async |trial| {
+    ///         let _ = trial.rg.scope(async { /* the code under test */ }).await;
+    ///     })
+    ///     .await;
+    /// # Ok(()) }
+    /// ```
+    pub fn on(mut self, handle: &Redguard) -> Self {
+        self.on = Some(handle.clone());
+        self
     }
 
     /// At most `runs` runs.
@@ -190,11 +234,11 @@ impl Explore {
         F: AsyncFnMut(Trial),
     {
         let started = Instant::now();
+        let exploration = &uuid::Uuid::new_v4().simple().to_string()[..8];
         let mut explored = Explored { runs: 0, faults: 0 };
         while explored.runs < self.runs && started.elapsed() < self.time_limit {
             let run = explored.runs + 1;
             let seed = self.seed.wrapping_add(u64::from(explored.runs));
-            let clock = ManualClock::new();
             let faults = Faults::new().random_at(
                 self.at.clone(),
                 seed,
@@ -207,17 +251,23 @@ impl Explore {
                 schedule: faults.injected(),
                 message,
             };
-            let rg = match Redguard::memory_builder()
-                .clock(clock.clone())
-                .connect()
-                .await
-            {
-                Ok(rg) => super::faulty(&rg, faults.clone()),
-                Err(err) => return Err(failure(format!("no memory handle: {err}"), &faults)),
+            let (rg, clock, history) = match &self.on {
+                Some(handle) => {
+                    let prefix = format!("{}:explore-{exploration}-{run}", handle.prefix());
+                    (handle.under_prefix(prefix), None, History::new())
+                }
+                None => {
+                    let clock = ManualClock::new();
+                    let rg = Redguard::memory_builder()
+                        .clock(clock.clone())
+                        .connect()
+                        .await
+                        .map_err(|err| failure(format!("no memory handle: {err}"), &faults))?;
+                    (rg, Some(clock.clone()), History::with_clock(clock))
+                }
             };
-            let history = History::with_clock(clock.clone());
             let trial = Trial {
-                rg,
+                rg: super::faulty(&rg, faults.clone()),
                 clock,
                 history: history.clone(),
                 faults: faults.clone(),

@@ -538,7 +538,7 @@ async fn explore_finds_a_missing_backstop_and_replays_its_seed() {
             .scope(async {
                 for _ in 0..2 {
                     let _ = charge(history, "pay-x").await;
-                    trial.clock.advance(Duration::from_millis(20));
+                    trial.advance(Duration::from_millis(20)).await;
                 }
             })
             .await;
@@ -568,7 +568,7 @@ async fn explore_finds_a_missing_backstop_and_replays_its_seed() {
                 .scope(async {
                     for _ in 0..2 {
                         let _ = charge_backstopped(history, &ledger, "pay-x").await;
-                        trial.clock.advance(Duration::from_millis(20));
+                        trial.advance(Duration::from_millis(20)).await;
                     }
                 })
                 .await;
@@ -596,4 +596,52 @@ async fn passthrough_lets_every_call_through() {
     assert!(history.check_never_twice().is_err(), "every charge ran");
     assert!(history.check_at_most(5, Duration::from_secs(1)).is_err());
     history.assert_fences_increase();
+}
+
+/// The explorer on a real Redis: each run's keys are its own (a fault-free exploration whose
+/// body expects a first execution every run fails if runs share keys: the second would
+/// replay), and the missing backstop is found there too, with a seed that fails again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explore_runs_on_redis_with_each_run_apart() {
+    let server = RedisServer::start();
+    let redis = redguard_tests::connect(&server).await;
+
+    let explored = Explore::new()
+        .on(&redis)
+        .runs(5)
+        .probability(0.0)
+        .run(async |trial| {
+            let history = &trial.history;
+            trial.rg.scope(charge(history, "pay-r")).await.unwrap();
+            assert_eq!(history.calls().len(), 1, "a run found another's record");
+        })
+        .await;
+    assert_eq!(explored.runs, 5);
+
+    let explore = || Explore::new().on(&redis).runs(60).probability(0.3);
+    let broken = async |trial: redguard::testing::Trial| {
+        let history = &trial.history;
+        trial
+            .rg
+            .scope(async {
+                for _ in 0..2 {
+                    let _ = charge(history, "pay-r").await;
+                    trial.advance(Duration::from_millis(20)).await;
+                }
+            })
+            .await;
+    };
+    let failure = explore()
+        .try_run(broken)
+        .await
+        .expect_err("a lost record makes it charge twice");
+    assert!(failure.to_string().contains("never_twice"), "{failure}");
+    let again = explore()
+        .seed(failure.seed)
+        .runs(1)
+        .try_run(broken)
+        .await
+        .expect_err("the same seed fails again");
+    assert_eq!(again.schedule.len(), failure.schedule.len());
+    server.assert_every_key_has_ttl();
 }
