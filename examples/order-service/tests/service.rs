@@ -1016,8 +1016,10 @@ async fn a_payment_for_a_closed_order_is_refused_and_kept_for_refund() {
     );
 }
 
-/// Issue 19 item 4: after the idempotency record expired, the database's unique key answers:
-/// the same intent is a replay (marked), another payload under the key is `422 key_reuse`.
+/// Issue 19 item 4: after the idempotency record expired, the database answers: the same
+/// intent is a replay (marked), another payload under the key is `422 key_reuse`. First
+/// redguard's outcome row does (the Redis record deleted), then, once the row is purged too,
+/// the orders table's unique (user, key).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_database_backstop_answers_truthfully_after_the_record_expired() {
     let (redis, dir, svc) = service(&[]).await;
@@ -1040,26 +1042,36 @@ async fn the_database_backstop_answers_truthfully_after_the_record_expired() {
                 .unwrap();
         }
     };
-    expire();
-    let other = svc
-        .order(As::Proxied(1), "k-1", json!({ "sku": "SK-2", "qty": 7 }))
-        .await;
-    assert_eq!(
-        error_code(other).await,
-        (StatusCode::UNPROCESSABLE_ENTITY, "key_reuse".into())
-    );
-    expire();
-    let same = svc
-        .order(As::Proxied(1), "k-1", json!({ "sku": "SK-1", "qty": 1 }))
-        .await;
-    assert_eq!(same.status(), 201);
-    assert_eq!(
-        same.headers()
-            .get("idempotent-replayed")
-            .map(|v| v.to_str().unwrap()),
-        Some("true")
-    );
-    assert_eq!(same.json::<Value>().await.unwrap(), first);
+    for purge_row in [false, true] {
+        if purge_row {
+            sqlx::query("DELETE FROM redguard_outcomes")
+                .execute(&mut db_conn(&temp_db(&dir)).await)
+                .await
+                .unwrap();
+        }
+        expire();
+        let other = svc
+            .order(As::Proxied(1), "k-1", json!({ "sku": "SK-2", "qty": 7 }))
+            .await;
+        assert_eq!(
+            error_code(other).await,
+            (StatusCode::UNPROCESSABLE_ENTITY, "key_reuse".into()),
+            "row purged: {purge_row}"
+        );
+        expire();
+        let same = svc
+            .order(As::Proxied(1), "k-1", json!({ "sku": "SK-1", "qty": 1 }))
+            .await;
+        assert_eq!(same.status(), 201, "row purged: {purge_row}");
+        assert_eq!(
+            same.headers()
+                .get("idempotent-replayed")
+                .map(|v| v.to_str().unwrap()),
+            Some("true"),
+            "row purged: {purge_row}"
+        );
+        assert_eq!(same.json::<Value>().await.unwrap(), first);
+    }
     assert_eq!(db_count(&dir, "SELECT COUNT(*) FROM orders").await, 1);
     assert_eq!(
         db_count(&dir, "SELECT available FROM stock WHERE sku = 'SK-2'").await,
