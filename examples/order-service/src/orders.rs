@@ -72,8 +72,13 @@ pub struct Placed {
 /// The whole of it runs in a task of its own, so a client that disconnects does not strand
 /// its order: its retry gets it. Not `Idempotency::detach`, which has no transactional form:
 /// the transaction is taken from the instance's writer and must live in the task that runs
-/// the guard. The task begins the guard as well, which `detach` would leave to the caller
-/// (a client gone before the begin has no order: by design either way).
+/// the guard. The task begins the guard as well (`detach` begins in the caller's future), so
+/// a client that leaves at any point after its request was admitted gets its order placed.
+///
+/// The transaction is taken before redguard knows whether the body runs: a replay holds the
+/// writer (and SQLite's lock) for the Redis round trip that finds the record, then rolls
+/// back. SQLite has one writer at a time anyway; on Postgres a pool of several connections
+/// makes that cost nothing.
 ///
 /// Not `IdempotencyLayer`: the layer decides a replay from its own record only and keys on
 /// the header and the request bytes; this route's record lives in the database too, and its
