@@ -24,6 +24,8 @@ use crate::orders::{self, OrderRequest, PaymentCallback, Shared};
 
 #[cfg(test)]
 mod limits_under_faults;
+#[cfg(test)]
+mod orders_under_faults;
 
 /// The largest quantity one order may ask for.
 const MAX_QTY: u32 = 1000;
@@ -300,9 +302,8 @@ async fn submit_order(
         token.as_deref(),
         order,
     );
-    let (placed, replayed) = redguard::idempotency::track_replay(submitted).await;
-    let placed = placed?;
-    let replayed = replayed || placed.from_database;
+    let placed = submitted.await?;
+    let replayed = placed.replayed;
     let mut response = (StatusCode::CREATED, Json(placed)).into_response();
     if replayed {
         response

@@ -33,6 +33,9 @@ async fn close_unpaid_once(app: &App) -> Result<usize, ApiError> {
             closed,
         )
         .await?;
+    // redguard's outcome rows past their expiry; an order outlives its row (`orders::place`).
+    let mut writer = app.db.writer(deadline).await?;
+    redguard::idempotency::purge_expired::<sqlx::Sqlite>(&mut writer, 1000).await?;
     Ok(closed)
 }
 

@@ -1,4 +1,5 @@
-//! The order service: an axum HTTP API over SQLite, with redguard's three guards.
+//! The order service: an axum HTTP API over SQLite (through `sqlx`, so it runs with no
+//! database server to install), with redguard's three guards.
 //!
 //! `cargo run -p order-service -- --dev` starts it on the in-memory store with well-known
 //! credentials; with `REDGUARD_REDIS_URL` (one Redis) or `REDGUARD_REDIS_SENTINELS` (Redis
@@ -8,7 +9,7 @@
 mod api;
 mod auth;
 mod config;
-mod db;
+pub mod db;
 mod error;
 mod job;
 mod orders;
@@ -43,7 +44,7 @@ pub async fn run(config: Config) -> Result<(), Box<dyn std::error::Error>> {
     };
     let rg = rg.install()?;
     let db_path = config.db_path();
-    let db = Db::open(&db_path)?;
+    let db = Db::open(&db_path).await?;
     let listener = tokio::net::TcpListener::bind((config.bind, config.port)).await?;
     let instance = config.instance();
     println!(

@@ -6,13 +6,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::http::StatusCode;
+use redguard::idempotency::track_replay;
 use redguard::{dist_lock, idempotent, key::KeyBuilder};
 use serde::{Deserialize, Serialize};
 use tokio::sync::RwLock;
 use tokio::time::Instant;
 
 use crate::auth::Keys;
-use crate::db::{Db, Payment, PlaceError};
+use crate::db::{self, Db, Order, Payment, PlaceError, Tx};
 use crate::error::ApiError;
 
 /// What handlers share.
@@ -50,23 +51,40 @@ pub struct Placed {
     pub qty: u32,
     pub total: u64,
     pub fence: u64,
-    /// Found by the database's unique key (the idempotency record had expired) rather than
-    /// placed now: answered as a replay. Not stored: a replay from the record is marked anyway.
+    /// Answered from a stored outcome (Redis's record, redguard's outcome row, or the order
+    /// the unique (user, key) finds) rather than placed now: `Idempotent-Replayed: true`. Not
+    /// stored: a replay from a record is marked anyway.
     #[serde(skip)]
-    pub(crate) from_database: bool,
+    pub(crate) replayed: bool,
 }
 
-/// One order per (user, `Idempotency-Key`); a replay never takes the stock lock. The body
-/// runs detached: a client that disconnects mid-write does not strand its order, and its
-/// retry gets it. (Rate limits: the route's layer, in front; see `api::router`.)
+/// One order per (user, `Idempotency-Key`); a replay never takes the stock lock.
+///
+/// The outcome commits in the order's own SQLite transaction (`Idempotency::transaction`):
+/// the stock decrement, the order row and redguard's outcome row commit together, or none of
+/// them. So a retry is answered from the database whatever Redis lost: an order whose SUCCESS
+/// never reached Redis (a stall, a failover, a crash right after the commit) is replayed at
+/// once instead of `409 in_progress` until the record expires, and one whose transaction
+/// never committed runs again at once. Past the Redis record's 10 minutes the outcome row
+/// answers, and past the row (the job purges expired rows) the orders table's unique
+/// (user, key) still does (`place`): the same intent is a replay, another is `422`.
+///
+/// The whole of it runs in a task of its own, so a client that disconnects does not strand
+/// its order: its retry gets it. Not `Idempotency::detach`, which has no transactional form:
+/// the transaction is taken from the instance's writer and must live in the task that runs
+/// the guard. The task begins the guard as well (`detach` begins in the caller's future), so
+/// a client that leaves at any point after its request was admitted gets its order placed.
+///
+/// The transaction is taken before redguard knows whether the body runs: a replay holds the
+/// writer (and SQLite's lock) for the Redis round trip that finds the record, then rolls
+/// back. SQLite has one writer at a time anyway; on Postgres a pool of several connections
+/// makes that cost nothing.
 ///
 /// Not `IdempotencyLayer`: the layer decides a replay from its own record only and keys on
-/// the header and the request bytes. This route also has an optional single-use token, to be
-/// consumed only when the body runs (`Idempotency::token`), and a database backstop that
-/// outlives the record: an order the unique index finds is answered as a replay
-/// (`Placed::from_database`) or `422`, which the layer cannot see. The payload is the parsed
-/// request, so a retry that formats its JSON differently is still the same intent. The
-/// database's waits end at `deadline`, the request's.
+/// the header and the request bytes; this route's record lives in the database too, and its
+/// optional single-use token is consumed only when the order is placed (`place`). The payload
+/// is the parsed request, so a retry that formats its JSON differently is still the same
+/// intent. The database's waits end at `deadline`, the request's.
 pub(crate) async fn submit_order(
     app: &Shared,
     deadline: Instant,
@@ -80,71 +98,107 @@ pub(crate) async fn submit_order(
         .text(":")
         .part("idem_key", idem_key)
         .finish()?;
-    let mut guard = redguard::idempotency(key)
+    let guard = redguard::idempotency(key)
         .scope("order-submit")
         .expire(Duration::from_secs(600))
         .payload(&req);
-    if let Some(token) = token {
-        guard = guard.token(ORDER_SCENE, token);
-    }
-    let (app, idem_key) = (app.clone(), idem_key.to_owned());
+    let handle = redguard::Redguard::current()?;
+    let (app, idem_key, token) = (app.clone(), idem_key.to_owned(), token.map(str::to_owned));
     let writing = app.writes.clone().read_owned().await;
-    guard
-        .detach()
-        .run(async move {
-            let placed = reserve_stock(&app, deadline, &req.sku, req.qty, user_id, &idem_key).await;
-            drop(writing);
-            placed
-        })
-        .await
+    let order = async move {
+        // BEGIN IMMEDIATE: the wait for SQLite's lock is ours, bounded by the deadline and
+        // answered `503 busy`. A deferred transaction would meet it at redguard's claim of
+        // the outcome row, which cannot tell a busy database from an execution in flight.
+        let mut writer = app.db.writer(deadline).await?;
+        let tx = db::begin_immediate(&mut writer).await?;
+        let placed = guard
+            .transaction(tx)
+            .run(async |mut tx| {
+                let placed = place(&mut tx, user_id, &idem_key, token.as_deref(), &req).await;
+                (tx, placed)
+            })
+            .await;
+        drop(writing);
+        placed
+    };
+    let task = tokio::spawn(handle.scope(track_replay(order)));
+    let (placed, replayed) = match task.await {
+        Ok(done) => done,
+        Err(err) if err.is_panic() => std::panic::resume_unwind(err.into_panic()),
+        Err(_) => return Err(redguard::Error::Cancelled.into()),
+    };
+    let mut placed = placed?;
+    placed.replayed |= replayed;
+    Ok(placed)
 }
 
-/// The critical section: decrement stock and record the order. The lock keeps concurrent
-/// buyers of one SKU off the database; the conditional UPDATE and the fencing token make an
-/// oversell impossible even if the lock were lost. `REQUEST_DEADLINE_MS` is below the lease,
-/// so the write never starts after the lock expired.
-#[dist_lock(key = "stock:{sku}", wait = "300ms", lease = "10s")]
-async fn reserve_stock(
-    app: &App,
-    deadline: Instant,
-    sku: &str,
-    qty: u32,
+/// The order's body, in its transaction. An order already under (user, key) is this intent's
+/// when its SKU and quantity match: redguard's outcome row answers such a retry before the
+/// body runs while the row lives, this check after it expired (rows are purged, orders are
+/// kept). The token is consumed last, after everything that can refuse the order, because
+/// nothing gives it back: a request refused with `409 out_of_stock` or `503 busy` keeps it,
+/// and one the token refuses rolls back.
+async fn place(
+    tx: &mut Tx<'_>,
     user_id: u64,
     idem_key: &str,
+    token: Option<&str>,
+    req: &OrderRequest,
 ) -> Result<Placed, ApiError> {
-    let fence = redguard::lock::fence().unwrap_or(0);
-    let placed = app
-        .db
-        .place_order(
-            deadline,
-            user_id,
-            idem_key.to_owned(),
-            sku.to_owned(),
-            qty,
-            fence,
-        )
-        .await;
-    let (order, from_database) = match placed {
-        Ok(order) => (order, false),
-        Err(PlaceError::Duplicate(order)) => (order, true),
-        Err(PlaceError::KeyReuse) => return Err(redguard::Error::KeyReuse.into()),
-        Err(PlaceError::OutOfStock) => return Err(ApiError::OutOfStock),
-        Err(PlaceError::StaleFence) => {
-            return Err(ApiError::Guard(redguard::Error::LockLost {
-                key: format!("stock:{sku}"),
-            }));
+    if let Some(order) = db::find_by_key(tx, user_id, idem_key).await? {
+        if (order.sku.as_str(), order.qty) != (req.sku.as_str(), req.qty) {
+            return Err(redguard::Error::KeyReuse.into());
         }
-        Err(PlaceError::Db(err)) => return Err(err.into()),
-    };
-    Ok(Placed {
+        return Ok(placed(order, true));
+    }
+    let order = reserve_stock(tx, &req.sku, req.qty, user_id, idem_key).await?;
+    if let Some(token) = token {
+        redguard::tokens().consume(ORDER_SCENE, token).await?;
+    }
+    Ok(placed(order, false))
+}
+
+fn placed(order: Order, replayed: bool) -> Placed {
+    Placed {
         order_id: order.order_id,
         user_id: order.user_id,
         sku: order.sku,
         qty: order.qty,
         total: order.total,
         fence: order.fence,
-        from_database,
-    })
+        replayed,
+    }
+}
+
+/// The critical section: decrement stock and record the order. The lock keeps concurrent
+/// buyers of one SKU apart; `advance_fence` makes an oversell impossible even if the lock
+/// were lost: the write commits only if its fence is the newest the SKU has seen.
+///
+/// The lock is released when this returns, before redguard commits the transaction. That is
+/// sound because the fence row is written (and so locked) by this transaction until it
+/// commits: the next holder's `advance_fence`, its first statement, waits for this commit and
+/// then judges against it. On SQLite the transaction holds the database's write lock from its
+/// BEGIN anyway, so two sections never overlap in the database; on a database with row locks
+/// (Postgres) the fence row is what orders them.
+#[dist_lock(key = "stock:{sku}", wait = "300ms", lease = "10s")]
+async fn reserve_stock(
+    tx: &mut Tx<'_>,
+    sku: &str,
+    qty: u32,
+    user_id: u64,
+    idem_key: &str,
+) -> Result<Order, ApiError> {
+    let resource = format!("stock:{sku}");
+    // A lock that failed open has no fence: nothing orders this write, so it is refused.
+    let fence = redguard::lock::fence().ok_or_else(|| redguard::Error::LockLost {
+        key: resource.clone(),
+    })?;
+    redguard::lock::advance_fence(tx, &resource, fence).await?;
+    match db::place_order(tx, user_id, idem_key, sku, qty, fence).await {
+        Ok(order) => Ok(order),
+        Err(PlaceError::OutOfStock) => Err(ApiError::OutOfStock),
+        Err(PlaceError::Db(err)) => Err(err.into()),
+    }
 }
 
 /// Idempotency tokens for the order form (limited per user and API-wide by the route's layer).

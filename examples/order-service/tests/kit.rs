@@ -1,12 +1,14 @@
 //! The service's guarded writes under `redguard::testing`'s faults: the guards as
 //! `src/orders.rs` stacks them over the service's own database (`Db`), so the backstops they
-//! rely on (the stock's fence, the ledger's unique payment id) are what is tested. The
+//! rely on (the stock's fence in `redguard_fences`, the ledger's unique payment id) are what
+//! is tested. The
 //! service never charges twice, never oversells, and a handler that captures a payment before
 //! recording it is caught.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
+use order_service::db::{Tx, begin_immediate, place_order};
 use order_service::{Db, Payment};
 use redguard::clock::ManualClock;
 use redguard::testing::{At, Explore, Fault, Faults, History, Point};
@@ -21,18 +23,26 @@ fn deadline() -> Instant {
 /// A database with `sku` in stock and one order of it (order id 1, total 100) for user 1.
 async fn shop(dir: &tempfile::TempDir, stock: u32) -> (Db, PathBuf) {
     let path = dir.path().join("orders.db");
-    let db = Db::open(&path).expect("database");
+    let db = Db::open(&path).await.expect("database");
     db.set_stock(deadline(), "sku-1".into(), stock, 100)
         .await
         .expect("stock");
     (db, path)
 }
 
-async fn paid_order(db: &Db) -> i64 {
-    db.place_order(deadline(), 1, "k-1".into(), "sku-1".into(), 1, 1)
+/// Places user 1's order of one `sku-1` under `key`, as the stock section writes it.
+async fn place(db: &Db, key: &str, fence: u64) -> i64 {
+    let mut writer = db.writer(deadline()).await.expect("writer");
+    let mut tx = begin_immediate(&mut writer).await.expect("begin");
+    let order = place_order(&mut tx, 1, key, "sku-1", 1, fence)
         .await
-        .expect("order")
-        .order_id
+        .expect("order");
+    tx.commit().await.expect("commit");
+    order.order_id
+}
+
+async fn paid_order(db: &Db) -> i64 {
+    place(db, "k-1", 1).await
 }
 
 /// The payment callback as the service handles it, with a capture at the provider: the
@@ -118,8 +128,11 @@ async fn capturing_before_recording_is_caught() {
     assert_eq!(twice.calls.len(), 2, "{twice}");
 }
 
-/// The stock section as the service runs it (`reserve_stock`): the lock, then the
-/// decrement conditional on the fence.
+/// The stock section as the service writes it (`reserve_stock`): under the lock,
+/// `advance_fence` then the conditional decrement, in one transaction. Here the transaction
+/// begins inside the lock, as it would where transactions do not exclude each other (Postgres
+/// with its row locks): the service's own, begun before the lock, holds SQLite's write lock
+/// throughout, so there a stale holder cannot even start its write while another's is open.
 #[dist_lock(key = "stock:{sku}", wait = "300ms", lease = "10s")]
 async fn reserve(
     db: &Db,
@@ -128,32 +141,35 @@ async fn reserve(
     user: u64,
     stalled: Option<(oneshot::Sender<()>, oneshot::Receiver<()>)>,
 ) -> redguard::Result<bool> {
-    let fence = redguard::lock::fence().unwrap_or(0);
+    let fence = redguard::lock::fence().expect("inside the lock");
     if let Some((holding, resume)) = stalled {
         let _ = holding.send(());
         let _ = resume.await; // a pause past the lock's (early) expiry
     }
-    let placed = db
-        .place_order(
-            deadline(),
-            user,
-            format!("k-{user}"),
-            sku.to_owned(),
-            1,
-            fence,
-        )
-        .await;
-    if placed.is_ok() {
-        writes
-            .held(sku, fence, async { Ok::<_, redguard::Error>(()) })
-            .await?;
+    let mut writer = db.writer(deadline()).await.map_err(db_error)?;
+    let mut tx = begin_immediate(&mut writer).await.map_err(db_error)?;
+    if let Err(lost) = fenced_write(&mut tx, sku, user, fence).await {
+        assert!(matches!(lost, redguard::Error::LockLost { .. }), "{lost}");
+        return Ok(false);
     }
-    Ok(placed.is_ok())
+    tx.commit().await.map_err(|err| db_error(err.into()))?;
+    writes
+        .held(sku, fence, async { Ok::<_, redguard::Error>(()) })
+        .await?;
+    Ok(true)
+}
+
+async fn fenced_write(tx: &mut Tx<'_>, sku: &str, user: u64, fence: u64) -> redguard::Result<()> {
+    redguard::lock::advance_fence(tx, &format!("stock:{sku}"), fence).await?;
+    place_order(tx, user, &format!("k-{user}"), sku, 1, fence)
+        .await
+        .map_err(|err| redguard::Error::Config(format!("{err:?}")))?;
+    Ok(())
 }
 
 /// The first buyer's lock expires early while it is stalled; the second takes the lock and
-/// buys. The first's write comes late with the older fence and is refused: the stock and the
-/// writes' fences stay right.
+/// buys. The first's write comes late with the older fence and `advance_fence` refuses it
+/// (`LockLost`, rolled back): the stock and the writes' fences stay right.
 #[tokio::test]
 async fn stock_is_not_oversold_when_a_lock_expires_early() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -214,18 +230,7 @@ async fn payments_survive_explored_faults() {
         .probability(0.3)
         .run(async |trial| {
             payments += 1;
-            let order_id = db
-                .place_order(
-                    deadline(),
-                    1,
-                    format!("e-{payments}"),
-                    "sku-1".into(),
-                    1,
-                    u64::from(payments) + 1,
-                )
-                .await
-                .expect("order")
-                .order_id;
+            let order_id = place(&db, &format!("e-{payments}"), u64::from(payments) + 1).await;
             let payment = format!("pay-{payments}");
             trial
                 .rg

@@ -189,10 +189,21 @@ async fn service(env: &[(&str, &str)]) -> (RedisServer, tempfile::TempDir, Insta
     (redis, dir, svc)
 }
 
-fn db_count(dir: &tempfile::TempDir, sql: &str) -> i64 {
-    rusqlite::Connection::open(temp_db(dir))
+/// A connection of the test's own to an instance's database file.
+async fn db_conn(path: &Path) -> sqlx::SqliteConnection {
+    use sqlx::Connection as _;
+    let options = sqlx::sqlite::SqliteConnectOptions::new()
+        .filename(path)
+        .busy_timeout(Duration::from_secs(10));
+    sqlx::SqliteConnection::connect_with(&options)
+        .await
         .unwrap()
-        .query_row(sql, [], |r| r.get(0))
+}
+
+async fn db_count(dir: &tempfile::TempDir, sql: &'static str) -> i64 {
+    sqlx::query_scalar(sql)
+        .fetch_one(&mut db_conn(&temp_db(dir)).await)
+        .await
         .unwrap()
 }
 
@@ -246,21 +257,18 @@ async fn three_instances_never_duplicate_or_oversell_under_load() {
     assert!(value("replays") > 0);
     assert!(value("job runs") > 0, "the job never ran");
     // Sold exactly what the stock allowed: nothing more, nothing lost.
-    let conn = rusqlite::Connection::open(&db).unwrap();
-    let available: i64 = conn
-        .query_row(
-            "SELECT SUM(available) FROM stock WHERE sku LIKE 'LG-%'",
-            [],
-            |r| r.get(0),
-        )
-        .unwrap();
-    let sold: i64 = conn
-        .query_row(
-            "SELECT SUM(qty) FROM orders WHERE sku LIKE 'LG-%' AND status != 'closed'",
-            [],
-            |r| r.get(0),
-        )
-        .unwrap();
+    let mut conn = db_conn(&db).await;
+    let available: i64 =
+        sqlx::query_scalar("SELECT SUM(available) FROM stock WHERE sku LIKE 'LG-%'")
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
+    let sold: i64 = sqlx::query_scalar(
+        "SELECT SUM(qty) FROM orders WHERE sku LIKE 'LG-%' AND status != 'closed'",
+    )
+    .fetch_one(&mut conn)
+    .await
+    .unwrap();
     assert_eq!(available + sold, 2500);
     redis.assert_every_key_has_ttl();
 }
@@ -397,7 +405,11 @@ async fn every_status_of_the_contract() {
         .await;
     assert_eq!(retried.status(), 201);
 
-    // 409 in_progress: a record left PROCESSING (an instance died mid-order).
+    // A record left PROCESSING (an instance died mid-order) is resolved from the database:
+    // no outcome row and no transaction holding one, so nothing committed and the retry runs
+    // at once. (With the outcome in Redis only it was `409 in_progress` until the record
+    // expired; an order's `in_progress` now needs another execution's open transaction, which
+    // SQLite's one writer makes the duplicate wait out instead.)
     let mut conn = redis.connection();
     let record = "redguard:idem:{order-submit:3:k-4}";
     let _: () = redis::cmd("HSET")
@@ -415,13 +427,10 @@ async fn every_status_of_the_contract() {
         .arg(60)
         .query(&mut conn)
         .unwrap();
-    let busy = svc
+    let resolved = svc
         .order(As::Proxied(3), "k-4", json!({ "sku": "SK-1", "qty": 1 }))
         .await;
-    assert_eq!(
-        error_code(busy).await,
-        (StatusCode::CONFLICT, "in_progress".into())
-    );
+    assert_eq!(resolved.status(), 201, "{:?}", resolved.text().await);
 
     // 503 busy: the stock lock is held elsewhere past the 300 ms wait.
     let holder = redguard::Redguard::redis(redis.url())
@@ -547,7 +556,8 @@ async fn every_status_of_the_contract() {
         db_count(
             &dir,
             "SELECT COUNT(*) FROM ledger WHERE payment_id = 'pay-1'"
-        ),
+        )
+        .await,
         1
     );
 
@@ -585,14 +595,11 @@ fn footprint(redis: &RedisServer) -> (std::collections::BTreeSet<String>, u64) {
     (keys, bytes)
 }
 
-fn status_of(dir: &tempfile::TempDir, order_id: i64) -> String {
-    rusqlite::Connection::open(temp_db(dir))
-        .unwrap()
-        .query_row(
-            "SELECT status FROM orders WHERE order_id = ?1",
-            [order_id],
-            |r| r.get(0),
-        )
+async fn status_of(dir: &tempfile::TempDir, order_id: i64) -> String {
+    sqlx::query_scalar("SELECT status FROM orders WHERE order_id = ?1")
+        .bind(order_id)
+        .fetch_one(&mut db_conn(&temp_db(dir)).await)
+        .await
         .unwrap()
 }
 
@@ -741,7 +748,7 @@ async fn per_client_limit_is_keyed_on_the_authenticated_identity() {
         "{admitted} admitted"
     );
     assert_eq!(
-        db_count(&dir, "SELECT COUNT(*) FROM orders WHERE user_id != 2"),
+        db_count(&dir, "SELECT COUNT(*) FROM orders WHERE user_id != 2").await,
         0
     );
 }
@@ -935,13 +942,13 @@ async fn payment_callbacks_are_signed_and_checked() {
             "amount {amount}"
         );
     }
-    assert_eq!(status_of(&dir, a), "created");
+    assert_eq!(status_of(&dir, a).await, "created");
 
     let paid = svc
         .callback(&pay("pay-a", a, "3998"), PAYMENT_SECRET, now_s())
         .await;
     assert_eq!(paid.status(), 200);
-    assert_eq!(status_of(&dir, a), "paid");
+    assert_eq!(status_of(&dir, a).await, "paid");
 
     // The guard's record expired; the same payment id now names order B: the ledger refuses.
     for key in redis
@@ -961,12 +968,13 @@ async fn payment_callbacks_are_signed_and_checked() {
         error_code(conflict).await,
         (StatusCode::CONFLICT, "payment_conflict".into())
     );
-    assert_eq!(status_of(&dir, b), "created");
+    assert_eq!(status_of(&dir, b).await, "created");
     assert_eq!(
         db_count(
             &dir,
             "SELECT order_id FROM ledger WHERE payment_id = 'pay-a'"
-        ),
+        )
+        .await,
         a
     );
 }
@@ -985,7 +993,7 @@ async fn a_payment_for_a_closed_order_is_refused_and_kept_for_refund() {
         .unwrap();
     let order = placed["order_id"].as_i64().unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
-    while status_of(&dir, order) != "closed" {
+    while status_of(&dir, order).await != "closed" {
         assert!(Instant::now() < deadline, "the job never closed the order");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -997,18 +1005,21 @@ async fn a_payment_for_a_closed_order_is_refused_and_kept_for_refund() {
             (StatusCode::CONFLICT, "order_closed".into())
         );
     }
-    assert_eq!(status_of(&dir, order), "closed");
+    assert_eq!(status_of(&dir, order).await, "closed");
     assert_eq!(
         db_count(
             &dir,
             "SELECT COUNT(*) FROM ledger WHERE payment_id = 'late' AND status = 'refund_due'"
-        ),
+        )
+        .await,
         1
     );
 }
 
-/// Issue 19 item 4: after the idempotency record expired, the database's unique key answers:
-/// the same intent is a replay (marked), another payload under the key is `422 key_reuse`.
+/// Issue 19 item 4: after the idempotency record expired, the database answers: the same
+/// intent is a replay (marked), another payload under the key is `422 key_reuse`. First
+/// redguard's outcome row does (the Redis record deleted), then, once the row is purged too,
+/// the orders table's unique (user, key).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_database_backstop_answers_truthfully_after_the_record_expired() {
     let (redis, dir, svc) = service(&[]).await;
@@ -1031,29 +1042,39 @@ async fn the_database_backstop_answers_truthfully_after_the_record_expired() {
                 .unwrap();
         }
     };
-    expire();
-    let other = svc
-        .order(As::Proxied(1), "k-1", json!({ "sku": "SK-2", "qty": 7 }))
-        .await;
+    for purge_row in [false, true] {
+        if purge_row {
+            sqlx::query("DELETE FROM redguard_outcomes")
+                .execute(&mut db_conn(&temp_db(&dir)).await)
+                .await
+                .unwrap();
+        }
+        expire();
+        let other = svc
+            .order(As::Proxied(1), "k-1", json!({ "sku": "SK-2", "qty": 7 }))
+            .await;
+        assert_eq!(
+            error_code(other).await,
+            (StatusCode::UNPROCESSABLE_ENTITY, "key_reuse".into()),
+            "row purged: {purge_row}"
+        );
+        expire();
+        let same = svc
+            .order(As::Proxied(1), "k-1", json!({ "sku": "SK-1", "qty": 1 }))
+            .await;
+        assert_eq!(same.status(), 201, "row purged: {purge_row}");
+        assert_eq!(
+            same.headers()
+                .get("idempotent-replayed")
+                .map(|v| v.to_str().unwrap()),
+            Some("true"),
+            "row purged: {purge_row}"
+        );
+        assert_eq!(same.json::<Value>().await.unwrap(), first);
+    }
+    assert_eq!(db_count(&dir, "SELECT COUNT(*) FROM orders").await, 1);
     assert_eq!(
-        error_code(other).await,
-        (StatusCode::UNPROCESSABLE_ENTITY, "key_reuse".into())
-    );
-    expire();
-    let same = svc
-        .order(As::Proxied(1), "k-1", json!({ "sku": "SK-1", "qty": 1 }))
-        .await;
-    assert_eq!(same.status(), 201);
-    assert_eq!(
-        same.headers()
-            .get("idempotent-replayed")
-            .map(|v| v.to_str().unwrap()),
-        Some("true")
-    );
-    assert_eq!(same.json::<Value>().await.unwrap(), first);
-    assert_eq!(db_count(&dir, "SELECT COUNT(*) FROM orders"), 1);
-    assert_eq!(
-        db_count(&dir, "SELECT available FROM stock WHERE sku = 'SK-2'"),
+        db_count(&dir, "SELECT available FROM stock WHERE sku = 'SK-2'").await,
         10
     );
 }
@@ -1164,7 +1185,7 @@ async fn sigterm_finishes_the_request_in_flight_and_releases_locks() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     assert!(status.success(), "{status}");
-    assert_eq!(db_count(&dir, "SELECT COUNT(*) FROM orders"), 1);
+    assert_eq!(db_count(&dir, "SELECT COUNT(*) FROM orders").await, 1);
     let held: Vec<String> = redis
         .keys()
         .into_iter()
@@ -1345,7 +1366,7 @@ async fn a_begin_cut_off_by_a_redis_stall_is_undone_and_the_retry_served() {
         .order(As::Proxied(1), "k", json!({ "sku": "SK-1", "qty": 1 }))
         .await;
     assert_eq!(retry.status(), 201, "{:?}", retry.text().await);
-    assert_eq!(db_count(&dir, "SELECT COUNT(*) FROM orders"), 1);
+    assert_eq!(db_count(&dir, "SELECT COUNT(*) FROM orders").await, 1);
 }
 
 /// Issue 19 item 2: a client whose timeout fires while its order waits for the stock lock
@@ -1404,7 +1425,7 @@ async fn a_client_that_disconnects_mid_write_gets_its_order_on_retry() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     assert_eq!(placed.headers()["idempotent-replayed"], "true");
-    assert_eq!(db_count(&dir, "SELECT COUNT(*) FROM orders"), 1);
+    assert_eq!(db_count(&dir, "SELECT COUNT(*) FROM orders").await, 1);
 }
 
 /// Issue 19 item 3: a token request refused by `429` or `503 busy` keeps its token, so the
@@ -1480,7 +1501,7 @@ async fn refused_requests_keep_their_token_and_a_lost_response_is_replayed() {
     assert_eq!(again.status(), 201);
     assert_eq!(again.headers()["idempotent-replayed"], "true");
     assert_eq!(again.json::<Value>().await.unwrap(), placed);
-    assert_eq!(db_count(&dir, "SELECT COUNT(*) FROM orders"), 3);
+    assert_eq!(db_count(&dir, "SELECT COUNT(*) FROM orders").await, 3);
 }
 
 /// Issue 19 items 2 and 9: SIGTERM while the order of a client that already left is still
@@ -1542,7 +1563,7 @@ async fn sigterm_waits_for_the_orders_of_clients_that_left() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     assert!(status.success(), "{status}");
-    assert_eq!(db_count(&dir, "SELECT COUNT(*) FROM orders"), 1);
+    assert_eq!(db_count(&dir, "SELECT COUNT(*) FROM orders").await, 1);
     let next = start(&redis, &temp_db(&dir), "next", &[]).await;
     let retry = next
         .order(As::Proxied(1), "k", json!({ "sku": "SK-1", "qty": 1 }))
@@ -1591,7 +1612,7 @@ async fn runs_on_sentinel_and_orders_again_after_a_failover() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     println!("order-service on Sentinel: orders placed again {recovered:?} after the kill");
-    assert_eq!(db_count(&dir, "SELECT COUNT(*) FROM orders"), 2);
+    assert_eq!(db_count(&dir, "SELECT COUNT(*) FROM orders").await, 2);
 }
 
 /// Sends `request` on its own task: its response and how long it took.
@@ -1619,18 +1640,16 @@ async fn a_write_waiting_on_sqlite_does_not_stall_its_instance() {
     svc.set_stock("SK-1", 10, 100).await;
     svc.set_stock("SK-2", 10, 100).await;
     let db = temp_db(&dir);
-    let (held, is_held) = std::sync::mpsc::channel();
-    let holder = std::thread::spawn(move || {
-        let mut conn = rusqlite::Connection::open(db).unwrap();
-        conn.busy_timeout(Duration::from_secs(10)).unwrap();
-        let tx = conn
-            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
-            .unwrap();
+    let (held, is_held) = tokio::sync::oneshot::channel();
+    let holder = tokio::spawn(async move {
+        use sqlx::Connection as _;
+        let mut conn = db_conn(&db).await;
+        let tx = conn.begin_with("BEGIN IMMEDIATE").await.unwrap();
         held.send(()).unwrap();
-        std::thread::sleep(HOLD);
-        tx.commit().unwrap();
+        tokio::time::sleep(HOLD).await;
+        tx.commit().await.unwrap();
     });
-    is_held.recv().unwrap();
+    is_held.await.unwrap();
     let order = |user: u64, key: &str, sku: &str| {
         svc.post("/orders", As::Proxied(user))
             .header("idempotency-key", key)
@@ -1679,10 +1698,10 @@ async fn a_write_waiting_on_sqlite_does_not_stall_its_instance() {
             assert_eq!(response.status(), want, "{what}");
         }
     }
-    holder.join().unwrap();
+    holder.await.unwrap();
     for (user, key, sku) in [(1, "k-a", "SK-1"), (2, "k-b", "SK-1"), (3, "k-c", "SK-2")] {
         let retry = order(user, key, sku).send().await.unwrap();
         assert_eq!(retry.status(), 201, "{key}: {:?}", retry.text().await);
     }
-    assert_eq!(db_count(&dir, "SELECT COUNT(*) FROM orders"), 3);
+    assert_eq!(db_count(&dir, "SELECT COUNT(*) FROM orders").await, 3);
 }

@@ -13,8 +13,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rusqlite::{Connection, OpenFlags};
 use serde_json::{Value, json};
+use sqlx::Connection as _;
+use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection};
 use tokio::sync::Semaphore;
 
 struct Args {
@@ -184,39 +185,46 @@ async fn run(args: Args) -> Result<bool, Box<dyn std::error::Error>> {
     latencies.sort();
     let pct = |p: f64| latencies[((latencies.len() - 1) as f64 * p) as usize];
 
-    let db = Connection::open_with_flags(&args.db, OpenFlags::SQLITE_OPEN_READ_ONLY)?;
-    db.busy_timeout(Duration::from_secs(10))?;
+    let mut db = SqliteConnection::connect_with(
+        &SqliteConnectOptions::new()
+            .filename(&args.db)
+            .read_only(true)
+            .busy_timeout(Duration::from_secs(10)),
+    )
+    .await?;
     let prefix = format!("lg{run_id}-%");
-    let orders: i64 = db.query_row(
-        "SELECT COUNT(*) FROM orders WHERE idempotency_key LIKE ?1",
-        [&prefix],
-        |r| r.get(0),
-    )?;
-    let distinct: i64 = db.query_row(
+    let orders: i64 =
+        sqlx::query_scalar("SELECT COUNT(*) FROM orders WHERE idempotency_key LIKE ?1")
+            .bind(&prefix)
+            .fetch_one(&mut db)
+            .await?;
+    let distinct: i64 = sqlx::query_scalar(
         "SELECT COUNT(*) FROM (SELECT DISTINCT user_id, idempotency_key FROM orders WHERE idempotency_key LIKE ?1)",
-        [&prefix],
-        |r| r.get(0),
-    )?;
+    )
+    .bind(&prefix)
+    .fetch_one(&mut db)
+    .await?;
     let duplicates = (orders - distinct) as usize + inconsistent;
     let mut oversold = 0i64;
     let mut stock_mismatch = 0i64;
     for sku in &skus {
-        let sold: i64 = db.query_row(
+        let sold: i64 = sqlx::query_scalar(
             "SELECT COALESCE(SUM(qty), 0) FROM orders WHERE sku = ?1 AND status != 'closed'",
-            [sku],
-            |r| r.get(0),
-        )?;
-        let available: i64 =
-            db.query_row("SELECT available FROM stock WHERE sku = ?1", [sku], |r| {
-                r.get(0)
-            })?;
+        )
+        .bind(sku)
+        .fetch_one(&mut db)
+        .await?;
+        let available: i64 = sqlx::query_scalar("SELECT available FROM stock WHERE sku = ?1")
+            .bind(sku)
+            .fetch_one(&mut db)
+            .await?;
         oversold += (sold - i64::from(args.stock)).max(0);
         stock_mismatch += (i64::from(args.stock) - sold - available).abs();
     }
-    let runs: Vec<(i64, i64)> = db
-        .prepare("SELECT started_ms, ended_ms FROM job_runs ORDER BY started_ms, ended_ms")?
-        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
-        .collect::<Result<_, _>>()?;
+    let runs: Vec<(i64, i64)> =
+        sqlx::query_as("SELECT started_ms, ended_ms FROM job_runs ORDER BY started_ms, ended_ms")
+            .fetch_all(&mut db)
+            .await?;
     let overlaps = runs.windows(2).filter(|w| w[1].0 < w[0].1).count();
 
     println!(
