@@ -525,24 +525,28 @@ async fn faults_strike_on_redis() {
 
 // ---- the explorer and the pass-through handle ---------------------------------------------
 
+/// A redelivered payment charged by a body with no backstop of its own: a lost record between
+/// the two deliveries charges twice.
+async fn deliver_twice(trial: redguard::testing::Trial) {
+    let history = &trial.history;
+    trial
+        .rg
+        .scope(async {
+            for _ in 0..2 {
+                let _ = charge(history, "pay-x").await;
+                trial.advance(Duration::from_millis(20)).await;
+            }
+        })
+        .await;
+}
+
 /// A redelivered payment charged by a body without a backstop: the explorer finds a
 /// schedule that charges twice (the record lost or expired before the redelivery), and the
 /// seed it prints fails again alone; the backstopped body survives the same exploration.
 #[tokio::test]
 async fn explore_finds_a_missing_backstop_and_replays_its_seed() {
     let explore = || Explore::new().runs(200).probability(0.3);
-    let broken = async |trial: redguard::testing::Trial| {
-        let history = &trial.history;
-        trial
-            .rg
-            .scope(async {
-                for _ in 0..2 {
-                    let _ = charge(history, "pay-x").await;
-                    trial.advance(Duration::from_millis(20)).await;
-                }
-            })
-            .await;
-    };
+    let broken = deliver_twice;
     let failure = explore()
         .try_run(broken)
         .await
@@ -619,18 +623,7 @@ async fn explore_runs_on_redis_with_each_run_apart() {
     assert_eq!(explored.runs, 5);
 
     let explore = || Explore::new().on(&redis).runs(60).probability(0.3);
-    let broken = async |trial: redguard::testing::Trial| {
-        let history = &trial.history;
-        trial
-            .rg
-            .scope(async {
-                for _ in 0..2 {
-                    let _ = charge(history, "pay-r").await;
-                    trial.advance(Duration::from_millis(20)).await;
-                }
-            })
-            .await;
-    };
+    let broken = deliver_twice;
     let failure = explore()
         .try_run(broken)
         .await
