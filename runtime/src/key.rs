@@ -60,9 +60,50 @@ macro_rules! display_key_part {
     )*};
 }
 
-display_key_part!(
-    u8, u16, u32, u64, u128, usize, i8, i16, i32, i64, i128, isize, bool
-);
+display_key_part!(u128, i128, bool);
+
+macro_rules! unsigned_key_part {
+    ($($ty:ty),* $(,)?) => {$(
+        impl KeyPart for $ty {
+            fn write_key_part(&self, out: &mut String) {
+                write_decimal(out, *self as u64);
+            }
+        }
+    )*};
+}
+
+macro_rules! signed_key_part {
+    ($($ty:ty),* $(,)?) => {$(
+        impl KeyPart for $ty {
+            fn write_key_part(&self, out: &mut String) {
+                if *self < 0 {
+                    out.push('-');
+                }
+                write_decimal(out, self.unsigned_abs() as u64);
+            }
+        }
+    )*};
+}
+
+// At most 64 bits: the integers of most keys, rendered per call, skip `fmt`'s machinery.
+unsigned_key_part!(u8, u16, u32, u64, usize);
+signed_key_part!(i8, i16, i32, i64, isize);
+
+/// `n` in decimal, as `Display` writes it.
+fn write_decimal(out: &mut String, mut n: u64) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    // ASCII digits: always text.
+    out.push_str(std::str::from_utf8(&digits[at..]).unwrap_or_default());
+}
 
 impl KeyPart for str {
     fn write_key_part(&self, out: &mut String) {
@@ -234,65 +275,105 @@ pub(crate) fn check_name(what: &str, value: &str, max: usize) -> Result<()> {
 #[derive(Debug, Default)]
 #[must_use = "a key builder does nothing until a guard takes it (or `.finish()`)"]
 pub struct KeyBuilder {
+    /// The key so far; with a template, its text followed by the values given so far (one
+    /// buffer: a key built per call allocates once).
     buf: String,
     error: Option<Error>,
     /// Set by `redguard::key`: the template, filled at `finish`.
     template: Option<Template>,
 }
 
-/// A [`key`] template and the values given for its placeholders so far.
+/// Where a [`key`] template and the values given for its placeholders lie in the builder's
+/// buffer: the text first, then each value's placeholder name followed by the value.
 #[derive(Debug)]
 struct Template {
-    text: String,
-    /// `(placeholder, rendered value)`, each checked as a part.
-    values: Vec<(String, String)>,
+    /// The text is `buf[..text]`.
+    text: usize,
+    /// The first value given (most templates have one placeholder: no allocation), then
+    /// the others, in the order given; each checked as a part.
+    first: Option<Given>,
+    more: Vec<Given>,
+}
+
+/// A value given in the builder's buffer: its placeholder's name is `buf[start..mid]`, the
+/// value `buf[mid..end]`.
+#[derive(Debug, Clone, Copy)]
+struct Given {
+    start: usize,
+    mid: usize,
+    end: usize,
 }
 
 impl Template {
-    /// The template with every placeholder replaced by its value, checked as template text
-    /// between them.
-    fn render(&self, out: &mut String) -> Result<()> {
-        let unusable = |why: String| Error::Config(format!("key template {:?}: {why}", self.text));
-        let mut rest = self.text.as_str();
-        while !rest.is_empty() {
-            let (literal, after) = match rest.find('{') {
-                Some(open) => (&rest[..open], Some(&rest[open + 1..])),
-                None => (rest, None),
+    fn given(&mut self) -> impl Iterator<Item = &mut Given> {
+        self.first.iter_mut().chain(&mut self.more)
+    }
+
+    fn give(&mut self, given: Given) {
+        match self.first {
+            None => self.first = Some(given),
+            Some(_) => self.more.push(given),
+        }
+    }
+
+    /// Where the value given for placeholder `name` lies in `buf`, the first one if given
+    /// twice.
+    fn value(&self, buf: &str, name: &str) -> Option<std::ops::Range<usize>> {
+        self.first
+            .iter()
+            .chain(&self.more)
+            .find(|given| &buf[given.start..given.mid] == name)
+            .map(|given| given.mid..given.end)
+    }
+
+    /// The template (`buf[..text]`) with every placeholder replaced by its value, checked
+    /// as template text between them: appended to `buf`, then moved to its start.
+    fn render(&self, buf: &mut String) -> Result<()> {
+        let unusable = |buf: &str, why: String| {
+            Error::Config(format!("key template {:?}: {why}", &buf[..self.text]))
+        };
+        let rendered = buf.len();
+        let mut at = 0;
+        while at < self.text {
+            let rest = &buf[at..self.text];
+            let (literal, open) = match rest.bytes().position(|b| b == b'{') {
+                Some(open) => (at..at + open, Some(at + open + 1)),
+                None => (at..self.text, None),
             };
             if !literal.is_empty() {
-                check(literal, MAX_KEY_LEN, is_text_byte, TEXT_CHARS).map_err(|rule| {
+                let text = &buf[literal.clone()];
+                check(text, MAX_KEY_LEN, is_text_byte, TEXT_CHARS).map_err(|rule| {
                     Error::InvalidKey {
-                        part: format!("template text {literal:?}"),
+                        part: format!("template text {text:?}"),
                         rule,
                     }
                 })?;
-                out.push_str(literal);
+                buf.extend_from_within(literal);
             }
-            let Some(after) = after else { break };
-            let close = after
-                .find('}')
-                .ok_or_else(|| unusable("a `{` is not closed".to_owned()))?;
-            let name = &after[..close];
-            let value = self
-                .values
-                .iter()
-                .find(|(filled, _)| filled == name)
-                .ok_or_else(|| {
-                    unusable(format!(
-                        "placeholder `{name}` is not filled (call `.part(\"{name}\", ..)`)"
-                    ))
-                })?;
-            out.push_str(&value.1);
-            rest = &after[close + 1..];
+            let Some(open) = open else { break };
+            let close = buf[open..self.text]
+                .bytes()
+                .position(|b| b == b'}')
+                .ok_or_else(|| unusable(buf, "a `{` is not closed".to_owned()))?;
+            let name = &buf[open..open + close];
+            let value = self.value(buf, name).ok_or_else(|| {
+                unusable(
+                    buf,
+                    format!("placeholder `{name}` is not filled (call `.part(\"{name}\", ..)`)"),
+                )
+            })?;
+            buf.extend_from_within(value);
+            at = open + close + 1;
         }
+        buf.drain(..rendered);
         Ok(())
     }
 
-    fn has_placeholder(&self, name: &str) -> bool {
-        let mut rest = self.text.as_str();
-        while let Some(open) = rest.find('{') {
+    fn has_placeholder(&self, buf: &str, name: &str) -> bool {
+        let mut rest = &buf[..self.text];
+        while let Some(open) = rest.bytes().position(|b| b == b'{') {
             rest = &rest[open + 1..];
-            let close = rest.find('}').unwrap_or(rest.len());
+            let close = rest.bytes().position(|b| b == b'}').unwrap_or(rest.len());
             if &rest[..close] == name {
                 return true;
             }
@@ -305,12 +386,16 @@ impl Template {
 impl KeyBuilder {
     /// See [`redguard::key`](crate::key()).
     pub(crate) fn template(template: &str) -> Self {
+        // Room for the values and the rendered key: one allocation for most keys.
+        let mut buf = String::with_capacity(3 * template.len() + 64);
+        buf.push_str(template);
         KeyBuilder {
-            buf: String::new(),
+            buf,
             error: None,
             template: Some(Template {
-                text: template.to_owned(),
-                values: Vec::new(),
+                text: template.len(),
+                first: None,
+                more: Vec::new(),
             }),
         }
     }
@@ -327,7 +412,14 @@ impl KeyBuilder {
             return self;
         }
         if let Some(template) = &mut self.template {
-            template.text.push_str(text);
+            // Before the values given so far, which move along.
+            self.buf.insert_str(template.text, text);
+            template.text += text.len();
+            for given in template.given() {
+                given.start += text.len();
+                given.mid += text.len();
+                given.end += text.len();
+            }
             return self;
         }
         match check(text, MAX_KEY_LEN, is_text_byte, TEXT_CHARS) {
@@ -358,18 +450,27 @@ impl KeyBuilder {
             }
             return self;
         };
-        if !template.has_placeholder(name) {
+        if !template.has_placeholder(&self.buf, name) {
             self.error = Some(Error::Config(format!(
                 "key template {:?} has no placeholder `{{{name}}}`",
-                template.text
+                &self.buf[..template.text]
             )));
             return self;
         }
-        let mut rendered = String::new();
-        value.write_key_part(&mut rendered);
-        match checked_part(name, &rendered) {
-            Ok(()) => template.values.push((name.to_owned(), rendered)),
-            Err(err) => self.error = Some(err),
+        let start = self.buf.len();
+        self.buf.push_str(name);
+        let mid = self.buf.len();
+        value.write_key_part(&mut self.buf);
+        match checked_part(name, &self.buf[mid..]) {
+            Ok(()) => template.give(Given {
+                start,
+                mid,
+                end: self.buf.len(),
+            }),
+            Err(err) => {
+                self.error = Some(err);
+                self.buf.truncate(start);
+            }
         }
         self
     }
@@ -586,6 +687,24 @@ mod tests {
         assert_eq!(rendered(&Rc::new(42u64)), "42");
         assert_eq!(rendered(&Cow::Borrowed("sku-1")), "sku-1");
         assert_eq!(rendered(&Cow::<str>::Owned("sku-2".into())), "sku-2");
+    }
+
+    #[test]
+    fn integers_render_as_they_display() {
+        fn rendered<T: KeyPart>(value: T) -> String {
+            let mut out = String::new();
+            value.write_key_part(&mut out);
+            out
+        }
+        assert_eq!(rendered(0u64), "0");
+        assert_eq!(rendered(u64::MAX), u64::MAX.to_string());
+        assert_eq!(rendered(usize::MAX), usize::MAX.to_string());
+        assert_eq!(rendered(u8::MAX), "255");
+        assert_eq!(rendered(-1i32), "-1");
+        assert_eq!(rendered(i64::MIN), i64::MIN.to_string());
+        assert_eq!(rendered(i8::MIN), "-128");
+        assert_eq!(rendered(isize::MAX), isize::MAX.to_string());
+        assert_eq!(rendered(1_000_000u32), "1000000");
     }
 
     #[test]

@@ -236,6 +236,10 @@ async fn decide_traced(
 /// Decisions when the local tier already knows a limit is exhausted: the known rejection for
 /// those limits, and for the others an "admitted, not charged" decision (they were not asked).
 fn local_rejection(handle: &Redguard, limits: &[Resolved<'_>]) -> Option<Vec<Decision>> {
+    // Most calls have no local tier: nothing to collect.
+    if !limits.iter().any(|r| r.local) {
+        return None;
+    }
     let known: Vec<Option<Decision>> = limits
         .iter()
         .map(|r| {

@@ -103,9 +103,49 @@ impl FromStr for Rate {
     type Err = Error;
 
     fn from_str(s: &str) -> Result<Rate> {
+        if let Some(rate) = LAST_PARSED.with(|last| last.get().and_then(|last| last.rate(s))) {
+            return Ok(rate);
+        }
         let grammar::Rate { count, period } = grammar::parse(s).map_err(Error::InvalidLimit)?;
-        Ok(Rate { count, period })
+        let rate = Rate { count, period };
+        if let Some(parsed) = Parsed::new(s, rate) {
+            LAST_PARSED.with(|last| last.set(Some(parsed)));
+        }
+        Ok(rate)
     }
+}
+
+/// Longest rate text [`LAST_PARSED`] keeps.
+const PARSED_LEN: usize = 24;
+
+/// A rate text and what it parsed to.
+#[derive(Debug, Clone, Copy)]
+struct Parsed {
+    text: [u8; PARSED_LEN],
+    len: usize,
+    rate: Rate,
+}
+
+impl Parsed {
+    fn new(s: &str, rate: Rate) -> Option<Parsed> {
+        let mut text = [0; PARSED_LEN];
+        text.get_mut(..s.len())?.copy_from_slice(s.as_bytes());
+        Some(Parsed {
+            text,
+            len: s.len(),
+            rate,
+        })
+    }
+
+    fn rate(&self, s: &str) -> Option<Rate> {
+        (self.text[..self.len] == *s.as_bytes()).then_some(self.rate)
+    }
+}
+
+thread_local! {
+    /// The last rate text parsed on this thread: a limiter built per call (`.rate("100/s")`
+    /// in a handler) parses its literal once, and the parse is a pure function of the text.
+    static LAST_PARSED: std::cell::Cell<Option<Parsed>> = const { std::cell::Cell::new(None) };
 }
 
 impl TryFrom<&str> for Rate {
@@ -277,6 +317,15 @@ impl fmt::Display for Algorithm {
     }
 }
 
+/// What [`Limit::new`] was last asked on this thread and the burst it validated.
+type Validated = ((Algorithm, Rate, Option<u64>, u64, Duration), u64);
+
+thread_local! {
+    /// The last limit validated on this thread: a limiter built per call validates its
+    /// limit once, and the validation is a pure function of its arguments.
+    static LAST_LIMIT: std::cell::Cell<Option<Validated>> = const { std::cell::Cell::new(None) };
+}
+
 /// One validated limit on one key's counting: what a store checks.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Limit {
@@ -315,11 +364,21 @@ impl Limit {
             algorithm if algorithm.is_window() => grammar::Shape::Window,
             _ => grammar::Shape::Bucket,
         };
-        let spec = grammar::Rate {
-            count: rate.count,
-            period: rate.period,
+        let asked = (algorithm, rate, burst, cost, block);
+        let known = LAST_LIMIT.with(|last| last.get().filter(|(was, _)| *was == asked));
+        let burst = match known {
+            Some((_, burst)) => burst,
+            None => {
+                let spec = grammar::Rate {
+                    count: rate.count,
+                    period: rate.period,
+                };
+                let burst =
+                    grammar::limit(shape, spec, burst, cost, block).map_err(Error::InvalidLimit)?;
+                LAST_LIMIT.with(|last| last.set(Some((asked, burst))));
+                burst
+            }
         };
-        let burst = grammar::limit(shape, spec, burst, cost, block).map_err(Error::InvalidLimit)?;
         Ok(Limit {
             algorithm,
             rate,
@@ -549,5 +608,42 @@ mod tests {
             Duration::ZERO,
         );
         assert!(slow.is_err());
+    }
+    #[test]
+    fn the_per_thread_caches_answer_only_for_the_same_input() {
+        let rate = |count, secs| Rate::new(count, Duration::from_secs(secs)).unwrap();
+        // Each text right after a different one, a prefix of it, or itself; and a refused
+        // text between accepted ones.
+        for (text, want) in [
+            ("100/s", Some(rate(100, 1))),
+            ("100/s", Some(rate(100, 1))),
+            ("10/s", Some(rate(10, 1))),
+            ("100/s", Some(rate(100, 1))),
+            ("100/sx", None),
+            ("100/s", Some(rate(100, 1))),
+            ("1/min", Some(rate(1, 60))),
+            // Longer than the cache keeps: parsed every time.
+            (
+                "1000000/1000000000000ms",
+                "1000000/1000000000000ms".parse::<Rate>().ok(),
+            ),
+            ("1/min", Some(rate(1, 60))),
+        ] {
+            assert_eq!(text.parse::<Rate>().ok(), want, "{text:?}");
+        }
+        let limit = |rate, burst, cost| {
+            Limit::new(Algorithm::Gcra, rate, burst, cost, Duration::ZERO).map(|l| l.burst())
+        };
+        let five = Rate::per_second(5);
+        assert_eq!(limit(five, Some(10), 1).unwrap(), 10);
+        assert_eq!(limit(five, Some(10), 1).unwrap(), 10);
+        assert_eq!(limit(five, None, 1).unwrap(), 5);
+        assert!(limit(five, None, 6).is_err());
+        assert!(limit(five, None, 6).is_err());
+        assert_eq!(limit(five, None, 5).unwrap(), 5);
+        assert_eq!(limit(Rate::per_second(7), None, 5).unwrap(), 7);
+        let window = Limit::new(Algorithm::FixedWindow, five, None, 1, Duration::ZERO);
+        assert_eq!(window.unwrap().algorithm(), Algorithm::FixedWindow);
+        assert!(Limit::new(Algorithm::FixedWindow, five, Some(10), 1, Duration::ZERO).is_err());
     }
 }

@@ -21,6 +21,7 @@ mod table;
 mod token;
 
 use std::hash::{BuildHasher, RandomState};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -67,6 +68,9 @@ struct Tables {
     lock_waiters: Waiters,
     /// Prefix overrides by state-key prefix (`quota.rs`): locked after a check's shards.
     quota_prefixes: Mutex<quota::Quotas>,
+    /// Whether `quota_prefixes` holds an entry (live or expired), so that a check without
+    /// one takes no lock shared by every shard.
+    has_prefixes: AtomicBool,
 }
 
 impl Default for Tables {
@@ -76,6 +80,7 @@ impl Default for Tables {
             seed: RandomState::new().hash_one(SHARDS),
             lock_waiters: Waiters::default(),
             quota_prefixes: Mutex::default(),
+            has_prefixes: AtomicBool::new(false),
         }
     }
 }
@@ -126,11 +131,15 @@ fn spread(seed: u64, bytes: &[u8]) -> u64 {
 /// The part of `key` that picks its shard: its hash tag, as Redis Cluster reads one (the
 /// text between the first `{` and the next `}`, when not empty), or the whole key.
 fn hash_tag(key: &str) -> &str {
-    key.split_once('{')
-        .and_then(|(_, rest)| rest.split_once('}'))
-        .map(|(tag, _)| tag)
-        .filter(|tag| !tag.is_empty())
-        .unwrap_or(key)
+    // By bytes: `str`'s char searcher costs more than these keys' length.
+    let open = key.bytes().position(|b| b == b'{');
+    open.and_then(|open| {
+        let rest = &key[open + 1..];
+        let close = rest.bytes().position(|b| b == b'}')?;
+        Some(&rest[..close])
+    })
+    .filter(|tag| !tag.is_empty())
+    .unwrap_or(key)
 }
 
 impl MemoryStore {

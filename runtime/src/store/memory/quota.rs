@@ -2,6 +2,7 @@
 //! their own table of the limit's shard (same hash tag), applied by `rate_check` as the
 //! scripts apply them (quota.lua).
 
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use super::table::Table;
@@ -27,8 +28,18 @@ pub(super) fn with_quota(
     key: &Key,
     limit: &Limit,
 ) -> Option<Limit> {
-    let stored = match shard.quotas.at(now).get(&key.companion(QUOTA_SUFFIX)) {
-        Some(stored) => stored.clone(),
+    // Without the empty table's test every check would render the `:quota` key.
+    let own = (!shard.quotas.is_empty())
+        .then(|| {
+            shard
+                .quotas
+                .at(now)
+                .get(&key.companion(QUOTA_SUFFIX))
+                .cloned()
+        })
+        .flatten();
+    let stored = match own {
+        Some(stored) => stored,
         None => store.prefix_quota(now, key)?,
     };
     let applied = Quota::decode(&stored)
@@ -84,13 +95,22 @@ impl MemoryStore {
 
     /// The stored override of the longest prefix of `key`, if any.
     fn prefix_quota(&self, now: Duration, key: &Key) -> Option<String> {
+        // Every check of every shard comes here: without a prefix override it takes no lock.
+        if !self.tables.has_prefixes.load(Ordering::Acquire) {
+            return None;
+        }
         let mut prefixes = self.prefixes();
         let live = prefixes.at(now);
-        let longest = live
+        let stored = live
             .keys()
             .filter(|prefix| key.as_str().starts_with(prefix))
-            .max_by_key(|prefix| prefix.len())?;
-        live.get(&Key::stored(longest)).cloned()
+            .max_by_key(|prefix| prefix.len())
+            .and_then(|longest| live.get(&Key::stored(longest)).cloned());
+        // The sweep may have dropped the last (expired) override.
+        if prefixes.is_empty() {
+            self.tables.has_prefixes.store(false, Ordering::Release);
+        }
+        stored
     }
 
     /// Sets or (`None`) removes the prefix override at `field`; whether one was there.
@@ -118,6 +138,9 @@ impl MemoryStore {
                 live.remove(&field);
             }
         }
+        // Under the lock, so the flag follows the last change.
+        let has = !prefixes.is_empty();
+        self.tables.has_prefixes.store(has, Ordering::Release);
         Ok(had)
     }
 

@@ -167,9 +167,23 @@ impl<V> Map<V> {
                 .as_ref()
                 .map_or(0, |draining| draining.table.len())
     }
+
+    fn is_empty(&self) -> bool {
+        self.table.is_empty()
+            && self
+                .draining
+                .as_ref()
+                .is_none_or(|draining| draining.table.is_empty())
+    }
 }
 
 impl<V> Table<V> {
+    /// Whether the table holds no entry, live or expired: a reader of an empty table (the
+    /// quota overrides, almost always) need neither look its key up nor sweep it.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
     /// The table as it stands at `now`, after dropping a few of the entries whose time has
     /// come (`expires_at <= now`; Redis keeps a key through the millisecond of its expiry, so
     /// it may answer for it up to 1 ms longer).
@@ -343,7 +357,7 @@ mod tests {
         for ms in 25..40 {
             table.at(at(ms));
         }
-        assert!(table.entries.len() == 0 && table.expiry.is_empty());
+        assert!(table.entries.is_empty() && table.expiry.is_empty());
     }
 
     #[test]
@@ -359,7 +373,7 @@ mod tests {
         for _ in 0..1000 / SWEEP {
             table.at(at(11));
         }
-        assert!(table.entries.len() == 0 && table.expiry.is_empty());
+        assert!(table.entries.is_empty() && table.expiry.is_empty());
     }
 
     #[test]
