@@ -18,14 +18,25 @@ use tracing::field::Empty;
 use crate::error::Error;
 use crate::values::LockKind;
 
+/// `span`, or [`Span::none`] when no subscriber takes it. With `tracing`'s `log` feature on
+/// (sqlx turns it on) a disabled span keeps its metadata, and its every enter, exit and
+/// record asks `log` whether to print a line (6% of an in-process check's instructions).
+fn wanted(span: Span) -> Span {
+    if span.is_disabled() {
+        Span::none()
+    } else {
+        span
+    }
+}
+
 pub(crate) fn idempotent(scope: &str, store: &'static str) -> Span {
-    tracing::info_span!(
+    wanted(tracing::info_span!(
         "redguard.idempotent",
         scope,
         store,
         outcome = Empty,
         recorded = Empty,
-    )
+    ))
 }
 
 pub(crate) fn lock(scope: &str, kind: LockKind, store: &'static str) -> Span {
@@ -36,7 +47,7 @@ pub(crate) fn lock(scope: &str, kind: LockKind, store: &'static str) -> Span {
         LockKind::Read => "read",
         LockKind::Write => "write",
     };
-    tracing::info_span!(
+    wanted(tracing::info_span!(
         "redguard.lock",
         scope,
         kind,
@@ -44,11 +55,11 @@ pub(crate) fn lock(scope: &str, kind: LockKind, store: &'static str) -> Span {
         outcome = Empty,
         wait_ms = Empty,
         fence = Empty,
-    )
+    ))
 }
 
 pub(crate) fn rate_limit(scope: &str, limits: usize, store: &'static str) -> Span {
-    tracing::info_span!(
+    wanted(tracing::info_span!(
         "redguard.rate_limit",
         scope,
         limits,
@@ -59,12 +70,16 @@ pub(crate) fn rate_limit(scope: &str, limits: usize, store: &'static str) -> Spa
         shadow_rejected = Empty,
         near_limit = Empty,
         mode = Empty,
-    )
+    ))
 }
 
 /// The span of one Redis call, `op` being the script or command.
 pub(crate) fn store_call(op: &'static str) -> Span {
-    tracing::debug_span!("redguard.store", db.system = "redis", db.operation = op)
+    wanted(tracing::debug_span!(
+        "redguard.store",
+        db.system = "redis",
+        db.operation = op
+    ))
 }
 
 /// Records `value` in `field` of the current span (the guard's, where guards call it).
