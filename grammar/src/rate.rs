@@ -111,6 +111,27 @@ pub fn check(count: u64, period: Duration) -> Result<(), String> {
 /// The emission interval: the time one unit takes to come back, period/count rounded up — to
 /// a whole µs when it is at least 1 ms, to a whole ns below. Never looser than asked.
 pub fn interval_ns(count: u64, period: Duration) -> u64 {
+    // In u64 when it fits, as every accepted rate does: a u128 division is a library call,
+    // and a rate check asks for its interval more than once.
+    let count = count.max(1);
+    if let (Ok(period), Some(micro)) = (
+        u64::try_from(period.as_nanos()),
+        count.checked_mul(1_000_000),
+    ) {
+        let interval = if period >= micro {
+            period.div_ceil(1000 * count).checked_mul(1000)
+        } else {
+            Some(period.div_ceil(count))
+        };
+        if let Some(interval) = interval {
+            return interval;
+        }
+    }
+    interval_ns_wide(count, period)
+}
+
+/// [`interval_ns`] in u128, for any `count` and `period`.
+fn interval_ns_wide(count: u64, period: Duration) -> u64 {
     let (period, count) = (period.as_nanos(), u128::from(count.max(1)));
     let interval = if period >= 1_000_000 * count {
         period.div_ceil(1000 * count) * 1000
@@ -285,6 +306,48 @@ mod tests {
         assert_eq!(per_second(1_000_000), 1_000);
         assert_eq!(per_second(600_000), 1_667);
         assert_eq!(per_second(1_000_000_000), 1);
+    }
+
+    #[test]
+    fn intervals_in_u64_are_those_in_u128() {
+        let periods = [
+            Duration::from_nanos(1),
+            Duration::from_nanos(999),
+            Duration::from_micros(1),
+            Duration::from_nanos(999_999),
+            Duration::from_millis(1),
+            Duration::from_nanos(1_000_001),
+            Duration::from_secs(1),
+            Duration::from_secs(7) + Duration::from_nanos(3),
+            MAX_RATE_PERIOD,
+            Duration::from_nanos(u64::MAX - 1),
+            Duration::from_nanos(u64::MAX),
+            Duration::from_secs(u64::MAX),
+        ];
+        let counts = [
+            0,
+            1,
+            2,
+            3,
+            7,
+            999,
+            1000,
+            1001,
+            1_000_000,
+            MAX_RATE_COUNT,
+            u64::MAX / 1_000_000,
+            u64::MAX / 1_000_000 + 1,
+            u64::MAX,
+        ];
+        for period in periods {
+            for count in counts {
+                assert_eq!(
+                    interval_ns(count, period),
+                    interval_ns_wide(count, period),
+                    "{count} per {period:?}"
+                );
+            }
+        }
     }
 
     #[test]

@@ -169,6 +169,17 @@ pub fn describe_metrics() {
 }
 
 /// The `limit` label of the n-th limit of a call: static, so labelling costs no allocation.
+/// `scope` as a label value cheap to clone per call: a `&'static str` as it is, a `String`
+/// behind an `Arc` (a `String` per metric would be an allocation per call).
+pub(crate) fn shared(scope: std::borrow::Cow<'static, str>) -> metrics::SharedString {
+    match scope {
+        std::borrow::Cow::Borrowed(scope) => metrics::SharedString::const_str(scope),
+        std::borrow::Cow::Owned(scope) => {
+            metrics::SharedString::from_shared(std::sync::Arc::from(scope))
+        }
+    }
+}
+
 pub(crate) fn limit_label(index: usize) -> &'static str {
     const LABELS: [&str; 8] = ["0", "1", "2", "3", "4", "5", "6", "7"];
     LABELS.get(index).copied().unwrap_or("8+")

@@ -18,15 +18,6 @@ use crate::key::{GuardKind, KeyBody};
 use crate::values::{LockKind, Replicas};
 use metrics::SharedString;
 
-/// `scope` as a label value cheap to clone: a `&'static str` as it is, a `String` behind an
-/// `Arc`.
-pub(super) fn shared(scope: Cow<'static, str>) -> SharedString {
-    match scope {
-        Cow::Borrowed(scope) => SharedString::const_str(scope),
-        Cow::Owned(scope) => SharedString::from_shared(std::sync::Arc::from(scope)),
-    }
-}
-
 mod sealed {
     pub trait Sealed {}
 }
@@ -255,7 +246,7 @@ impl<K: Kind> LockBuilder<K> {
     /// not meet. A `&'static str` or a `String`; default [`DEFAULT_LOCK_SCOPE`] (`#[dist_lock]`
     /// uses the fn's path).
     pub fn scope(mut self, scope: impl Into<Cow<'static, str>>) -> Self {
-        self.settings.scope = shared(scope.into());
+        self.settings.scope = crate::telemetry::shared(scope.into());
         self
     }
 

@@ -44,7 +44,7 @@ pub(super) fn most_restrictive(decisions: &[Decision]) -> Option<Decision> {
 pub(super) struct Resolved<'a> {
     pub(super) key: Key,
     pub(super) limit: Limit,
-    pub(super) scope: &'a str,
+    pub(super) scope: &'a metrics::SharedString,
     pub(super) local: bool,
     /// Shadow mode: decided as if enforced, admitted anyway (`Limiter::shadow`).
     pub(super) shadow: bool,
@@ -58,7 +58,7 @@ pub(super) async fn decide(
     limits: &[Resolved<'_>],
     mode: RateMode,
 ) -> Result<Vec<Decision>> {
-    let scope = limits.first().map_or("", |r| r.scope);
+    let scope = limits.first().map_or("", |r| r.scope.as_ref());
     let span = crate::trace::rate_limit(scope, limits.len(), handle.store().kind().as_str());
     let result = decide_traced(handle, limits, mode)
         .instrument(span.clone())
@@ -91,9 +91,9 @@ pub(super) async fn decide(
     result
 }
 
-async fn decide_traced(
+async fn decide_traced<'a>(
     handle: &Redguard,
-    limits: &[Resolved<'_>],
+    limits: &'a [Resolved<'_>],
     mode: RateMode,
 ) -> Result<Vec<Decision>> {
     let Some(first) = limits.first() else {
@@ -114,18 +114,27 @@ async fn decide_traced(
     {
         return Ok(decisions);
     }
-    let checks: Vec<RateCheck<'_>> = limits
-        .iter()
-        .map(|r| RateCheck {
-            key: &r.key,
-            limit: &r.limit,
-        })
-        .collect();
+    let check = |r: &'a Resolved<'_>| RateCheck {
+        key: &r.key,
+        limit: &r.limit,
+    };
+    // Most calls decide one limit: no `Vec` for it.
+    let (one, many): ([RateCheck<'_>; 1], Vec<RateCheck<'_>>);
+    let checks: &[RateCheck<'_>] = match limits {
+        [r] => {
+            one = [check(r)];
+            &one
+        }
+        _ => {
+            many = limits.iter().map(check).collect();
+            &many
+        }
+    };
     let op = match mode {
         RateMode::Consume => "rate_check",
         RateMode::Peek => "rate_peek",
     };
-    let outcome = handle.store().rate_check(&checks, mode).await;
+    let outcome = handle.store().rate_check(checks, mode).await;
     let Some(mut outcome) = outcome.or_degrade(handle, GuardKind::RateLimit, op, &first.key)?
     else {
         if let Some(decisions) = fallback::outage(handle, limits, mode) {
@@ -150,7 +159,7 @@ async fn decide_traced(
     {
         let enforced: Vec<RateCheck<'_>> = limits
             .iter()
-            .zip(&checks)
+            .zip(checks)
             .filter(|(r, _)| !r.shadow)
             .map(|(_, c)| *c)
             .collect();
@@ -185,7 +194,7 @@ async fn decide_traced(
             };
             metrics::counter!(
                 "redguard_rate_decisions_total",
-                "scope" => scope.to_string(),
+                "scope" => scope.clone(),
                 "limit" => crate::telemetry::limit_label(i),
                 "outcome" => result,
             )
@@ -193,7 +202,7 @@ async fn decide_traced(
             if allowed && decision.allowed && decision.remaining < r.near_limit {
                 metrics::counter!(
                     "redguard_rate_near_limit_total",
-                    "scope" => scope.to_string(),
+                    "scope" => scope.clone(),
                     "limit" => crate::telemetry::limit_label(i),
                 )
                 .increment(1);
@@ -259,7 +268,7 @@ fn local_rejection(handle: &Redguard, limits: &[Resolved<'_>]) -> Option<Vec<Dec
             .map(|(i, (r, known))| {
                 metrics::counter!(
                     "redguard_rate_decisions_total",
-                    "scope" => r.scope.to_string(),
+                    "scope" => r.scope.clone(),
                     "limit" => crate::telemetry::limit_label(i),
                     "outcome" => if known.is_some() { "rejected_local" } else { "not_charged" },
                 )

@@ -298,7 +298,7 @@ fn count(limits: &[Resolved<'_>], decisions: &[Decision]) {
         };
         metrics::counter!(
             "redguard_rate_decisions_total",
-            "scope" => r.scope.to_string(),
+            "scope" => r.scope.clone(),
             "limit" => crate::telemetry::limit_label(i),
             "outcome" => outcome,
             "mode" => "local",
@@ -465,7 +465,7 @@ mod tests {
         Resolved {
             key: key.clone(),
             limit: limit.clone(),
-            scope: "t",
+            scope: Box::leak(Box::new(metrics::SharedString::const_str("t"))),
             local: false,
             shadow: false,
             near_limit: 0,

@@ -11,6 +11,7 @@ use crate::handle::Redguard;
 use crate::key::{GuardKind, IntoKey, KeyBody, KeyRule};
 use crate::store::RateMode;
 use crate::values::{Algorithm, Decision, IntoRate, Limit, Rate};
+use metrics::SharedString;
 
 impl Redguard {
     /// Starts a limit on `key` on this handle; see [`Limiter`].
@@ -43,8 +44,9 @@ impl Redguard {
 pub struct Limiter {
     handle: Option<Redguard>,
     key: std::result::Result<KeyBody, KeyError>,
-    /// Borrowed for `#[rate_limit]` (its scope is a `&'static str`): no allocation per call.
-    scope: Cow<'static, str>,
+    /// Borrowed for `#[rate_limit]` (its scope is a `&'static str`), shared otherwise: no
+    /// allocation per call for its metrics' label.
+    scope: SharedString,
     rate: Option<std::result::Result<Rate, String>>,
     burst: Option<u64>,
     algorithm: Algorithm,
@@ -100,7 +102,7 @@ impl Limiter {
         Limiter {
             handle: None,
             key: key.map_err(KeyError::from_error),
-            scope,
+            scope: crate::telemetry::shared(scope),
             rate: None,
             burst: None,
             algorithm: Algorithm::Gcra,
@@ -157,7 +159,7 @@ impl Limiter {
     /// meet. A `&'static str` or a `String`; default `limiter` (`#[rate_limit]` uses the fn's
     /// path).
     pub fn scope(mut self, scope: impl Into<Cow<'static, str>>) -> Self {
-        self.scope = scope.into();
+        self.scope = crate::telemetry::shared(scope.into());
         self
     }
 

@@ -115,12 +115,20 @@ pub(super) struct Shard {
 fn spread(seed: u64, bytes: &[u8]) -> u64 {
     const K: u64 = 0x9e37_79b9_7f4a_7c15;
     let mut h = seed ^ (bytes.len() as u64).wrapping_mul(K);
-    for chunk in bytes.chunks(8) {
-        let mut word = [0u8; 8];
-        word[..chunk.len()].copy_from_slice(chunk);
-        h = (h ^ u64::from_le_bytes(word))
-            .wrapping_mul(K)
-            .rotate_left(31);
+    let mut mix = |word: u64| h = (h ^ word).wrapping_mul(K).rotate_left(31);
+    // Whole words straight from the bytes, and no copy of the tail (a copy of unknown length
+    // is a `memcpy` call).
+    let mut words = bytes.chunks_exact(8);
+    for word in &mut words {
+        mix(u64::from_le_bytes(word.try_into().expect("8 bytes")));
+    }
+    let tail = words.remainder();
+    if !tail.is_empty() {
+        // The tail zero-padded, read little-endian.
+        mix(tail
+            .iter()
+            .rev()
+            .fold(0, |word, b| word << 8 | u64::from(*b)));
     }
     // splitmix64's finish: every input bit reaches the low bits the modulo keeps.
     h = (h ^ (h >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);

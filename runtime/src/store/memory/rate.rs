@@ -325,7 +325,9 @@ impl RateOps for MemoryStore {
         let now = micros(now_d) as f64;
         let peek = mode == RateMode::Peek;
         let mut decisions = Vec::with_capacity(checks.len());
-        let mut commits: Vec<Option<(Commit, f64)>> = Vec::with_capacity(checks.len());
+        // The first check's commit apart: a check of one limit allocates no `Vec` for it.
+        let mut first = None;
+        let mut more: Vec<Option<(Commit, f64)>> = Vec::new();
         for check in checks {
             let quota = super::quota::with_quota(
                 self,
@@ -454,7 +456,11 @@ impl RateOps for MemoryStore {
                 retry = retry.max(block);
                 reset = reset.max(block);
             }
-            commits.push(commit);
+            if decisions.is_empty() {
+                first = commit;
+            } else {
+                more.push(commit);
+            }
             decisions.push(Decision {
                 allowed,
                 limit: limit.burst,
@@ -465,6 +471,7 @@ impl RateOps for MemoryStore {
             });
         }
         if !peek && decisions.iter().all(|d| d.allowed) {
+            let commits = std::iter::once(first).chain(more);
             for (check, commit) in checks.iter().zip(commits) {
                 let Some((commit, ttl)) = commit else {
                     continue;
