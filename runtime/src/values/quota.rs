@@ -31,10 +31,8 @@ pub const MAX_PREFIX_OVERRIDES: usize = 64;
 /// The prefix-override hash of the handle a rate-limit state key `key` belongs to.
 pub(crate) fn prefix_hash(key: &crate::key::Key) -> Option<crate::key::Key> {
     let at = key.as_str().find(":rate:{")?;
-    Some(crate::key::Key::stored(format!(
-        "{}:rate:{PREFIX_HASH}",
-        &key.as_str()[..at]
-    )))
+    let joined = crate::key::join(&[&key.as_str()[..at], ":rate:", PREFIX_HASH]);
+    Some(crate::key::Key::stored(joined))
 }
 
 /// The longest TTL an override may be given (longer ones are [`permanent`](QuotaTtl::Permanent),
