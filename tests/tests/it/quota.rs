@@ -161,6 +161,13 @@ mod prefixes {
         tokio::time::sleep(Duration::from_millis(2100)).await;
         assert_eq!(limit(&other, "acme").await, 1, "expired: the code's limit");
         assert!(admin.quota_get(SCOPE, "tenant:*").await.unwrap().is_none());
+        // Set again once the last one expired (the memory store stops looking for prefixes
+        // while none is set): it decides again.
+        admin
+            .quota_set(SCOPE, "tenant:*", &seven, HOUR)
+            .await
+            .unwrap();
+        assert_eq!(limit(&other, "acme").await, 7, "set again after it expired");
         // Cleared, so the hash is gone or has a TTL (checked by the harness).
         admin.quota_clear(SCOPE, "tenant:*").await.unwrap();
     }
