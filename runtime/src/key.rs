@@ -101,8 +101,11 @@ fn write_decimal(out: &mut String, mut n: u64) {
             break;
         }
     }
-    // ASCII digits: always text.
-    out.push_str(std::str::from_utf8(&digits[at..]).unwrap_or_default());
+    // Pushed one by one: no UTF-8 check of what are ASCII digits.
+    out.reserve(digits.len() - at);
+    for &digit in &digits[at..] {
+        out.push(char::from(digit));
+    }
 }
 
 impl KeyPart for str {
@@ -234,9 +237,11 @@ fn check(
     if value.is_empty() {
         return Err(KeyRule::Empty);
     }
-    if let Some(found) = value.chars().find(|c| !c.is_ascii() || !allowed(*c as u8)) {
+    // By bytes: every allowed character is ASCII, so the first byte refused starts the first
+    // character refused.
+    if let Some(at) = value.bytes().position(|b| !allowed(b)) {
         return Err(KeyRule::Charset {
-            found,
+            found: value[at..].chars().next().unwrap_or_default(),
             allowed: allowed_name,
         });
     }
@@ -839,6 +844,34 @@ mod tests {
             "contains ' ', only letters are allowed"
         );
         assert_eq!(KeyRule::Empty.to_string(), "is empty");
+    }
+
+    #[test]
+    fn the_first_character_refused_is_reported_whole() {
+        for (value, found) in [("ab c", ' '), ("é", 'é'), ("a-日本", '日'), ("x🦀", '🦀')]
+        {
+            let err = redguard_key(value).unwrap_err();
+            let rule = KeyRule::Charset {
+                found,
+                allowed: PART_CHARS,
+            };
+            assert!(
+                matches!(&err, Error::InvalidKey { rule: r, .. } if *r == rule),
+                "{value}: {err:?}"
+            );
+        }
+        assert!(check("a:b", 10, is_text_byte, TEXT_CHARS).is_ok());
+        assert_eq!(
+            check("a:é", 10, is_part_byte, PART_CHARS),
+            Err(KeyRule::Charset {
+                found: ':',
+                allowed: PART_CHARS
+            })
+        );
+    }
+
+    fn redguard_key(value: &str) -> Result<KeyBody> {
+        crate::key("k:{v}").part("v", value).finish()
     }
 
     fn part(value: &dyn Fn(&mut String)) -> Result<KeyBody> {

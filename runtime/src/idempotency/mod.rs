@@ -35,6 +35,7 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
+use crate::telemetry::Value;
 
 pub use self::batch::{Batch, BatchOutcome, MAX_BATCH, MAX_BATCH_CONCURRENCY};
 pub use self::builder::{Detached, Idempotency};
@@ -55,8 +56,14 @@ pub const DEFAULT_IDEMPOTENCY_SCOPE: &str = "idempotency";
 
 fn record_outcome(scope: &str, outcome: &'static str) {
     crate::trace::record("outcome", outcome);
-    metrics::counter!("redguard_idempotency_total", "scope" => scope.to_owned(), "outcome" => outcome)
-        .increment(1);
+    crate::telemetry::counter(
+        "redguard_idempotency_total",
+        [
+            ("scope", Value::Text(scope)),
+            ("outcome", Value::Static(outcome)),
+        ],
+    )
+    .increment(1);
 }
 
 /// SHA-256 of the JSON serialization, first 128 bits as hex.

@@ -14,6 +14,7 @@ use crate::error::{BackendError, Error, Result};
 use crate::handle::Redguard;
 use crate::key::{GuardKind, Key};
 use crate::store::{Acquire, LockAcquire, LockWatch};
+use crate::telemetry::Value;
 use crate::undo::{Compensate, Undo};
 use crate::values::{LockKind, Replicas};
 
@@ -291,12 +292,11 @@ async fn acquire_traced(
 }
 
 fn record(scope: &metrics::SharedString, outcome: &'static str, waited: Duration) {
-    metrics::counter!(
+    crate::telemetry::counter(
         "redguard_lock_acquire_total",
-        "scope" => scope.clone(),
-        "outcome" => outcome,
+        [("scope", scope.into()), ("outcome", Value::Static(outcome))],
     )
     .increment(1);
-    metrics::histogram!("redguard_lock_wait_seconds", "scope" => scope.clone())
+    crate::telemetry::histogram("redguard_lock_wait_seconds", [("scope", scope.into())])
         .record(waited.as_secs_f64());
 }

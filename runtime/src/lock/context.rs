@@ -67,7 +67,12 @@ pub(super) fn owner_for(key: &Key) -> (String, u32) {
 
 /// A random owner token.
 pub(super) fn new_owner() -> String {
-    uuid::Uuid::new_v4().simple().to_string()
+    // Encoded into a buffer: `to_string` would go through `fmt`, for 32 hex digits.
+    let mut hex = [0; uuid::fmt::Simple::LENGTH];
+    uuid::Uuid::new_v4()
+        .simple()
+        .encode_lower(&mut hex)
+        .to_owned()
 }
 
 /// Runs a locked future with its task context (fence, levels held) in place.
@@ -91,4 +96,22 @@ pub(super) async fn with_context<F: Future>(
         held: Arc::new(held),
     };
     CONTEXT.scope(cx, work).await
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn owner_tokens_are_32_lowercase_hex_digits_and_differ() {
+        let (a, b) = (super::new_owner(), super::new_owner());
+        for token in [&a, &b] {
+            assert_eq!(token.len(), 32, "{token}");
+            assert!(
+                token
+                    .bytes()
+                    .all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f')),
+                "{token}"
+            );
+        }
+        assert_ne!(a, b);
+    }
 }

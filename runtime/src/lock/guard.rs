@@ -301,8 +301,11 @@ impl Held {
     }
 
     fn record_hold(&self) {
-        metrics::histogram!("redguard_lock_held_seconds", "scope" => self.spec.scope.clone())
-            .record(self.acquired_at.elapsed().as_secs_f64());
+        crate::telemetry::histogram(
+            "redguard_lock_held_seconds",
+            [("scope", (&self.spec.scope).into())],
+        )
+        .record(self.acquired_at.elapsed().as_secs_f64());
     }
 
     fn not_owner(&self, key: &Key) {

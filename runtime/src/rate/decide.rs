@@ -11,6 +11,7 @@ use crate::error::{Error, Result};
 use crate::handle::Redguard;
 use crate::key::{GuardKind, Key};
 use crate::store::{RateCheck, RateMode};
+use crate::telemetry::Value;
 use crate::values::{Decision, Limit};
 
 /// Checks `limits`; when rejected and some limit may wait, waits in arrival order until they
@@ -192,18 +193,22 @@ async fn decide_traced<'a>(
                 // Admitted by this limit, turned away by another: not charged.
                 (false, true) => "not_charged",
             };
-            metrics::counter!(
+            crate::telemetry::counter(
                 "redguard_rate_decisions_total",
-                "scope" => scope.clone(),
-                "limit" => crate::telemetry::limit_label(i),
-                "outcome" => result,
+                [
+                    ("scope", scope.into()),
+                    ("limit", Value::Static(crate::telemetry::limit_label(i))),
+                    ("outcome", Value::Static(result)),
+                ],
             )
             .increment(1);
             if allowed && decision.allowed && decision.remaining < r.near_limit {
-                metrics::counter!(
+                crate::telemetry::counter(
                     "redguard_rate_near_limit_total",
-                    "scope" => scope.clone(),
-                    "limit" => crate::telemetry::limit_label(i),
+                    [
+                        ("scope", scope.into()),
+                        ("limit", Value::Static(crate::telemetry::limit_label(i))),
+                    ],
                 )
                 .increment(1);
                 tracing::Span::current().record("near_limit", true);
@@ -266,11 +271,18 @@ fn local_rejection(handle: &Redguard, limits: &[Resolved<'_>]) -> Option<Vec<Dec
             .zip(known)
             .enumerate()
             .map(|(i, (r, known))| {
-                metrics::counter!(
+                let outcome = if known.is_some() {
+                    "rejected_local"
+                } else {
+                    "not_charged"
+                };
+                crate::telemetry::counter(
                     "redguard_rate_decisions_total",
-                    "scope" => r.scope.clone(),
-                    "limit" => crate::telemetry::limit_label(i),
-                    "outcome" => if known.is_some() { "rejected_local" } else { "not_charged" },
+                    [
+                        ("scope", r.scope.into()),
+                        ("limit", Value::Static(crate::telemetry::limit_label(i))),
+                        ("outcome", Value::Static(outcome)),
+                    ],
                 )
                 .increment(1);
                 known.unwrap_or_else(|| Decision::degraded(r.limit.burst, r.limit.window()))

@@ -357,7 +357,7 @@ impl Limiter {
         let (handle, resolved) = self.resolve_alone()?;
         let limits = std::slice::from_ref(&resolved);
         let decision = single(enforce_resolved(&handle, limits, &[self.wait]).await?)?;
-        Ok((handle, decision, resolved.key, resolved.limit))
+        Ok((handle.into_owned(), decision, resolved.key, resolved.limit))
     }
 
     /// Bounded waiting allowed by this limit (see [`wait`](Limiter::wait)).
@@ -366,10 +366,12 @@ impl Limiter {
     }
 
     /// This limit on its own handle (or the current one), ready for the store.
-    fn resolve_alone(&self) -> Result<(Redguard, Resolved<'_>)> {
+    fn resolve_alone(&self) -> Result<(Cow<'_, Redguard>, Resolved<'_>)> {
+        // Borrowed when set: a clone per check is two atomic writes to one cache line that
+        // every thread checking on this handle shares.
         let handle = match &self.handle {
-            Some(handle) => handle.clone(),
-            None => Redguard::current()?,
+            Some(handle) => Cow::Borrowed(handle),
+            None => Cow::Owned(Redguard::current()?),
         };
         let resolved = self.resolve(&handle)?;
         Ok((handle, resolved))

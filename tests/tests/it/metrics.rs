@@ -67,8 +67,8 @@ fn kind_name(kind: MetricKind) -> &'static str {
     }
 }
 
-/// Metric names in `metrics::counter!("..")`-style calls of the runtime's source, with their
-/// kind.
+/// Metric names in `metrics::counter!("..")`-style calls of the runtime's source (and
+/// `telemetry::counter(".."`, its cached form), with their kind.
 fn emitted_in_source() -> BTreeMap<String, &'static str> {
     fn walk(dir: &Path, out: &mut BTreeMap<String, &'static str>) {
         for entry in std::fs::read_dir(dir).unwrap() {
@@ -81,6 +81,9 @@ fn emitted_in_source() -> BTreeMap<String, &'static str> {
                     ("counter!(", "counter"),
                     ("histogram!(", "histogram"),
                     ("gauge!(", "gauge"),
+                    // Its cached registration, for hot paths.
+                    ("telemetry::counter(", "counter"),
+                    ("telemetry::histogram(", "histogram"),
                 ] {
                     for (at, _) in text.match_indices(macro_name) {
                         let call = &text[at + macro_name.len()..];

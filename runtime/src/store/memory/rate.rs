@@ -209,6 +209,13 @@ fn sliding(log: Option<&VecDeque<LogEntry>>, limit: &Limit, now: u64) -> Sliding
     }
 }
 
+/// `n` in a `u64`, saturated: a decision's durations are whole µs in a `u64`, so a larger
+/// value (a debt of more than 584,000 years) reads the same, and a `u64` converts to `f64`
+/// in a few instructions where a `u128` takes a call of ~40.
+fn saturated(n: u128) -> u64 {
+    u64::try_from(n).unwrap_or(u64::MAX)
+}
+
 fn ceil_ms_us(us: f64) -> f64 {
     // The Redis store's TTLs are whole milliseconds, rounded up; mirror that.
     ((us / 1000.0).ceil().max(1.0)) * 1000.0
@@ -362,9 +369,9 @@ impl RateOps for MemoryStore {
                     Algorithm::Gcra | Algorithm::TokenBucket | Algorithm::LeakyBucket => {
                         let gcra = gcra(state, limit, micros(now_d));
                         allowed = gcra.commit.is_some();
-                        remaining = gcra.remaining as f64;
-                        reset = gcra.reset_ns.div_ceil(1000) as f64;
-                        retry = gcra.retry_ns.div_ceil(1000) as f64;
+                        remaining = saturated(gcra.remaining) as f64;
+                        reset = saturated(gcra.reset_ns.div_ceil(1000)) as f64;
+                        retry = saturated(gcra.retry_ns.div_ceil(1000)) as f64;
                         commit = gcra
                             .commit
                             .map(|(state, ttl_ns)| (Commit::Put(state), ttl_ns as f64 / 1000.0));
