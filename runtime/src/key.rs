@@ -9,6 +9,7 @@
 
 use std::borrow::Cow;
 use std::fmt::{self, Write as _};
+use std::ops::Range;
 use std::rc::Rc;
 use std::sync::Arc;
 
@@ -90,22 +91,8 @@ unsigned_key_part!(u8, u16, u32, u64, usize);
 signed_key_part!(i8, i16, i32, i64, isize);
 
 /// `n` in decimal, as `Display` writes it.
-fn write_decimal(out: &mut String, mut n: u64) {
-    let mut digits = [0u8; 20];
-    let mut at = digits.len();
-    loop {
-        at -= 1;
-        digits[at] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    // Pushed one by one: no UTF-8 check of what are ASCII digits.
-    out.reserve(digits.len() - at);
-    for &digit in &digits[at..] {
-        out.push(char::from(digit));
-    }
+fn write_decimal(out: &mut String, n: u64) {
+    out.push_str(itoa::Buffer::new().format(n));
 }
 
 impl KeyPart for str {
@@ -231,7 +218,7 @@ fn is_text_byte(b: u8) -> bool {
 fn check(
     value: &str,
     max: usize,
-    allowed: fn(u8) -> bool,
+    allowed: impl Fn(u8) -> bool,
     allowed_name: &'static str,
 ) -> Result<(), KeyRule> {
     if value.is_empty() {
@@ -613,8 +600,15 @@ impl GuardKind {
 }
 
 /// A full store key, `<prefix>:<guard>:{<scope>:<body>}`, checked against [`MAX_KEY_LEN`].
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Key(String);
+#[derive(Debug, Clone)]
+pub struct Key {
+    /// Boxed, with the tag's bounds in `u32`: a key is as small as the `String` it was (24
+    /// bytes), and guards' states that hold several move no more.
+    text: Box<str>,
+    /// Where [`Key::hash_tag`] lies in `text` (start, end): found once, as the memory store's
+    /// shard pick and the Redis store's slot grouping read it on every call.
+    tag: [u32; 2],
+}
 
 impl Key {
     /// Assembles a key. `prefix` was validated when the handle was built; `scope` is checked
@@ -622,44 +616,99 @@ impl Key {
     pub(crate) fn new(prefix: &str, guard: GuardKind, scope: &str, body: &KeyBody) -> Result<Key> {
         check_name("scope", scope, MAX_SCOPE_LEN)?;
         let guard = guard.as_str();
-        let mut key =
+        let mut text =
             String::with_capacity(prefix.len() + guard.len() + scope.len() + body.0.len() + 5);
-        key.push_str(prefix);
-        key.push(':');
-        key.push_str(guard);
-        key.push_str(":{");
-        key.push_str(scope);
-        key.push(':');
-        key.push_str(&body.0);
-        key.push('}');
-        if key.len() > MAX_KEY_LEN {
+        text.push_str(prefix);
+        text.push(':');
+        text.push_str(guard);
+        text.push_str(":{");
+        let open = text.len();
+        text.push_str(scope);
+        text.push(':');
+        text.push_str(&body.0);
+        let close = text.len();
+        text.push('}');
+        if text.len() > MAX_KEY_LEN {
             return Err(Error::InvalidKey {
                 part: "key".to_owned(),
                 rule: KeyRule::TooLong {
-                    len: key.len(),
+                    len: text.len(),
                     max: MAX_KEY_LEN,
                 },
             });
         }
-        Ok(Key(key))
+        // No part holds a brace (each was checked against a charset without them): the tag
+        // is the braces written here.
+        debug_assert_eq!(hash_tag(&text), tag(open..close), "{text}");
+        // Of its exact capacity: boxed without a copy.
+        Ok(Key {
+            text: text.into_boxed_str(),
+            tag: tag(open..close),
+        })
     }
 
     /// A key as read back from the store (a `SCAN`), or one an operator typed after
     /// `redguard::admin` checked it: not re-rendered.
     pub(crate) fn stored(key: impl Into<String>) -> Key {
-        Key(key.into())
+        let text: Box<str> = key.into().into_boxed_str();
+        let tag = hash_tag(&text);
+        Key { text, tag }
     }
 
     /// The key as sent to the store.
     pub fn as_str(&self) -> &str {
-        &self.0
+        &self.text
+    }
+
+    /// The part of the key Redis Cluster hashes to pick its slot: the text between the first
+    /// `{` and the next `}` when that is not empty, else the whole key. Keys with the same
+    /// tag share a slot (and a shard of the memory store).
+    pub(crate) fn hash_tag(&self) -> &str {
+        let [start, end] = self.tag.map(|at| at as usize);
+        &self.text[start..end]
     }
 
     /// A companion key of the same guard state (e.g. a lock's fencing counter): `suffix`
     /// goes after the hash tag, so both keys land in the same Redis Cluster slot.
     pub(crate) fn companion(&self, suffix: &str) -> Key {
         // Not `format!`: its machinery costs more than the copy, once per check.
-        Key(join(&[&self.0, ":", suffix]))
+        Key {
+            text: join(&[&self.text, ":", suffix]).into_boxed_str(),
+            tag: self.tag,
+        }
+    }
+}
+
+/// Where the hash tag of `key` lies, as Redis Cluster finds it.
+fn hash_tag(key: &str) -> [u32; 2] {
+    // By bytes: `str`'s char searcher costs more than these keys' length.
+    let open = key.bytes().position(|b| b == b'{');
+    open.and_then(|open| {
+        let close = key[open + 1..].bytes().position(|b| b == b'}')?;
+        Some(open + 1..open + 1 + close)
+    })
+    .filter(|tag| !tag.is_empty())
+    .map_or_else(|| tag(0..key.len()), tag)
+}
+
+/// A range of a key in `u32`: Redis keeps no key over 512 MB.
+fn tag(range: Range<usize>) -> [u32; 2] {
+    let at = |n: usize| u32::try_from(n).expect("a key under 4 GiB");
+    [at(range.start), at(range.end)]
+}
+
+// By the text alone: the tag is a function of it.
+impl PartialEq for Key {
+    fn eq(&self, other: &Key) -> bool {
+        self.text == other.text
+    }
+}
+
+impl Eq for Key {}
+
+impl std::hash::Hash for Key {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.text.hash(state);
     }
 }
 
@@ -672,7 +721,7 @@ pub(crate) fn join(parts: &[&str]) -> String {
 
 impl fmt::Display for Key {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(&self.text)
     }
 }
 
@@ -943,6 +992,21 @@ mod tests {
             .finish()
             .unwrap_err();
         assert!(matches!(err, Error::InvalidKey { part, .. } if part == "a"));
+    }
+
+    #[test]
+    fn the_hash_tag_is_read_as_redis_cluster_reads_it() {
+        let tag = |key: &str| Key::stored(key).hash_tag().to_owned();
+        assert_eq!(tag("a{b}{c}"), "b");
+        assert_eq!(tag("a:{}:b"), "a:{}:b");
+        assert_eq!(tag("a}{b"), "a}{b");
+        assert_eq!(tag("no tag"), "no tag");
+        assert_eq!(tag("x{y:z}:fence"), "y:z");
+        let body = render("sku.1").unwrap();
+        let key = Key::new("redguard", GuardKind::Lock, "app::f", &body).unwrap();
+        assert_eq!(key.hash_tag(), format!("app::f:{}", body.as_str()));
+        assert_eq!(key.companion("fence").hash_tag(), key.hash_tag());
+        assert_eq!(Key::stored(key.as_str()), key);
     }
 
     #[test]

@@ -158,12 +158,14 @@ impl Limiter {
     /// The key's scope: the operation it limits, so equal keys of unrelated limits do not
     /// meet. A `&'static str` or a `String`; default `limiter` (`#[rate_limit]` uses the fn's
     /// path).
+    #[inline]
     pub fn scope(mut self, scope: impl Into<Cow<'static, str>>) -> Self {
         self.scope = crate::telemetry::shared(scope.into());
         self
     }
 
     /// The rate (required): a [`Rate`] or text such as `"100/s"`.
+    #[inline]
     pub fn rate(mut self, rate: impl IntoRate) -> Self {
         self.rate = Some(rate.into_rate().map_err(|err| err.to_string()));
         self
@@ -194,18 +196,21 @@ impl Limiter {
     /// assert_eq!(first_second(rg.limiter("outgoing").rate("10/s").burst(1)).await, 10);
     /// # Ok(()) }
     /// ```
+    #[inline]
     pub fn burst(mut self, burst: u64) -> Self {
         self.burst = Some(burst);
         self
     }
 
     /// The algorithm (default [`Algorithm::Gcra`]).
+    #[inline]
     pub fn algorithm(mut self, algorithm: Algorithm) -> Self {
         self.algorithm = algorithm;
         self
     }
 
     /// Units this call consumes (default 1); more than the burst is [`Error::InvalidLimit`].
+    #[inline]
     pub fn cost(mut self, cost: u64) -> Self {
         self.cost = cost;
         self
@@ -213,6 +218,7 @@ impl Limiter {
 
     /// Penalty: once the key exceeds its limit, reject it for `block` without counting. A
     /// limit configured without a penalty ignores one set under an earlier configuration.
+    #[inline]
     pub fn block(mut self, block: Duration) -> Self {
         self.block = block;
         self
@@ -246,6 +252,7 @@ impl Limiter {
     /// assert!(start.elapsed() >= Duration::from_millis(1900)); // and none early
     /// # Ok(()) }
     /// ```
+    #[inline]
     pub fn wait(mut self, wait: Duration) -> Self {
         self.wait = wait;
         self
@@ -254,6 +261,7 @@ impl Limiter {
     /// The in-process first tier: once the store rejected this key, reject further calls
     /// (of at least that cost) locally until its `retry_after`, without a round trip. It only
     /// repeats the store's own rejections, so it never admits more than the store would.
+    #[inline]
     pub fn local(mut self, local: bool) -> Self {
         self.local = local;
         self
@@ -275,6 +283,7 @@ impl Limiter {
     /// assert!(d.allowed && d.remaining == 0);
     /// # Ok(()) }).await }
     /// ```
+    #[inline]
     pub fn shadow(mut self, shadow: bool) -> Self {
         self.shadow = shadow;
         self
@@ -291,12 +300,14 @@ impl Limiter {
     /// api.check().await?; // 99 left: no signal; at 9 left, each call is counted
     /// # Ok(()) }).await }
     /// ```
+    #[inline]
     pub fn near_limit(mut self, threshold: u64) -> Self {
         self.near_limit = threshold;
         self
     }
 
     /// Runs on `handle` instead of the current one.
+    #[inline]
     pub fn on(mut self, handle: &Redguard) -> Self {
         self.handle = Some(handle.clone());
         self

@@ -136,20 +136,6 @@ fn spread(seed: u64, bytes: &[u8]) -> u64 {
     h ^ (h >> 31)
 }
 
-/// The part of `key` that picks its shard: its hash tag, as Redis Cluster reads one (the
-/// text between the first `{` and the next `}`, when not empty), or the whole key.
-fn hash_tag(key: &str) -> &str {
-    // By bytes: `str`'s char searcher costs more than these keys' length.
-    let open = key.bytes().position(|b| b == b'{');
-    open.and_then(|open| {
-        let rest = &key[open + 1..];
-        let close = rest.bytes().position(|b| b == b'}')?;
-        Some(&rest[..close])
-    })
-    .filter(|tag| !tag.is_empty())
-    .unwrap_or(key)
-}
-
 impl MemoryStore {
     /// An empty store on the system clock.
     pub fn new() -> Self {
@@ -166,7 +152,7 @@ impl MemoryStore {
 
     /// Which shard holds `key`.
     fn shard_of(&self, key: &Key) -> usize {
-        (spread(self.tables.seed, hash_tag(key.as_str()).as_bytes()) % SHARDS as u64) as usize
+        (spread(self.tables.seed, key.hash_tag().as_bytes()) % SHARDS as u64) as usize
     }
 
     /// Locks shard `index`.
@@ -245,9 +231,6 @@ mod tests {
                 "{companion}"
             );
         }
-        assert_eq!(hash_tag("a:{}:b"), "a:{}:b");
-        assert_eq!(hash_tag("a{b}{c}"), "b");
-        assert_eq!(hash_tag("no tag"), "no tag");
     }
 
     #[test]

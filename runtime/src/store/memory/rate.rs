@@ -372,9 +372,9 @@ impl RateOps for MemoryStore {
                         remaining = saturated(gcra.remaining) as f64;
                         reset = saturated(gcra.reset_ns.div_ceil(1000)) as f64;
                         retry = saturated(gcra.retry_ns.div_ceil(1000)) as f64;
-                        commit = gcra
-                            .commit
-                            .map(|(state, ttl_ns)| (Commit::Put(state), ttl_ns as f64 / 1000.0));
+                        commit = gcra.commit.map(|(state, ttl_ns)| {
+                            (Commit::Put(state), saturated(ttl_ns) as f64 / 1000.0)
+                        });
                     }
                     Algorithm::FixedWindow => {
                         let win = (now / period).floor();

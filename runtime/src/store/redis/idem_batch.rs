@@ -5,7 +5,6 @@ use redis::Value;
 
 use super::idem::{bytes, corrupt, millis, unrecognised};
 use super::lua::{Lua, lua};
-use super::rate::hash_tag;
 use super::{RedisStore, evalsha};
 use crate::error::{BackendError, Error, Result, StoreFailure};
 use crate::key::Key;
@@ -34,10 +33,10 @@ impl RedisStore {
         let mut groups: Vec<Vec<usize>> = Vec::new();
         if self.is_cluster() {
             for (i, begin) in begins.iter().enumerate() {
-                let tag = hash_tag(begin.key);
+                let tag = begin.key.hash_tag();
                 match groups
                     .iter_mut()
-                    .find(|group| hash_tag(begins[group[0]].key) == tag)
+                    .find(|group| begins[group[0]].key.hash_tag() == tag)
                 {
                     Some(group) => group.push(i),
                     None => groups.push(vec![i]),

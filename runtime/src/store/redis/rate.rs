@@ -22,14 +22,6 @@ pub(super) fn scripts() -> Vec<&'static Lua> {
 /// in the same slot as the state key.
 const BLOCK_SUFFIX: &str = ":block";
 
-/// The `{...}` hash tag of a key: keys with the same tag share a Cluster slot.
-pub(super) fn hash_tag(key: &Key) -> &str {
-    let key = key.as_str();
-    key.find('{')
-        .and_then(|open| Some((open, key[open..].find('}')? + open)))
-        .map_or(key, |(open, close)| &key[open..=close])
-}
-
 #[async_trait]
 impl RateOps for RedisStore {
     /// On a Cluster, limits in different slots cannot share a script. They are then decided
@@ -51,10 +43,10 @@ impl RateOps for RedisStore {
         if !self.is_cluster() {
             return self.rate_check_slot(checks, Phase::from(mode)).await;
         }
-        let first_tag = checks.first().map(|check| hash_tag(check.key));
+        let first_tag = checks.first().map(|check| check.key.hash_tag());
         let one_slot = checks
             .iter()
-            .all(|check| Some(hash_tag(check.key)) == first_tag);
+            .all(|check| Some(check.key.hash_tag()) == first_tag);
         if one_slot {
             return self.rate_check_slot(checks, Phase::from(mode)).await;
         }
@@ -62,7 +54,7 @@ impl RateOps for RedisStore {
         for check in checks {
             match groups
                 .iter_mut()
-                .find(|group| hash_tag(group[0].key) == hash_tag(check.key))
+                .find(|group| group[0].key.hash_tag() == check.key.hash_tag())
             {
                 Some(group) => group.push(*check),
                 None => groups.push(vec![*check]),
