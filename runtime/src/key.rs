@@ -665,7 +665,7 @@ impl Key {
     /// tag share a slot (and a shard of the memory store).
     pub(crate) fn hash_tag(&self) -> &str {
         let [start, end] = self.tag.map(|at| at as usize);
-        &self.text[start..end]
+        self.text.get(start..end).unwrap_or(&self.text)
     }
 
     /// A companion key of the same guard state (e.g. a lock's fencing counter): `suffix`
@@ -691,10 +691,13 @@ fn hash_tag(key: &str) -> [u32; 2] {
     .map_or_else(|| tag(0..key.len()), tag)
 }
 
-/// A range of a key in `u32`: Redis keeps no key over 512 MB.
+/// A range of a key in `u32`. Redis keeps no key over 512 MB; a longer text (never read from
+/// a store) gets a range [`Key::hash_tag`] refuses, and so hashes whole.
 fn tag(range: Range<usize>) -> [u32; 2] {
-    let at = |n: usize| u32::try_from(n).expect("a key under 4 GiB");
-    [at(range.start), at(range.end)]
+    match (u32::try_from(range.start), u32::try_from(range.end)) {
+        (Ok(start), Ok(end)) => [start, end],
+        _ => [u32::MAX, 0],
+    }
 }
 
 // By the text alone: the tag is a function of it.
@@ -1007,6 +1010,12 @@ mod tests {
         assert_eq!(key.hash_tag(), format!("app::f:{}", body.as_str()));
         assert_eq!(key.companion("fence").hash_tag(), key.hash_tag());
         assert_eq!(Key::stored(key.as_str()), key);
+        // A range past `u32` (a text over 4 GiB) reads as the whole key, without a panic.
+        let past = Key {
+            text: "a{b}".into(),
+            tag: super::tag(1..u32::MAX as usize + 1),
+        };
+        assert_eq!(past.hash_tag(), "a{b}");
     }
 
     #[test]
