@@ -639,11 +639,12 @@ impl Key {
         }
         // No part holds a brace (each was checked against a charset without them): the tag
         // is the braces written here.
-        debug_assert_eq!(hash_tag(&text), tag(open..close), "{text}");
+        let tag = tag(open..close);
+        debug_assert_eq!(hash_tag(&text), tag, "{text}");
         // Of its exact capacity: boxed without a copy.
         Ok(Key {
             text: text.into_boxed_str(),
-            tag: tag(open..close),
+            tag,
         })
     }
 
