@@ -10,7 +10,7 @@ use super::target::{Backend, Target, Topology};
 use crate::clock::Clock;
 use crate::error::{Error, Result};
 use crate::key::{GuardKind, check_name};
-use crate::store::{MemoryStore, Options, RedisStore, RedisTarget, Store};
+use crate::store::{EvictionCheck, MemoryStore, Options, RedisStore, RedisTarget, Store};
 
 /// Default bound on every store call.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(250);
@@ -182,6 +182,16 @@ impl<T: Topology> Builder<T> {
             GuardKind::Lock => self.settings.lock = mode,
             GuardKind::RateLimit => self.settings.rate_limit = mode,
         }
+        self
+    }
+
+    /// What [`connect`](Builder::connect) does when the Redis server may evict guard keys
+    /// (a `maxmemory` with any `maxmemory-policy` but `noeviction`; see [`Eviction`]): warn
+    /// (the default) or refuse. The in-process store evicts nothing.
+    ///
+    /// [`Eviction`]: crate::handle::Eviction
+    pub fn eviction_check(mut self, check: EvictionCheck) -> Self {
+        self.options.eviction = check;
         self
     }
 

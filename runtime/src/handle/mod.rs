@@ -24,7 +24,7 @@ pub use self::current::spawn;
 #[cfg(feature = "sentinel")]
 pub use self::target::Sentinel;
 pub use self::target::{Target, Topology};
-pub use crate::store::{Health, StoreKind};
+pub use crate::store::{Eviction, EvictionCheck, Health, StoreKind};
 
 /// A store and its settings: the entry point of the runtime.
 ///

@@ -96,6 +96,7 @@ pub trait Store:
             kind: self.kind(),
             round_trip: started.elapsed(),
             server: None,
+            eviction: None,
         })
     }
 }
@@ -150,6 +151,79 @@ pub struct Health {
     /// The server that answered, as `INFO server` names it (`"Redis 7.2.4"`); `None` for the
     /// in-process store, or when the user may not run `INFO`.
     pub server: Option<String>,
+    /// The server's eviction setting, read now (on a Cluster: the first node that may evict
+    /// guard keys, else any); `None` for the in-process store, or when the user may not run
+    /// `INFO`.
+    pub eviction: Option<Eviction>,
+}
+
+/// A Redis server's memory eviction setting, as `INFO memory` shows it.
+///
+/// When Redis reaches `maxmemory` it evicts keys by `maxmemory-policy`: `allkeys-*` any key,
+/// `volatile-*` any key with a TTL — and every key redguard writes has one. An evicted lock
+/// lets a second holder in, an evicted fence counter starts again lower (fences stay above
+/// Redis's clock in µs, but no longer above every fence handed out), an evicted SUCCESS
+/// record runs a payment twice. Only `noeviction` (writes refused with an error at the
+/// limit, which the guards' fail modes handle) or no `maxmemory` keeps them: give redguard a
+/// Redis of its own with that setting when the application's caches need eviction.
+///
+/// ```
+/// use redguard::handle::Eviction;
+///
+/// let safe = Eviction::new("noeviction", 1 << 30);
+/// assert!(!safe.may_evict_guard_keys());
+/// assert!(Eviction::new("volatile-lru", 1 << 30).may_evict_guard_keys());
+/// assert!(!Eviction::new("allkeys-lru", 0).may_evict_guard_keys()); // no limit set
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Eviction {
+    /// `maxmemory-policy`: `noeviction`, `allkeys-lru`, `volatile-ttl`, …
+    pub policy: String,
+    /// `maxmemory` in bytes; `0` is no limit (on 64-bit servers), so nothing is evicted.
+    pub maxmemory: u64,
+}
+
+impl Eviction {
+    /// The setting `policy` with `maxmemory` bytes.
+    pub fn new(policy: impl Into<String>, maxmemory: u64) -> Eviction {
+        Eviction {
+            policy: policy.into(),
+            maxmemory,
+        }
+    }
+
+    /// Whether the server may evict guard keys when it is full: a `maxmemory` set with any
+    /// policy but `noeviction`.
+    pub fn may_evict_guard_keys(&self) -> bool {
+        self.maxmemory != 0 && self.policy != "noeviction"
+    }
+}
+
+/// What [`connect`](crate::handle::Builder::connect) does when the server
+/// [may evict guard keys](Eviction::may_evict_guard_keys) (set with
+/// [`Builder::eviction_check`](crate::handle::Builder::eviction_check)). A server whose
+/// user may not run `INFO` is not checked.
+///
+/// ```no_run
+/// # async fn run() -> redguard::Result<()> {
+/// use redguard::{Redguard, handle::EvictionCheck};
+///
+/// // A payment service: better no service than a lock that may vanish.
+/// let rg = Redguard::redis("redis://127.0.0.1:6379/")
+///     .eviction_check(EvictionCheck::Refuse)
+///     .connect()
+///     .await?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum EvictionCheck {
+    /// Connect, and log a warning naming the setting and the fix (the default).
+    #[default]
+    Warn,
+    /// Refuse to connect: [`Error::Config`](crate::Error::Config) naming the setting.
+    Refuse,
 }
 
 impl fmt::Display for StoreKind {

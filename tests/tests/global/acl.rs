@@ -9,7 +9,7 @@ use redguard_tests::RedisServer;
 /// The guide's line ("Redis Cluster, TLS, restricted users"); `the_guide_shows_these_acls`
 /// checks it is the one shown.
 const ACL: &str = "on >secret ~redguard:* resetchannels &redguard:* -@all \
-    +evalsha +eval +script|load +time +ping +hello +psubscribe +punsubscribe \
+    +evalsha +eval +script|load +time +ping +hello +info +psubscribe +punsubscribe \
     +set +get +del +exists +type +hget +hset +hmget +hdel +hgetall +pexpire \
     +pexpiretime +pttl +publish +unlink +zadd +zcard +zcount +zrange +zrem +zremrangebyrank \
     +zremrangebyscore +zscore +wait";
@@ -245,6 +245,61 @@ async fn every_guard_works_under_the_documented_acl() {
         .query(&mut restricted);
     assert!(outside.is_err());
     server.assert_every_key_has_ttl();
+
+    // What an operator's readiness probe adds, and a second instance's connect.
+    for _ in 0..3 {
+        let health = rg.health().await.unwrap();
+        assert!(health.server.is_some(), "{health:?}");
+        assert_eq!(
+            health.eviction.map(|e| e.policy).as_deref(),
+            Some("noeviction")
+        );
+    }
+    restricted_to(&server, ACL).await;
+    // Only the test's own write outside the prefix was refused.
+    assert_denials(&server, &["other:key"]);
+}
+
+/// The entries of `ACL LOG` (each refused command, key or channel is one), as the refused
+/// object's names: what operators alert on.
+fn denials(server: &RedisServer) -> Vec<String> {
+    let log: Vec<std::collections::HashMap<String, redis::Value>> = redis::cmd("ACL")
+        .arg("LOG")
+        .query(&mut server.connection())
+        .unwrap();
+    log.iter()
+        .map(|entry| match entry.get("object") {
+            Some(redis::Value::BulkString(object)) => String::from_utf8_lossy(object).into_owned(),
+            other => format!("{other:?}"),
+        })
+        .collect()
+}
+
+#[track_caller]
+fn assert_denials(server: &RedisServer, expected: &[&str]) {
+    let found = denials(server);
+    assert_eq!(found, expected, "ACL LOG: {found:?}");
+}
+
+/// A user granted less than the documented line (no `INFO`) is sent nothing it may not run
+/// either: connect and `health` leave no `ACL LOG` entry, and the version check still runs
+/// (from a script).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_without_info_is_sent_nothing_it_may_not_run() {
+    let server = RedisServer::start();
+    let rg = restricted_to(&server, &ACL.replace(" +info ", " ")).await;
+    rg.lock("acl:noinfo")
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    for _ in 0..3 {
+        let health = rg.health().await.unwrap();
+        assert_eq!((health.server, health.eviction), (None, None));
+    }
+    assert_denials(&server, &[]);
 }
 
 /// The guide's lines ("Redis Sentinel"): on the data nodes the line above plus

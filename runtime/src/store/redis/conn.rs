@@ -38,6 +38,8 @@ pub(crate) struct RedisTarget {
 /// The settings of a Redis connection whatever its endpoint.
 #[derive(Debug, Default)]
 pub(crate) struct Options {
+    /// What connect does when the server may evict guard keys.
+    pub(crate) eviction: crate::store::EvictionCheck,
     /// PEM root certificate(s) to trust for TLS instead of the system's roots.
     #[cfg(feature = "tls")]
     pub(crate) tls_root_ca: Option<Vec<u8>>,

@@ -27,7 +27,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
 use redis::{FromRedisValue, RedisError, ServerErrorKind, ToRedisArgs};
 
-use super::{Health, Store, StoreKind};
+use super::{EvictionCheck, Health, Store, StoreKind};
 use crate::error::{BackendError, Error, Result, StoreFailure};
 use crate::key::Key;
 use crate::values::Replicas;
@@ -68,6 +68,9 @@ pub struct RedisStore {
     bus: Arc<lock::ReleaseBus>,
     /// Concurrent GCRA checks waiting to share a script call.
     gcra: Arc<gcra::Coalescer>,
+    /// Whether the user may run `INFO` (found at connect): [`Store::health`] sends it only
+    /// then, since every refused command is an `ACL LOG` entry.
+    info: bool,
     #[cfg(feature = "test-util")]
     test: test_util::TestHooks,
 }
@@ -91,13 +94,14 @@ impl RedisStore {
         connect_timeout: Duration,
     ) -> Result<Self> {
         let RedisTarget { endpoint, options } = target;
+        let eviction = options.eviction;
         #[cfg(feature = "tls")]
         let tls = options.tls_root_ca;
         #[cfg(not(feature = "tls"))]
         let tls = None;
         // Without `tls` and `test-util` there are no options.
         #[cfg(not(any(feature = "tls", feature = "test-util")))]
-        let Options {} = options;
+        let Options { .. } = options;
         let (conn, opener, source) = match endpoint {
             Endpoint::Existing(existing) => {
                 let opener = matches!(existing.conn, Conn::Single(_)).then(|| {
@@ -157,15 +161,21 @@ impl RedisStore {
             timeout,
             bus: Arc::new(lock::ReleaseBus::new(source, prefix)),
             gcra: Arc::default(),
+            info: true,
             #[cfg(feature = "test-util")]
             test: options.test,
         };
-        store.load_scripts(connect_timeout).await
+        store.load_scripts(connect_timeout, eviction).await
     }
 
-    /// Refuses an unsupported server (`server.rs`), then loads every script.
-    async fn load_scripts(self, connect_timeout: Duration) -> Result<Self> {
-        server::check(self.conn.clone(), connect_timeout).await?;
+    /// Refuses an unsupported server, and one that may evict guard keys when `eviction` says
+    /// so (`server.rs`), then loads every script.
+    async fn load_scripts(
+        mut self,
+        connect_timeout: Duration,
+        eviction: EvictionCheck,
+    ) -> Result<Self> {
+        self.info = server::check(self.conn.clone(), connect_timeout, eviction).await?;
         for script in all_scripts() {
             let mut conn = self.conn.clone();
             bounded("script_load", connect_timeout, async move {
@@ -556,8 +566,8 @@ impl Store for RedisStore {
         }
     }
 
-    /// `PING`, then `INFO server` for the version: a user without `+info` (the guide's
-    /// restricted one) is still healthy, with no version.
+    /// `PING`, then `INFO` for the version and the eviction setting, when the user may run
+    /// it (found at connect): a user without `+info` is still healthy, with neither.
     async fn health(&self) -> Result<Health> {
         let started = Instant::now();
         let mut conn = self.conn();
@@ -566,24 +576,18 @@ impl Store for RedisStore {
         })
         .await?;
         let round_trip = started.elapsed();
-        let mut conn = self.conn();
-        let info = bounded("info", self.timeout, async move {
-            redis::cmd("INFO")
-                .arg("server")
-                .query_async::<redis::Value>(&mut conn)
-                .await
-        })
-        .await;
-        let server = info.ok().and_then(|reply| {
-            server::info_texts(&reply)
-                .iter()
-                .find_map(|text| server::Server::from_info(text))
-                .map(|server| server.to_string())
-        });
+        let found = match self.info {
+            true => server::info(self.conn(), self.timeout)
+                .await?
+                .and_then(|reply| server::read_info(&reply).ok()),
+            false => None,
+        }
+        .unwrap_or_default();
         Ok(Health {
             kind: self.kind(),
             round_trip,
-            server,
+            server: found.server.map(|server| server.to_string()),
+            eviction: found.eviction,
         })
     }
 

@@ -1,6 +1,8 @@
-//! Which servers a store runs on: checked once at connect, from `INFO server`, so a server
-//! the scripts cannot run on is refused with its version named, instead of a guard that fails
-//! (and by default fails open) on every call. Nothing here runs per call.
+//! Which servers a store runs on, and whether they may evict its keys: checked once at
+//! connect, from `INFO`, so a server the scripts cannot run on is refused with its version
+//! named, instead of a guard that fails (and by default fails open) on every call, and a
+//! server that may evict guard keys is reported (or refused) before a lock or a record goes
+//! missing. Nothing here runs per call.
 //!
 //! Supported: Redis 6.2 and later, Valkey 7.2 and later (`redguard::guide::servers`). Valkey
 //! answers `redis_version:7.2.4` for compatibility and its own version as `valkey_version`.
@@ -12,6 +14,7 @@ use redis::Value;
 
 use super::{Conn, bounded};
 use crate::error::{BackendError, Error, Result};
+use crate::store::{Eviction, EvictionCheck};
 
 /// The oldest Redis the scripts run on: 6.2 added `SET … PXAT` and `ZRANGE … BYSCORE`, which
 /// they use; `PEXPIRETIME` (7.0) is replaced where missing (`expiry.lua`).
@@ -94,7 +97,52 @@ impl Server {
     }
 }
 
-/// Every `INFO server` text in `reply`: one from a node, or one per node (a Cluster
+/// The eviction setting an `INFO` text (its `memory` section) shows, or `None` when it shows
+/// none (a proxy's own `INFO`, a section left out).
+pub(crate) fn eviction_from_info(info: &str) -> Option<Eviction> {
+    let field = |name: &str| {
+        info.lines().find_map(|line| {
+            let (key, value) = line.split_once(':')?;
+            (key == name).then_some(value.trim())
+        })
+    };
+    Some(Eviction {
+        policy: field("maxmemory_policy")?.to_owned(),
+        maxmemory: field("maxmemory")?.parse().ok()?,
+    })
+}
+
+/// What one `INFO` reply says: the servers' versions checked, and the eviction setting of
+/// the node most likely to lose guard keys (on a Cluster: the first that may evict any).
+#[derive(Debug, Default)]
+pub(crate) struct Found {
+    pub(crate) server: Option<Server>,
+    pub(crate) eviction: Option<Eviction>,
+}
+
+/// Reads `reply` (to `INFO`): `Err` naming the first unsupported server, else what it found.
+/// A reply that names no server (a proxy answering its own `INFO`) is let through: the
+/// scripts loaded next are the test that counts.
+pub(crate) fn read_info(reply: &Value) -> Result<Found> {
+    let mut found = Found::default();
+    for text in info_texts(reply) {
+        if let Some(server) = Server::from_info(&text) {
+            server.check()?;
+            found.server.get_or_insert(server);
+        }
+        if let Some(eviction) = eviction_from_info(&text)
+            && !found
+                .eviction
+                .as_ref()
+                .is_some_and(Eviction::may_evict_guard_keys)
+        {
+            found.eviction = Some(eviction);
+        }
+    }
+    Ok(found)
+}
+
+/// Every `INFO` text in `reply`: one from a node, or one per node (a Cluster
 /// connection asks every master and answers a map of address to text).
 pub(crate) fn info_texts(reply: &Value) -> Vec<String> {
     match reply {
@@ -106,66 +154,116 @@ pub(crate) fn info_texts(reply: &Value) -> Vec<String> {
     }
 }
 
-/// Refuses an unsupported server behind `conn`: from `INFO server`, or, where `INFO` is not
-/// granted (the guide's restricted user has no `+info`) or renamed, from what a script sees.
-pub(crate) async fn check(mut conn: Conn, timeout: Duration) -> Result<()> {
-    let info = {
-        let mut conn = conn.clone();
-        bounded("info", timeout, async move {
-            redis::cmd("INFO")
-                .arg("server")
-                .query_async::<Value>(&mut conn)
-                .await
-        })
-        .await
-    };
-    match info {
-        Ok(reply) => check_info(&reply),
-        Err(Error::Backend(BackendError::Failed { .. })) => {
-            let probe: Vec<String> = bounded("info", timeout, async move {
-                redis::cmd("EVAL")
-                    .arg(PROBE)
-                    .arg(0)
-                    .query_async(&mut conn)
-                    .await
-            })
-            .await?;
-            match probe.as_slice() {
-                [version, ..] if !version.is_empty() => match Version::parse(version) {
-                    Some(version) => Server::Redis(version).check(),
-                    None => Ok(()),
-                },
-                [_, getdel] if getdel.contains("Unknown Redis command") => {
-                    Err(Error::Config(format!(
-                        "the server is Redis older than 6.2 (it has no GETDEL), and redguard \
-                         needs Redis {}.{} or later, or Valkey 7.2 or later (see \
-                         redguard::guide::servers)",
-                        OLDEST_REDIS.0, OLDEST_REDIS.1
-                    )))
-                }
-                _ => Ok(()),
-            }
-        }
+/// `INFO` (its default sections, `server` and `memory` among them) behind `conn`: `None`
+/// when the user may not run it (an ACL without `+info`) or it is renamed away.
+pub(crate) async fn info(mut conn: Conn, timeout: Duration) -> Result<Option<Value>> {
+    match bounded("info", timeout, async move {
+        redis::cmd("INFO").query_async::<Value>(&mut conn).await
+    })
+    .await
+    {
+        Ok(reply) => Ok(Some(reply)),
+        Err(Error::Backend(BackendError::Failed { .. })) => Ok(None),
         Err(other) => Err(other),
+    }
+}
+
+/// Refuses an unsupported server behind `conn`, and one that may evict guard keys when
+/// `eviction` says so; answers whether the user may run `INFO` (so [`health`] asks it again
+/// only then). A command the ACL refuses is an `ACL LOG` entry, which operators alert on, so
+/// nothing is sent that the user may not run: a script (`EVAL` is granted to any user the
+/// guards work for) says first whether `INFO` is granted, where the server can tell (7.0+),
+/// and the version. `INFO` then names the server (Valkey as itself) and its eviction
+/// setting; without it, the version is the script's and the eviction setting is unknown.
+///
+/// [`health`]: crate::store::Store::health
+pub(crate) async fn check(conn: Conn, timeout: Duration, eviction: EvictionCheck) -> Result<bool> {
+    let probe = probe(conn.clone(), timeout).await?;
+    let reply = match probe.info {
+        true => info(conn, timeout).await?,
+        false => None,
+    };
+    let Some(reply) = reply else {
+        probe.check()?;
+        return Ok(false);
+    };
+    let found = read_info(&reply)?;
+    if let Some(setting) = found.eviction.filter(Eviction::may_evict_guard_keys) {
+        let message = format!(
+            "the server may evict guard keys: maxmemory-policy is {} with maxmemory {} bytes, \
+             so a lock, a fence counter or an idempotency record can vanish under memory \
+             pressure (a second holder, a payment run twice); set maxmemory-policy to \
+             noeviction, or give redguard a Redis of its own that has it (see \
+             redguard::guide::servers)",
+            setting.policy, setting.maxmemory
+        );
+        match eviction {
+            EvictionCheck::Refuse => return Err(Error::Config(message)),
+            EvictionCheck::Warn => tracing::warn!(
+                policy = %setting.policy,
+                maxmemory = setting.maxmemory,
+                "{message}"
+            ),
+        }
+    }
+    Ok(true)
+}
+
+/// What a script sees of the server: [`PROBE`]'s answer.
+struct Probe {
+    /// `redis.REDIS_VERSION` (7.0+; Valkey's Redis-compatible one), or empty.
+    version: String,
+    /// The error `GETDEL` without arguments gave: unknown before 6.2.
+    getdel: String,
+    /// Whether the user may run `INFO`: asked with `redis.acl_check_cmd` (7.0+), which
+    /// logs nothing; assumed on 6.2, which cannot tell.
+    info: bool,
+}
+
+async fn probe(mut conn: Conn, timeout: Duration) -> Result<Probe> {
+    let (version, getdel, info): (String, String, i64) = bounded("info", timeout, async move {
+        redis::cmd("EVAL")
+            .arg(PROBE)
+            .arg(0)
+            .query_async(&mut conn)
+            .await
+    })
+    .await?;
+    Ok(Probe {
+        version,
+        getdel,
+        info: info == 1,
+    })
+}
+
+impl Probe {
+    /// Refuses a server older than the oldest supported, as far as a script can tell.
+    fn check(&self) -> Result<()> {
+        if let Some(version) = Version::parse(&self.version) {
+            return Server::Redis(version).check();
+        }
+        if self.getdel.contains("Unknown Redis command") {
+            return Err(Error::Config(format!(
+                "the server is Redis older than 6.2 (it has no GETDEL), and redguard needs \
+                 Redis {}.{} or later, or Valkey 7.2 or later (see redguard::guide::servers)",
+                OLDEST_REDIS.0, OLDEST_REDIS.1
+            )));
+        }
+        Ok(())
     }
 }
 
 /// The version a script sees: `redis.REDIS_VERSION` (7.0+; Valkey's Redis-compatible one),
 /// else whether `GETDEL` (new in 6.2) exists: called without arguments it touches no key and
-/// needs no grant, failing for its arity where it exists and as unknown where not.
-const PROBE: &str = "return { redis.REDIS_VERSION or '', redis.pcall('GETDEL').err or '' }";
-
-/// Refuses `reply` (to `INFO server`) unless every server in it is supported. A reply that
-/// names no server (a proxy answering its own `INFO`) is let through: the scripts loaded next
-/// are the test that counts.
-pub(crate) fn check_info(reply: &Value) -> Result<()> {
-    for text in info_texts(reply) {
-        if let Some(server) = Server::from_info(&text) {
-            server.check()?;
-        }
-    }
-    Ok(())
-}
+/// needs no grant, failing for its arity where it exists and as unknown where not. Then
+/// whether `INFO` is granted, where `redis.acl_check_cmd` (7.0+) can say without a log entry
+/// (a renamed `INFO` makes it raise: not granted).
+const PROBE: &str = "local info = 1 \
+    if redis.acl_check_cmd then \
+      local ok, granted = pcall(redis.acl_check_cmd, 'info') \
+      if not (ok and granted) then info = 0 end \
+    end \
+    return { redis.REDIS_VERSION or '', redis.pcall('GETDEL').err or '', info }";
 
 #[cfg(test)]
 mod tests {
@@ -224,8 +322,8 @@ mod tests {
             (Value::SimpleString("127.0.0.1:7000".into()), node("7.0.15")),
             (Value::SimpleString("127.0.0.1:7001".into()), node("6.0.9")),
         ]);
-        let err = check_info(&cluster).unwrap_err();
+        let err = read_info(&cluster).unwrap_err();
         assert!(err.to_string().contains("Redis 6.0.9"), "{err}");
-        assert!(check_info(&node("6.2.5")).is_ok());
+        assert!(read_info(&node("6.2.5")).is_ok());
     }
 }
