@@ -132,7 +132,7 @@ async fn decide_traced<'a>(
         }
     };
     let op = match mode {
-        RateMode::Consume => "rate_check",
+        RateMode::Consume | RateMode::Reserve(_) => "rate_check",
         RateMode::Peek => "rate_peek",
     };
     let outcome = handle.store().rate_check(checks, mode).await;
@@ -153,7 +153,7 @@ async fn decide_traced<'a>(
     // all-or-nothing call left uncharged, are charged now (a second call, only then).
     let refused_by_shadow =
         |d: &[Decision]| limits.iter().zip(d).all(|(r, d)| d.allowed || r.shadow);
-    if mode == RateMode::Consume
+    if mode.charges()
         && !outcome.allowed()
         && refused_by_shadow(&outcome.decisions)
         && limits.iter().any(|r| !r.shadow)
@@ -174,7 +174,7 @@ async fn decide_traced<'a>(
             }
         }
     }
-    if mode == RateMode::Consume {
+    if mode.charges() {
         let allowed = refused_by_shadow(&outcome.decisions);
         for (i, (r, decision)) in limits.iter().zip(&outcome.decisions).enumerate() {
             let (key, scope) = (&r.key, r.scope);

@@ -139,7 +139,7 @@ fn decide_locally(
             gcra(Share::of(&r.limit, instances), r.limit.cost, tat, now).0
         })
         .collect();
-    if mode == RateMode::Consume && decisions.iter().all(|d| d.allowed) {
+    if mode.charges() && decisions.iter().all(|d| d.allowed) {
         for (i, r) in limits.iter().enumerate() {
             if !decided(i, r) {
                 continue;
@@ -234,7 +234,7 @@ pub(super) fn outage(
 ) -> Option<Vec<Decision>> {
     let instances = instances(handle)?;
     let decisions = decide_locally(&handle.state().fallback, limits, instances, mode, None);
-    if mode == RateMode::Consume {
+    if mode.charges() {
         count(limits, &decisions);
     }
     tracing::Span::current().record("mode", "local");
@@ -252,7 +252,7 @@ pub(super) fn gate(
 ) -> Option<Vec<Decision>> {
     let instances = instances(handle)?;
     let table = &handle.state().fallback;
-    if mode != RateMode::Consume || !outcome.allowed() || table.lock().is_empty() {
+    if !mode.charges() || !outcome.allowed() || table.lock().is_empty() {
         return None;
     }
     let now = table.now();

@@ -225,13 +225,22 @@ impl Limiter {
     }
 
     /// Bounded waiting for [`check`](Limiter::check) (and [`run`](Limiter::run)): the call
-    /// waits until the limit admits it or `wait` has passed, in arrival order among this
-    /// handle's callers of the same key. Nothing is admitted earlier than the limit allows,
-    /// and a call is refused only when the limit would not admit it within its `wait` (behind
-    /// those who came first). Only the first waiter of a key asks the store, again at its
-    /// `retry_after`: the store sees one call per admission, plus about one refused call each
-    /// while the limit is saturated. A call dropped while waiting has reserved nothing.
-    /// Across instances each has its own queue; the store decides between them.
+    /// waits until the limit admits it or `wait` has passed. Nothing is admitted earlier than
+    /// the limit allows, and a call is refused only when the limit would not admit it within
+    /// its `wait` (behind those who came first).
+    ///
+    /// On GCRA (without `block` or `shadow`) the call reserves its slot: the store admits it
+    /// now if its next free slot is within `wait`, charged as arriving then, and the call
+    /// sleeps until that slot; a call whose slot lies beyond `wait` is refused at once. The
+    /// slots are the store's schedule, so a late caller never delays those behind it: 100
+    /// callers of `10/s` with `burst(1)` and a 10 s wait are all admitted, the last at 9.9 s
+    /// of the store's time plus one reply's latency. One store call per admission. A call
+    /// dropped while asleep on its slot gives the slot up (it is not given to another).
+    ///
+    /// Other algorithms wait in arrival order among this handle's callers of the same key:
+    /// only the first asks the store, again at its `retry_after` (one call per admission,
+    /// plus about one refused call each while the limit is saturated); a call dropped while
+    /// waiting has reserved nothing. Across instances the store decides between them.
     /// [`decide`](Limiter::decide) never waits.
     ///
     /// ```

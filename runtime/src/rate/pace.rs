@@ -1,24 +1,38 @@
-//! Pacing for calls that may wait ([`Limiter::wait`](super::Limiter::wait)): a call waits in
-//! arrival order until the limits admit it or its wait runs out.
+//! Pacing for calls that may wait ([`Limiter::wait`](super::Limiter::wait)): a call waits
+//! until the limits admit it or its wait runs out.
 //!
-//! Within one handle, the callers of one set of limit keys queue on one async mutex (FIFO,
-//! [`crate::state::LockQueues`]). Only the head asks the store; when refused with a
-//! `retry_after` its wait still covers, it sleeps exactly that and asks again, and on
-//! admission hands the queue to the next. No jitter: one head per instance cannot stampede,
-//! and a delay added to each admission would add up along the queue (a GCRA slot not taken
-//! on time is lost), refusing its tail.
-//! So 1,000 waiters on one key hold one timer each (their deadline, while queued; the head's
-//! sleep once it leads), and the store sees one call per admission plus bounded retries,
-//! never a stampede. On GCRA, an admission says exactly when the next unit frees, and the head
-//! leaves that instant in the queue for the next, which sleeps until then instead of asking
-//! to be refused: one call per admission. Other algorithms' next head asks at once, so a
-//! saturated limit costs about one refused call per admission. Works the same for every algorithm and for several limits decided together,
-//! since the store alone decides: nothing is admitted that it would not admit at that moment.
+//! **One GCRA limit** (the common case, and README's example): the call reserves its slot.
+//! The store admits it now if its next free slot is within the call's wait
+//! ([`RateMode::Reserve`]), charging it as a call arriving at that slot, and the call sleeps
+//! until then; a slot beyond the wait is refused at once, with the store's `retry_after`. The
+//! schedule is the store's: slot k is `k × interval` after the first, in the store's clock,
+//! whenever its caller asked, so a call's lateness (a round trip, the timer's rounding, a
+//! loaded machine) is its own and never moves the slots behind it. The store sees one call
+//! per admission. A call runs at its slot plus the reply's one-way latency plus the timer's
+//! rounding (never before it: the sleep starts when the reply arrives, after the store
+//! decided). Slots go in the order the store receives the calls. A caller dropped while it
+//! sleeps on its slot gives it up: the slot is not given to another (which could admit two
+//! in one interval), so the limit admits one call fewer; a reservation whose reply never
+//! came (a timeout) is the same.
 //!
-//! A caller dropped while queued or asleep leaves the queue and has reserved nothing: no slot
-//! is lost and none is given twice. A caller whose wait runs out while queued asks the store
-//! once more (it is admitted if the limit admits it now, refused with the store's decision
-//! otherwise), so a refusal always carries a real `retry_after`.
+//! **Other algorithms and several limits**: within one handle, the callers of one set of
+//! limit keys queue on one async mutex (FIFO, [`crate::state::LockQueues`]). Only the head
+//! asks the store; when refused with a `retry_after` its wait still covers, it sleeps
+//! exactly that and asks again, and on admission hands the queue to the next. No jitter:
+//! one head per instance cannot stampede. So 1,000 waiters on one key hold one timer each
+//! (their deadline, while queued; the head's sleep once it leads), and the store sees one
+//! call per admission plus bounded retries, never a stampede. When every limit of the call
+//! is GCRA, an admission says exactly when the next unit frees, and the head leaves that
+//! instant in the queue for the next, which sleeps until then instead of asking to be
+//! refused; each admission is then late by the round trip and the timer's rounding, and on
+//! a burst of 1 that lateness adds up along the queue. Other algorithms' next head asks at
+//! once, so a saturated limit costs about one refused call per admission. Nothing is
+//! admitted that the store would not admit at that moment.
+//!
+//! A queued caller that is dropped leaves the queue and has reserved nothing. A caller whose
+//! wait runs out while queued asks the store once more (it is admitted if the limit admits
+//! it now, refused with the store's decision otherwise), so a refusal always carries a real
+//! `retry_after`.
 
 use std::time::Duration;
 
@@ -41,6 +55,11 @@ pub(super) async fn paced(
     limits: &[Resolved<'_>],
     waits: &[Duration],
 ) -> Result<Vec<Decision>> {
+    if let ([limit], [wait]) = (limits, waits)
+        && reservable(limit)
+    {
+        return reserved(handle, limits, *wait).await;
+    }
     let start = Instant::now();
     let deadlines: Vec<Instant> = waits.iter().map(|wait| start + *wait).collect();
     let last = deadlines.iter().copied().max().unwrap_or(start);
@@ -73,6 +92,37 @@ pub(super) async fn paced(
         }
         tokio::time::sleep_until(now + pause).await;
     }
+}
+
+/// Whether a limit's slot can be reserved: GCRA, enforced, without a penalty (a blocked key
+/// has no slot to reserve).
+fn reservable(r: &Resolved<'_>) -> bool {
+    r.limit.algorithm == Algorithm::Gcra && !r.shadow && r.limit.block.is_zero()
+}
+
+/// One GCRA limit: its slot reserved within `wait`, then slept until.
+async fn reserved(
+    handle: &Redguard,
+    limits: &[Resolved<'_>],
+    wait: Duration,
+) -> Result<Vec<Decision>> {
+    let mut decisions = decide(handle, limits, RateMode::Reserve(wait)).await?;
+    if let Some(rejected) = most_restrictive(&decisions) {
+        return Err(Error::RateLimited(rejected));
+    }
+    let slot = decisions
+        .iter()
+        .map(|d| d.retry_after)
+        .max()
+        .unwrap_or_default();
+    if !slot.is_zero() {
+        tokio::time::sleep(slot).await;
+    }
+    // Admitted now: nothing left to wait for.
+    for decision in &mut decisions {
+        decision.retry_after = Duration::ZERO;
+    }
+    Ok(decisions)
 }
 
 /// After an admission, the earliest instant the same limits could admit a call of one unit:

@@ -60,6 +60,19 @@ pub enum RateMode {
     Consume,
     /// Report the decisions, change nothing.
     Peek,
+    /// As `Consume`, and a GCRA limit that would admit the call within this long also admits
+    /// it now, at its next free slot: charged as a call arriving then, with the time until
+    /// then as the decision's `retry_after` (zero when admitted at once). Other algorithms
+    /// decide as `Consume`; on a Cluster, limits in several slots are decided as `Consume`.
+    /// What a call that may wait asks, so that its slot is the store's, never late.
+    Reserve(Duration),
+}
+
+impl RateMode {
+    /// Whether an admission charges.
+    pub fn charges(self) -> bool {
+        self != RateMode::Peek
+    }
 }
 
 /// What [`RateOps::rate_check`] decided.

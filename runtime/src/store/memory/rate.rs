@@ -234,7 +234,9 @@ struct Gcra {
 /// throughout. An interval of whole µs keeps every value whole µs, as the script's µs
 /// counting does; a changed interval rescales the debt in units, rounded up to the script's
 /// unit.
-fn gcra(state: Option<&RateState>, limit: &Limit, now_us: u64) -> Gcra {
+/// `reserve_ns`: how far ahead of its slot a call is admitted ([`RateMode::Reserve`]), its
+/// wait then in `retry_ns`.
+fn gcra(state: Option<&RateState>, limit: &Limit, now_us: u64, reserve_ns: u128) -> Gcra {
     let interval = limit.rate.interval_ns();
     let t = u128::from(interval);
     let unit = if interval.is_multiple_of(1000) {
@@ -261,11 +263,11 @@ fn gcra(state: Option<&RateState>, limit: &Limit, now_us: u64) -> Gcra {
     };
     let tau = u128::from(limit.burst) * t;
     let new = debt + u128::from(limit.cost) * t;
-    if new <= tau {
+    if new <= tau + reserve_ns {
         Gcra {
-            remaining: (tau - new) / t,
+            remaining: tau.saturating_sub(new) / t,
             reset_ns: new,
-            retry_ns: 0,
+            retry_ns: new.saturating_sub(tau),
             commit: Some((
                 RateState::Debt {
                     algorithm: limit.algorithm,
@@ -331,6 +333,10 @@ impl RateOps for MemoryStore {
         let now_d = self.clock.now();
         let now = micros(now_d) as f64;
         let peek = mode == RateMode::Peek;
+        let reserve_ns = match mode {
+            RateMode::Reserve(ahead) => ahead.as_nanos(),
+            _ => 0,
+        };
         let mut decisions = Vec::with_capacity(checks.len());
         // The first check's commit apart: a check of one limit allocates no `Vec` for it.
         let mut first = None;
@@ -367,7 +373,12 @@ impl RateOps for MemoryStore {
             } else {
                 match limit.algorithm {
                     Algorithm::Gcra | Algorithm::TokenBucket | Algorithm::LeakyBucket => {
-                        let gcra = gcra(state, limit, micros(now_d));
+                        // Reserving is GCRA's alone, as in the script.
+                        let reserve = match limit.algorithm {
+                            Algorithm::Gcra => reserve_ns,
+                            _ => 0,
+                        };
+                        let gcra = gcra(state, limit, micros(now_d), reserve);
                         allowed = gcra.commit.is_some();
                         remaining = saturated(gcra.remaining) as f64;
                         reset = saturated(gcra.reset_ns.div_ceil(1000)) as f64;
@@ -556,7 +567,7 @@ fn adjusted(
                 burst: u64::MAX,
                 ..limit.clone()
             };
-            let debt = gcra(state, &probe, now).reset_ns;
+            let debt = gcra(state, &probe, now, 0).reset_ns;
             let (new, units) = match adjust {
                 RateAdjust::Charge(n) => {
                     let new = (debt + u128::from(n) * t).min(DEBT_CAP * unit);

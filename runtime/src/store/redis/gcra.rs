@@ -100,9 +100,10 @@ impl Coalescer {
 }
 
 /// Whether `checks` is one GCRA limit without a penalty: what `rate_gcra.lua` decides.
-pub(super) fn eligible(checks: &[RateCheck<'_>]) -> bool {
-    matches!(checks, [check] if check.limit.algorithm == crate::values::Algorithm::Gcra
-        && check.limit.block.is_zero())
+pub(super) fn eligible(checks: &[RateCheck<'_>], mode: RateMode) -> bool {
+    !matches!(mode, RateMode::Reserve(_))
+        && matches!(checks, [check] if check.limit.algorithm == crate::values::Algorithm::Gcra
+            && check.limit.block.is_zero())
 }
 
 impl RedisStore {

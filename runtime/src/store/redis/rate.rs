@@ -34,7 +34,7 @@ impl RateOps for RedisStore {
     async fn rate_check(&self, checks: &[RateCheck<'_>], mode: RateMode) -> Result<RateOutcome> {
         // One GCRA limit without a penalty (the common check): the lean script, coalesced
         // with concurrent checks; rate_check.lua for the states it leaves.
-        if super::gcra::eligible(checks)
+        if super::gcra::eligible(checks, mode)
             && let Some(outcome) = self.gcra_check(&checks[0], mode).await?
         {
             return Ok(outcome);
@@ -62,7 +62,7 @@ impl RateOps for RedisStore {
         }
         let phases: &[Phase] = match mode {
             RateMode::Peek => &[Phase::Peek],
-            RateMode::Consume => &[Phase::Judge, Phase::Consume],
+            RateMode::Consume | RateMode::Reserve(_) => &[Phase::Judge, Phase::Consume],
         };
         let mut outcome = RateOutcome {
             now: std::time::Duration::ZERO,
@@ -167,6 +167,8 @@ enum Phase {
     /// Charge nothing, but write the penalties of limits that reject: phase one of a call
     /// over several slots, so that a rejection there penalises as one script would.
     Judge,
+    /// `Consume`, a GCRA limit admitting a call up to this many µs ahead of its slot.
+    Reserve(u64),
 }
 
 impl From<RateMode> for Phase {
@@ -174,6 +176,7 @@ impl From<RateMode> for Phase {
         match mode {
             RateMode::Consume => Phase::Consume,
             RateMode::Peek => Phase::Peek,
+            RateMode::Reserve(ahead) => Phase::Reserve(micros(ahead)),
         }
     }
 }
@@ -209,11 +212,12 @@ impl RedisStore {
         if let Some(prefixes) = &prefixes {
             cmd.arg(prefixes.as_str());
         }
-        cmd.arg(match phase {
-            Phase::Consume => "0",
-            Phase::Peek => "1",
-            Phase::Judge => "2",
-        });
+        match phase {
+            Phase::Consume => cmd.arg("0"),
+            Phase::Peek => cmd.arg("1"),
+            Phase::Judge => cmd.arg("2"),
+            Phase::Reserve(ahead) => cmd.arg(format!("r{ahead}")),
+        };
         for check in checks {
             let limit = check.limit;
             cmd.arg(limit.algorithm.as_str())

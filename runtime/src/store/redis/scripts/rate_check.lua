@@ -4,7 +4,9 @@
 -- hash (quota.lua's prefixes()).
 -- ARGV[1] '0' to charge every limit when all admit, '1' to peek (write nothing), '2' to
 -- judge (charge nothing, but write the penalties of limits that reject: phase one of a call
--- whose limits are in several Cluster slots); then per limit 6 values: algorithm,
+-- whose limits are in several Cluster slots), 'r<us>' to charge as '0' with a GCRA limit
+-- that would admit within <us> µs admitting now, at its next free slot (retry_us of an
+-- admission is then the time until that slot: the caller's to wait); then per limit 6 values: algorithm,
 -- interval_ns (the emission interval), period_us, burst, cost, block_us (the code's; an
 -- override replaces the interval, the period and the burst, or a window's count).
 -- Returns { now_us, then per limit: allowed (0/1), remaining, reset_us, retry_us, the
@@ -23,7 +25,9 @@
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local peek = ARGV[1] == '1'
-local charge = ARGV[1] == '0'
+local reserving = string.match(ARGV[1], '^r(%d+)$')
+local reserve = reserving and tonumber(reserving) or 0
+local charge = ARGV[1] == '0' or reserving ~= nil
 local n = (#ARGV - 1) / 6
 if #KEYS > 3 * n then prefixes(KEYS[#KEYS]) end
 
@@ -203,10 +207,14 @@ for i = 1, n do
     end
     local tau = burst * unit_t
     local new = debt + cost * unit_t
-    if new <= tau then
+    local ahead = reserve
+    if fine then ahead = reserve * 1000 end
+    if new <= tau + ahead then
       allowed = 1
-      remaining = math.floor((tau - new) / unit_t)
+      remaining = math.floor(math.max(tau - new, 0) / unit_t)
       reset = new
+      -- Reserved: admitted at its slot, new - tau from now.
+      retry = math.max(new - tau, 0)
       local ms_now = math.floor(now / 1000)
       if fine then
         commit = function()
