@@ -21,8 +21,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use serde::Serialize;
 use sqlx::pool::PoolConnection;
 use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
-    SqliteSynchronous,
+    SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
+    SqliteRow, SqliteSynchronous,
 };
 use sqlx::{AssertSqlSafe, Connection as _, Row as _, Sqlite};
 use tokio::time::Instant;
@@ -443,9 +443,9 @@ pub(crate) async fn find_by_key(
 
 /// Decrements stock and records the order in `tx`. The decrement is conditional on enough
 /// stock; `fence`, the stock lock's, is recorded with the order (the lock's writes are
-/// fenced by `redguard::lock::advance_fence` in the same transaction).
+/// fenced: `tx` is begun by `redguard::lock::begin_fenced`).
 pub async fn place_order(
-    tx: &mut Tx<'_>,
+    tx: &mut SqliteConnection,
     user_id: u64,
     key: &str,
     sku: &str,
@@ -458,7 +458,7 @@ pub async fn place_order(
     )
     .bind(qty)
     .bind(sku)
-    .fetch_optional(&mut **tx)
+    .fetch_optional(&mut *tx)
     .await?;
     let Some(price) = price else {
         return Err(PlaceError::OutOfStock);
@@ -476,7 +476,7 @@ pub async fn place_order(
     .bind(total)
     .bind(fence_sql)
     .bind(now_ms())
-    .execute(&mut **tx)
+    .execute(&mut *tx)
     .await?
     .last_insert_rowid();
     Ok(Order {

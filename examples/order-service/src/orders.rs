@@ -1,6 +1,7 @@
 //! The guarded business operations. Each guard sits on the smallest fn that needs it: rate
-//! limits and idempotency on the submission, the lock on the stock section only. Callers
-//! authenticate and validate first: nothing reaches Redis before that.
+//! limits and idempotency on the submission, the stock lock on the order's write (taken
+//! before the database's writer). Callers authenticate and validate first: nothing reaches
+//! Redis before that.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -58,7 +59,7 @@ pub struct Placed {
     pub(crate) replayed: bool,
 }
 
-/// One order per (user, `Idempotency-Key`); a replay never takes the stock lock.
+/// One order per (user, `Idempotency-Key`), placed under its SKU's lock (`reserve_stock`).
 ///
 /// The outcome commits in the order's own SQLite transaction (`Idempotency::transaction`):
 /// the stock decrement, the order row and redguard's outcome row commit together, or none of
@@ -74,11 +75,6 @@ pub struct Placed {
 /// the transaction is taken from the instance's writer and must live in the task that runs
 /// the guard. The task begins the guard as well (`detach` begins in the caller's future), so
 /// a client that leaves at any point after its request was admitted gets its order placed.
-///
-/// The transaction is taken before redguard knows whether the body runs: a replay holds the
-/// writer (and SQLite's lock) for the Redis round trip that finds the record, then rolls
-/// back. SQLite has one writer at a time anyway; on Postgres a pool of several connections
-/// makes that cost nothing.
 ///
 /// Not `IdempotencyLayer`: the layer decides a replay from its own record only and keys on
 /// the header and the request bytes; this route's record lives in the database too, and its
@@ -106,18 +102,16 @@ pub(crate) async fn submit_order(
     let (app, idem_key, token) = (app.clone(), idem_key.to_owned(), token.map(str::to_owned));
     let writing = app.writes.clone().read_owned().await;
     let order = async move {
-        // BEGIN IMMEDIATE: the wait for SQLite's lock is ours, bounded by the deadline and
-        // answered `503 busy`. A deferred transaction would meet it at redguard's claim of
-        // the outcome row, which cannot tell a busy database from an execution in flight.
-        let mut writer = app.db.writer(deadline).await?;
-        let tx = db::begin_immediate(&mut writer).await?;
-        let placed = guard
-            .transaction(tx)
-            .run(async |mut tx| {
-                let placed = place(&mut tx, user_id, &idem_key, token.as_deref(), &req).await;
-                (tx, placed)
-            })
-            .await;
+        let placed = reserve_stock(
+            &app,
+            deadline,
+            guard,
+            user_id,
+            &idem_key,
+            token.as_deref(),
+            &req,
+        )
+        .await;
         drop(writing);
         placed
     };
@@ -132,6 +126,53 @@ pub(crate) async fn submit_order(
     Ok(placed)
 }
 
+/// The order under its SKU's lock: the lock first, then the instance's single writer (and
+/// SQLite's write lock), then the idempotent outcome in that writer's transaction. The lock
+/// keeps concurrent buyers of one SKU apart; the fence (`write_stock`) makes an oversell
+/// impossible even if the lock were lost.
+///
+/// Lock first, writer after: an order that waits for the database (another connection holds
+/// SQLite's lock) keeps only its own SKU waiting. A buyer of that SKU is answered `503 busy`
+/// at the lock's 300 ms wait, and one of another SKU takes its own lock and waits for the
+/// writer, up to its deadline, behind no lock wait. Taken the other way round, the writer
+/// held through a lock wait stalled every order of the instance behind one contended SKU.
+///
+/// The transaction is taken before redguard knows whether the body runs, so a retry of an
+/// order takes the SKU's lock and the writer too: a replay waits behind a buyer of its SKU
+/// (at most the lock's wait, then `503 busy`, its retry replayed) and holds the writer for
+/// the Redis round trip that finds the record, then rolls back. SQLite has one writer at a
+/// time anyway; on Postgres a pool of several connections makes that cost nothing.
+///
+/// The lock is released after redguard committed (or rolled back) the transaction, so two
+/// holders' transactions never overlap; the fence row orders them anyway if a lease lapses.
+#[dist_lock(key = "stock:{req.sku}", wait = "300ms", lease = "10s")]
+async fn reserve_stock(
+    app: &App,
+    deadline: Instant,
+    guard: redguard::idempotency::Idempotency,
+    user_id: u64,
+    idem_key: &str,
+    token: Option<&str>,
+    req: &OrderRequest,
+) -> Result<Placed, ApiError> {
+    // A lock that failed open has no fence: nothing orders this write, so it is refused.
+    let fence = redguard::lock::fence().ok_or_else(|| redguard::Error::LockLost {
+        key: format!("stock:{}", req.sku),
+    })?;
+    // BEGIN IMMEDIATE: the wait for SQLite's lock is ours, bounded by the deadline and
+    // answered `503 busy`. A deferred transaction would meet it at redguard's claim of
+    // the outcome row, which cannot tell a busy database from an execution in flight.
+    let mut writer = app.db.writer(deadline).await?;
+    let tx = db::begin_immediate(&mut writer).await?;
+    guard
+        .transaction(tx)
+        .run(async |mut tx| {
+            let placed = place(&mut tx, fence, user_id, idem_key, token, req).await;
+            (tx, placed)
+        })
+        .await
+}
+
 /// The order's body, in its transaction. An order already under (user, key) is this intent's
 /// when its SKU and quantity match: redguard's outcome row answers such a retry before the
 /// body runs while the row lives, this check after it expired (rows are purged, orders are
@@ -140,6 +181,7 @@ pub(crate) async fn submit_order(
 /// and one the token refuses rolls back.
 async fn place(
     tx: &mut Tx<'_>,
+    fence: u64,
     user_id: u64,
     idem_key: &str,
     token: Option<&str>,
@@ -151,7 +193,7 @@ async fn place(
         }
         return Ok(placed(order, true));
     }
-    let order = reserve_stock(tx, &req.sku, req.qty, user_id, idem_key).await?;
+    let order = write_stock(tx, fence, &req.sku, req.qty, user_id, idem_key).await?;
     if let Some(token) = token {
         redguard::tokens().consume(ORDER_SCENE, token).await?;
     }
@@ -170,35 +212,30 @@ fn placed(order: Order, replayed: bool) -> Placed {
     }
 }
 
-/// The critical section: decrement stock and record the order. The lock keeps concurrent
-/// buyers of one SKU apart; `advance_fence` makes an oversell impossible even if the lock
-/// were lost: the write commits only if its fence is the newest the SKU has seen.
-///
-/// The lock is released when this returns, before redguard commits the transaction. That is
-/// sound because the fence row is written (and so locked) by this transaction until it
-/// commits: the next holder's `advance_fence`, its first statement, waits for this commit and
-/// then judges against it. On SQLite the transaction holds the database's write lock from its
-/// BEGIN anyway, so two sections never overlap in the database; on a database with row locks
-/// (Postgres) the fence row is what orders them.
-#[dist_lock(key = "stock:{sku}", wait = "300ms", lease = "10s")]
-async fn reserve_stock(
+/// The fenced write: decrement stock and record the order, committed only if `fence` is the
+/// newest the SKU has seen. `begin_fenced` opens a savepoint of the order's transaction whose
+/// first statement is the fence, so no stock write can come before it: holders lock the fence
+/// row first and the stock row after, in one order. Earlier in the transaction is only
+/// redguard's claim of this intent's own outcome row. On SQLite the transaction holds the
+/// database's write lock from its BEGIN anyway; on a database with row locks (Postgres) the
+/// fence row is what orders two holders' writes.
+async fn write_stock(
     tx: &mut Tx<'_>,
+    fence: u64,
     sku: &str,
     qty: u32,
     user_id: u64,
     idem_key: &str,
 ) -> Result<Order, ApiError> {
-    let resource = format!("stock:{sku}");
-    // A lock that failed open has no fence: nothing orders this write, so it is refused.
-    let fence = redguard::lock::fence().ok_or_else(|| redguard::Error::LockLost {
-        key: resource.clone(),
-    })?;
-    redguard::lock::advance_fence(tx, &resource, fence).await?;
-    match db::place_order(tx, user_id, idem_key, sku, qty, fence).await {
-        Ok(order) => Ok(order),
-        Err(PlaceError::OutOfStock) => Err(ApiError::OutOfStock),
-        Err(PlaceError::Db(err)) => Err(err.into()),
-    }
+    let mut fenced =
+        redguard::lock::begin_fenced(&mut **tx, &format!("stock:{sku}"), fence).await?;
+    let order = match db::place_order(&mut fenced, user_id, idem_key, sku, qty, fence).await {
+        Ok(order) => order,
+        Err(PlaceError::OutOfStock) => return Err(ApiError::OutOfStock),
+        Err(PlaceError::Db(err)) => return Err(err.into()),
+    };
+    fenced.commit().await?;
+    Ok(order)
 }
 
 /// Idempotency tokens for the order form (limited per user and API-wide by the route's layer).

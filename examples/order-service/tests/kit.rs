@@ -128,11 +128,10 @@ async fn capturing_before_recording_is_caught() {
     assert_eq!(twice.calls.len(), 2, "{twice}");
 }
 
-/// The stock section as the service writes it (`reserve_stock`): under the lock,
-/// `advance_fence` then the conditional decrement, in one transaction. Here the transaction
-/// begins inside the lock, as it would where transactions do not exclude each other (Postgres
-/// with its row locks): the service's own, begun before the lock, holds SQLite's write lock
-/// throughout, so there a stale holder cannot even start its write while another's is open.
+/// The stock section as the service writes it (`write_stock`): under the lock,
+/// `begin_fenced` then the conditional decrement, in one transaction begun inside the lock,
+/// as the service's is (`reserve_stock`): a holder stalled past its lease begins its write
+/// only after the next holder's committed, and its older fence is refused.
 #[dist_lock(key = "stock:{sku}", wait = "300ms", lease = "10s")]
 async fn reserve(
     db: &Db,
@@ -160,15 +159,16 @@ async fn reserve(
 }
 
 async fn fenced_write(tx: &mut Tx<'_>, sku: &str, user: u64, fence: u64) -> redguard::Result<()> {
-    redguard::lock::advance_fence(tx, &format!("stock:{sku}"), fence).await?;
-    place_order(tx, user, &format!("k-{user}"), sku, 1, fence)
+    let mut fenced =
+        redguard::lock::begin_fenced(&mut **tx, &format!("stock:{sku}"), fence).await?;
+    place_order(&mut fenced, user, &format!("k-{user}"), sku, 1, fence)
         .await
         .map_err(|err| redguard::Error::Config(format!("{err:?}")))?;
-    Ok(())
+    fenced.commit().await
 }
 
 /// The first buyer's lock expires early while it is stalled; the second takes the lock and
-/// buys. The first's write comes late with the older fence and `advance_fence` refuses it
+/// buys. The first's write comes late with the older fence and `begin_fenced` refuses it
 /// (`LockLost`, rolled back): the stock and the writes' fences stay right.
 #[tokio::test]
 async fn stock_is_not_oversold_when_a_lock_expires_early() {

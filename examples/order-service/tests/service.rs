@@ -1369,6 +1369,33 @@ async fn a_begin_cut_off_by_a_redis_stall_is_undone_and_the_retry_served() {
     assert_eq!(db_count(&dir, "SELECT COUNT(*) FROM orders").await, 1);
 }
 
+/// Returns once an order waits for the lock of `stock:SK-1` (its attempt marked the held
+/// lock with the field `w`), which an order takes before its idempotency record.
+async fn waits_for_the_stock_lock(redis: &RedisServer) {
+    let mut conn = redis.connection();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let waited = redis.keys().iter().any(|key| {
+            key.contains("reserve_stock")
+                && key.ends_with("stock:SK-1}")
+                && redis::cmd("HEXISTS")
+                    .arg(key)
+                    .arg("w")
+                    .query::<bool>(&mut conn)
+                    .unwrap_or(false)
+        });
+        if waited {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no order waited for the lock: {:?}",
+            redis.keys()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 /// Issue 19 item 2: a client whose timeout fires while its order waits for the stock lock
 /// goes away; the order is still placed, and the retry gets it within seconds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1391,16 +1418,8 @@ async fn a_client_that_disconnects_mid_write_gets_its_order_on_retry() {
         .json(&json!({ "sku": "SK-1", "qty": 1 }))
         .send();
     let client = tokio::spawn(request);
-    // The body has begun (its record exists) and waits for the lock: the client goes away.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while !redis
-        .keys()
-        .iter()
-        .any(|key| key.contains("order-submit:1:k"))
-    {
-        assert!(Instant::now() < deadline, "the order never began");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    // The order's task waits for the lock: the client goes away.
+    waits_for_the_stock_lock(&redis).await;
     tokio::time::sleep(Duration::from_millis(30)).await;
     client.abort();
     assert!(
@@ -1527,17 +1546,8 @@ async fn sigterm_waits_for_the_orders_of_clients_that_left() {
             .json(&json!({ "sku": "SK-1", "qty": 1 }))
             .send(),
     );
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while !redis
-        .keys()
-        .iter()
-        .any(|key| key.contains("order-submit:1:k"))
-    {
-        assert!(Instant::now() < deadline, "the order never began");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    // The record is written before the service reads the begin's reply: a client gone before
-    // that has its begin undone (no order, by design). Leave once the body runs.
+    // The order's task waits for the lock (taken before the order begins): leave then.
+    waits_for_the_stock_lock(&redis).await;
     tokio::time::sleep(Duration::from_millis(30)).await;
     client.abort();
     let _ = client.await;
@@ -1632,7 +1642,9 @@ fn timed(
 /// own deadline), and each write waiting on SQLite (that order's, another SKU's) gives up at
 /// its request's deadline (`REQUEST_DEADLINE_MS`, 1 s here) with `503 busy`: every answer
 /// well before the holder lets go. The job (every 50 ms here) waits on the same lock and stalls
-/// nothing either. Nothing was written, so each retry after the holder is served.
+/// nothing either. Nothing was written, so each retry after the holder is served. Then a hold
+/// within the deadline: the first order waits it out holding its SKU's lock, so a buyer of the
+/// same SKU gets `503 busy` at the lock's wait while one of another SKU is served.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_waiting_on_sqlite_does_not_stall_its_instance() {
     const HOLD: Duration = Duration::from_secs(4);
@@ -1704,4 +1716,52 @@ async fn a_write_waiting_on_sqlite_does_not_stall_its_instance() {
         assert_eq!(retry.status(), 201, "{key}: {:?}", retry.text().await);
     }
     assert_eq!(db_count(&dir, "SELECT COUNT(*) FROM orders").await, 3);
+
+    // Issue 45 item 3: a shorter hold, within the deadline. The first order holds the SKU's
+    // lock while it waits for the database, so a buyer of the same SKU is answered `503 busy`
+    // at the lock's 300 ms wait, not served after the database comes back; a buyer of another
+    // SKU waits only for the database (its own lock is free), and is served.
+    const SHORT_HOLD: Duration = Duration::from_millis(700);
+    let db = temp_db(&dir);
+    let (held, is_held) = tokio::sync::oneshot::channel();
+    let holder = tokio::spawn(async move {
+        use sqlx::Connection as _;
+        let mut conn = db_conn(&db).await;
+        let tx = conn.begin_with("BEGIN IMMEDIATE").await.unwrap();
+        held.send(()).unwrap();
+        tokio::time::sleep(SHORT_HOLD).await;
+        tx.commit().await.unwrap();
+    });
+    is_held.await.unwrap();
+    let first = timed(order(1, "k-d", "SK-1"));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let same_sku = timed(order(2, "k-e", "SK-1"));
+    let other_sku = timed(order(3, "k-f", "SK-2"));
+    let (first, first_took) = first.await.unwrap();
+    let (same_sku, same_took) = same_sku.await.unwrap();
+    let (other_sku, other_took) = other_sku.await.unwrap();
+    println!(
+        "database held {SHORT_HOLD:?}: the first order {} after {first_took:?}, a buyer of the \
+         same SKU {} after {same_took:?}, of another SKU {} after {other_took:?}",
+        first.status(),
+        same_sku.status(),
+        other_sku.status()
+    );
+    assert_eq!(first.status(), 201, "{:?}", first.text().await);
+    assert!(
+        same_took < Duration::from_secs(1),
+        "a buyer of the same SKU took {same_took:?}, past the lock's 300 ms wait"
+    );
+    assert_eq!(
+        error_code(same_sku).await,
+        (StatusCode::SERVICE_UNAVAILABLE, "busy".into()),
+        "a buyer of the same SKU"
+    );
+    assert_eq!(other_sku.status(), 201, "{:?}", other_sku.text().await);
+    assert!(
+        other_took < SHORT_HOLD + Duration::from_secs(1),
+        "a buyer of another SKU took {other_took:?}"
+    );
+    holder.await.unwrap();
+    assert_eq!(db_count(&dir, "SELECT COUNT(*) FROM orders").await, 5);
 }

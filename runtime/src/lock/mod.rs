@@ -38,7 +38,7 @@ pub use self::context::fence;
 pub use self::guard::LockGuard;
 pub use self::multi::{MultiLockBuilder, MultiLockGuard, lock_all};
 #[cfg(feature = "sqlx")]
-pub use self::storage::{MAX_FENCED_RESOURCE, advance_fence};
+pub use self::storage::{FencedTransaction, MAX_FENCED_RESOURCE, begin_fenced};
 
 pub use redguard_grammar::lock::{
     DEFAULT_LEASE, MAX_HOLD_AT_LEAST, MAX_LEASE, MAX_WAIT, MIN_LEASE,
