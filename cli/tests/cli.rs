@@ -218,6 +218,20 @@ async fn unlock_frees_and_fences() {
     server.assert_every_key_has_ttl();
 }
 
+/// Issue 45: a log read through a pipe carries no ANSI colour codes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn piped_output_has_no_colour() {
+    let server = RedisServer::start();
+    let rg = redguard_tests::connect(&server).await;
+    let _stuck = rg.lock("stock:SK-2").scope(SCOPE).acquire().await.unwrap();
+    // A forced unlock logs at warn: the one line coloured at a terminal.
+    let out = redguard(on(&server), &["unlock", "-s", SCOPE, "stock:SK-2"]).await;
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(log.contains("released by force"), "{log}");
+    assert!(!log.contains("\x1b["), "{log:?}");
+    assert!(!ok(&out).contains("\x1b["));
+}
+
 /// `resolve`: an UNKNOWN record shown as such by `inspect`, refused bad input (exit 1,
 /// nothing written), a live PROCESSING one refused without `--force`, and the verdicts
 /// that retries then see.
