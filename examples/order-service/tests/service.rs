@@ -1259,6 +1259,32 @@ async fn a_dev_run_logs_plain_text_and_removes_its_database() {
     assert!(left.is_empty(), "left behind: {left:?}");
 }
 
+/// Issue 45: `loadgen --help` prints its usage and exits 0; a bad flag still exits 2.
+#[test]
+fn loadgen_help_prints_usage() {
+    let help = Command::new(env!("CARGO_BIN_EXE_loadgen"))
+        .arg("--help")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&help.stdout);
+    assert!(
+        help.status.success(),
+        "{}",
+        String::from_utf8_lossy(&help.stderr)
+    );
+    for flag in ["--targets", "--db", "--admin-token", "--dups"] {
+        assert!(
+            text.contains(flag),
+            "--help does not mention {flag}: {text}"
+        );
+    }
+    let bad = Command::new(env!("CARGO_BIN_EXE_loadgen"))
+        .args(["--dups", "none"])
+        .output()
+        .unwrap();
+    assert_eq!(bad.status.code(), Some(2));
+}
+
 /// Issue 15: `--help` works; a bad setting or a missing secret stops the service at startup
 /// with status 2 and a message naming it.
 #[test]
