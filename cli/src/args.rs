@@ -102,7 +102,7 @@ pub(crate) struct QuotaScope {
     /// The limits' scope.
     pub(crate) scope: String,
     /// Look at no more than this many keys of the scope.
-    #[arg(long, default_value_t = 10_000)]
+    #[arg(long, default_value_t = 10_000, value_parser = at_least_one())]
     pub(crate) limit: usize,
 }
 
@@ -165,7 +165,7 @@ pub(crate) struct Scan {
     #[arg(long, short, requires = "guard")]
     pub(crate) scope: Option<String>,
     /// Look at no more than this many keys.
-    #[arg(long, default_value_t = 10_000)]
+    #[arg(long, default_value_t = 10_000, value_parser = at_least_one())]
     pub(crate) limit: usize,
 }
 
@@ -201,8 +201,8 @@ pub(crate) struct Resolve {
 pub(crate) struct Refund {
     #[command(flatten)]
     pub(crate) target: Target,
-    /// Units to give back.
-    #[arg(long)]
+    /// Units to give back: 1 to the largest count a rate may have.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=redguard_grammar::rate::MAX_RATE_COUNT))]
     pub(crate) units: u64,
 }
 
@@ -212,6 +212,11 @@ pub(crate) struct Stats {
     #[arg(long)]
     pub(crate) metrics_url: Option<String>,
     /// Look at no more than this many keys.
-    #[arg(long, default_value_t = 10_000)]
+    #[arg(long, default_value_t = 10_000, value_parser = at_least_one())]
     pub(crate) limit: usize,
+}
+
+/// A count of keys: looking at none would answer "nothing here" without looking.
+fn at_least_one() -> clap::builder::RangedU64ValueParser<usize> {
+    clap::builder::RangedU64ValueParser::new().range(1..)
 }

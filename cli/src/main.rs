@@ -27,6 +27,7 @@ async fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(colour(&std::io::stderr()))
         .init();
     match run(cli).await {
         Ok(()) => ExitCode::SUCCESS,
@@ -35,6 +36,12 @@ async fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Colour only for a person at a terminal: never in a pipe or a file, nor with `NO_COLOR` set
+/// (no-color.org: any non-empty value).
+fn colour(stream: &impl std::io::IsTerminal) -> bool {
+    stream.is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
 }
 
 fn guard_kind(guard: Guard) -> Option<GuardKind> {

@@ -218,6 +218,62 @@ async fn unlock_frees_and_fences() {
     server.assert_every_key_has_ttl();
 }
 
+/// Issue 45: counts out of range are refused by the command line (exit 2, a message naming
+/// the flag), before anything is read or written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn out_of_range_counts_are_refused() {
+    let server = RedisServer::start();
+    let rg = redguard_tests::connect(&server).await;
+    let limiter = redguard::limiter("login:10.0.0.3")
+        .scope(SCOPE)
+        .rate("4/min")
+        .on(&rg);
+    assert!(limiter.decide().await.unwrap().allowed);
+    let before = inspect_json(&server, "rate", "login:10.0.0.3", &[]).await;
+    for (args, flag) in [
+        (
+            &[
+                "refund",
+                "-s",
+                SCOPE,
+                "login:10.0.0.3",
+                "--units",
+                "18446744073709551615",
+            ][..],
+            "--units",
+        ),
+        (
+            &["refund", "-s", SCOPE, "login:10.0.0.3", "--units", "0"],
+            "--units",
+        ),
+        (&["scan", "--limit", "0"], "--limit"),
+        (&["stats", "--limit", "0"], "--limit"),
+    ] {
+        let out = redguard(on(&server), args).await;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(flag), "{args:?}: {stderr}");
+        assert!(out.stdout.is_empty(), "{args:?}");
+    }
+    let after = inspect_json(&server, "rate", "login:10.0.0.3", &[]).await;
+    assert_eq!(before["rate"]["used"], 1, "{before}");
+    assert_eq!(after["rate"]["used"], before["rate"]["used"], "{after}");
+}
+
+/// Issue 45: a log read through a pipe carries no ANSI colour codes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn piped_output_has_no_colour() {
+    let server = RedisServer::start();
+    let rg = redguard_tests::connect(&server).await;
+    let _stuck = rg.lock("stock:SK-2").scope(SCOPE).acquire().await.unwrap();
+    // A forced unlock logs at warn: the one line coloured at a terminal.
+    let out = redguard(on(&server), &["unlock", "-s", SCOPE, "stock:SK-2"]).await;
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(log.contains("released by force"), "{log}");
+    assert!(!log.contains("\x1b["), "{log:?}");
+    assert!(!ok(&out).contains("\x1b["));
+}
+
 /// `resolve`: an UNKNOWN record shown as such by `inspect`, refused bad input (exit 1,
 /// nothing written), a live PROCESSING one refused without `--force`, and the verdicts
 /// that retries then see.

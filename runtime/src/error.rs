@@ -258,6 +258,8 @@ pub enum BackendError {
 pub struct StoreFailure {
     code: Option<String>,
     detail: Option<String>,
+    /// The address a connection was tried at, which the client's own message leaves out.
+    address: Option<String>,
     source: Box<dyn std::error::Error + Send + Sync>,
 }
 
@@ -267,6 +269,7 @@ impl StoreFailure {
         StoreFailure {
             code: None,
             detail: None,
+            address: None,
             source: source.into(),
         }
     }
@@ -283,6 +286,7 @@ impl StoreFailure {
         StoreFailure {
             code,
             detail,
+            address: None,
             source: Box::new(err),
         }
     }
@@ -292,8 +296,15 @@ impl StoreFailure {
         StoreFailure {
             code: self.code.clone(),
             detail: self.detail.clone(),
+            address: self.address.clone(),
             source: self.source.to_string().into(),
         }
+    }
+
+    /// The same failure, naming the address (`host:port`) a connection was tried at.
+    pub(crate) fn at(mut self, address: String) -> Self {
+        self.address = Some(address);
+        self
     }
 
     /// The server's error code (`OOM`, `NOPERM`, `WRONGTYPE`, …), when it sent an error reply.
@@ -334,6 +345,9 @@ fn unwrap_script_error<'a>(code: &'a str, detail: &'a str) -> (&'a str, &'a str)
 
 impl std::fmt::Display for StoreFailure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if let Some(address) = &self.address {
+            write!(f, "{address}: ")?;
+        }
         std::fmt::Display::fmt(&self.source, f)
     }
 }

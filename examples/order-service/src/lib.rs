@@ -44,6 +44,11 @@ pub async fn run(config: Config) -> Result<(), Box<dyn std::error::Error>> {
     };
     let rg = rg.install()?;
     let db_path = config.db_path();
+    // A database this run made up is this run's alone: removed however `run` ends.
+    let _temporary = config
+        .db_path
+        .is_none()
+        .then(|| TemporaryDb(db_path.clone()));
     let db = Db::open(&db_path).await?;
     let listener = tokio::net::TcpListener::bind((config.bind, config.port)).await?;
     let instance = config.instance();
@@ -77,4 +82,19 @@ pub async fn run(config: Config) -> Result<(), Box<dyn std::error::Error>> {
     let _ = stop.send(true);
     job.await?;
     Ok(())
+}
+
+/// Removes a database file made for one run, with SQLite's files beside it (WAL mode), when
+/// dropped.
+struct TemporaryDb(std::path::PathBuf);
+
+impl Drop for TemporaryDb {
+    fn drop(&mut self) {
+        for suffix in ["", "-wal", "-shm", "-journal"] {
+            let mut path = self.0.clone().into_os_string();
+            path.push(suffix);
+            // Absent (never made, or SQLite removed it at close) is the goal, not an error.
+            let _ = std::fs::remove_file(path);
+        }
+    }
 }

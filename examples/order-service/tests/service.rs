@@ -1194,6 +1194,97 @@ async fn sigterm_finishes_the_request_in_flight_and_releases_locks() {
     assert!(held.is_empty(), "locks left held: {held:?}");
 }
 
+/// Issue 45: `--dev` on the memory store, output piped: its log has no ANSI colour codes,
+/// and after SIGTERM the temporary database it made is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dev_run_logs_plain_text_and_removes_its_database() {
+    let tmp = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_order-service"))
+        .args(["--dev", "--port", &port.to_string()])
+        .env("TMPDIR", tmp.path())
+        .env("RUST_LOG", "info")
+        .env("SHUTDOWN_GRACE_MS", "100")
+        .env_remove("ORDER_DB")
+        .env_remove("REDGUARD_REDIS_URL")
+        .env_remove("REDGUARD_REDIS_SENTINELS")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let client = reqwest::Client::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while client
+        .get(format!("http://127.0.0.1:{port}/healthz"))
+        .send()
+        .await
+        .is_err()
+    {
+        assert!(Instant::now() < deadline, "order-service did not start");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let made = std::fs::read_dir(tmp.path()).unwrap().count();
+    assert!(made > 0, "no database in TMPDIR");
+    let term = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(term.success());
+    let output = tokio::task::spawn_blocking(move || {
+        let mut text = String::new();
+        child
+            .stdout
+            .take()
+            .unwrap()
+            .read_to_string(&mut text)
+            .unwrap();
+        child
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut text)
+            .unwrap();
+        (child.wait().unwrap(), text)
+    })
+    .await
+    .unwrap();
+    let (status, text) = output;
+    assert!(status.success(), "{status}: {text}");
+    assert!(text.contains("in-memory store"), "{text}");
+    assert!(!text.contains("\x1b["), "{text:?}");
+    let left: Vec<_> = std::fs::read_dir(tmp.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+}
+
+/// Issue 45: `loadgen --help` prints its usage and exits 0; a bad flag still exits 2.
+#[test]
+fn loadgen_help_prints_usage() {
+    let help = Command::new(env!("CARGO_BIN_EXE_loadgen"))
+        .arg("--help")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&help.stdout);
+    assert!(
+        help.status.success(),
+        "{}",
+        String::from_utf8_lossy(&help.stderr)
+    );
+    for flag in ["--targets", "--db", "--admin-token", "--dups"] {
+        assert!(
+            text.contains(flag),
+            "--help does not mention {flag}: {text}"
+        );
+    }
+    let bad = Command::new(env!("CARGO_BIN_EXE_loadgen"))
+        .args(["--dups", "none"])
+        .output()
+        .unwrap();
+    assert_eq!(bad.status.code(), Some(2));
+}
+
 /// Issue 15: `--help` works; a bad setting or a missing secret stops the service at startup
 /// with status 2 and a message naming it.
 #[test]

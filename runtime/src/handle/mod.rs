@@ -126,10 +126,21 @@ impl Redguard {
         }
     }
 
-    /// Builds a handle from the environment: `REDGUARD_REDIS_CLUSTER_URLS` (comma-separated)
-    /// selects a Cluster, else `REDGUARD_REDIS_URL` or `REDIS_URL` one Redis;
-    /// `REDGUARD_TLS_CA` names a PEM file of roots to trust, `REDGUARD_PREFIX` the prefix.
-    /// With no Redis named, the in-process store is used (logged once at info level).
+    /// Builds a handle from the environment, the first of these naming its Redis:
+    ///
+    /// - `REDGUARD_REDIS_CLUSTER_URLS` (comma-separated, feature `cluster`): a Cluster;
+    /// - `REDGUARD_REDIS_SENTINELS` (comma-separated `host:port` or `redis://` URLs, feature
+    ///   `sentinel`): the master the sentinels name, with `REDGUARD_REDIS_MASTER` (the
+    ///   master's name, default `mymaster`), `REDGUARD_REDIS_SENTINEL_USERNAME` /
+    ///   `REDGUARD_REDIS_SENTINEL_PASSWORD` (the sentinels' credentials),
+    ///   `REDGUARD_REDIS_USERNAME` / `REDGUARD_REDIS_PASSWORD` (the master's) and
+    ///   `REDGUARD_REDIS_DB` (its database number); setting `REDGUARD_REDIS_URL` as well is
+    ///   an error;
+    /// - `REDGUARD_REDIS_URL`, else `REDIS_URL`: one Redis.
+    ///
+    /// With any of them, `REDGUARD_TLS_CA` names a PEM file of roots to trust and
+    /// `REDGUARD_PREFIX` the prefix. With no Redis named, the in-process store is used
+    /// (logged once at info level).
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> redguard::Result<()> {

@@ -36,7 +36,10 @@
 //! # Responses
 //!
 //! - Admitted: the inner response, plus `RateLimit-Policy` (every limit) and `RateLimit`
-//!   (the tightest).
+//!   (the tightest), unless the inner response speaks for a limit of its own: a `429`, or
+//!   one carrying `RateLimit`, `RateLimit-Policy` or `X-RateLimit-Limit`/`-Remaining`/`-Reset`
+//!   (a handler's `#[rate_limit]` refusal, an inner layer) keeps its headers untouched, so a
+//!   refusal always describes the limit that refused.
 //! - Refused: `429` with `Retry-After` (the longest wait of the refusing limits, whole
 //!   seconds rounded up), `RateLimit`, `RateLimit-Policy` and
 //!   `{"error": "rate_limited", "message": ..}`; no limit is charged.
@@ -67,7 +70,7 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 use super::extract::KeyExtractor;
-use super::headers::to_header_map;
+use super::headers::{RATELIMIT, RATELIMIT_POLICY, to_header_map};
 use super::response::{OnRejection, Rejection, ResponseBody, ResponseFuture, reject};
 use crate::error::{Error, Result};
 use crate::handle::Redguard;
@@ -611,7 +614,9 @@ where
                 .max_by_key(|d| d.retry_after);
             let Some(refused) = refused else {
                 let mut response = inner.call(request).await?;
-                response.headers_mut().extend(headers);
+                if !describes_its_own_limit(&response) {
+                    response.headers_mut().extend(headers);
+                }
                 return Ok(response.map(Either::Left));
             };
             let mut rejection = Rejection::from_error(&Error::RateLimited(*refused));
@@ -620,4 +625,20 @@ where
             Ok(config.reject(rejection))
         }))
     }
+}
+
+/// Whether the inner service's response already tells a rate limit of its own (a `429`, or
+/// any rate-limit header): then its headers stay as they are, since a refusal must describe
+/// the limit that refused, and mixing the layer's quota into them would contradict it.
+fn describes_its_own_limit<B>(response: &Response<B>) -> bool {
+    const X_RATELIMIT: [&str; 3] = [
+        "x-ratelimit-limit",
+        "x-ratelimit-remaining",
+        "x-ratelimit-reset",
+    ];
+    let headers = response.headers();
+    response.status() == http::StatusCode::TOO_MANY_REQUESTS
+        || headers.contains_key(RATELIMIT)
+        || headers.contains_key(RATELIMIT_POLICY)
+        || X_RATELIMIT.iter().any(|name| headers.contains_key(*name))
 }

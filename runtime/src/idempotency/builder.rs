@@ -186,8 +186,33 @@ impl Idempotency {
         self
     }
 
-    /// Token mode: consume `token` (issued for `scene` by [`tokens()`](crate::tokens()))
-    /// atomically before the body runs. A body that fails does not give the token back.
+    /// Token mode: consume `token` (issued for `scene` by [`tokens()`](crate::tokens())) once
+    /// the record is begun, when the body is about to run: a replay, a request in progress or
+    /// a refusal leaves it unused. Already used is [`Error::TokenUsed`], unknown or forged
+    /// [`Error::TokenUnknown`], issued for another scene [`Error::TokenMismatch`].
+    ///
+    /// A body that fails with a business error ([`ErrorClass::Business`](crate::idempotency::ErrorClass::Business):
+    /// out of stock, a busy lock) gives the token back, for the retry its error invites; an
+    /// indeterminate error, a timeout or an unknown outcome keeps it used.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> redguard::Result<()> {
+    /// use std::time::Duration;
+    /// use redguard::idempotency::ErrorClass;
+    /// type BoxError = Box<dyn std::error::Error + Send + Sync>;
+    ///
+    /// let rg = redguard::Redguard::memory();
+    /// let token = rg.tokens().issue("order-submit", Duration::from_secs(600)).await?;
+    /// let out_of_stock = rg
+    ///     .idempotency(redguard::key("order:{id}").part("id", &7u64))
+    ///     .token("order-submit", &token)
+    ///     .run(async { Err::<u32, BoxError>(ErrorClass::Business.into()) })
+    ///     .await;
+    /// assert!(out_of_stock.is_err());
+    /// // Given back: still usable once.
+    /// rg.tokens().consume("order-submit", &token).await?;
+    /// # Ok(()) }
+    /// ```
     pub fn token(mut self, scene: impl Into<String>, token: &str) -> Self {
         let token = KeyBuilder::new().part("token", token).finish();
         self.token = Some((scene.into(), token));

@@ -27,7 +27,7 @@ mod classify;
 mod execution;
 mod keep_alive;
 mod replay;
-#[cfg(feature = "sqlx")]
+#[cfg(any(feature = "sqlx-postgres", feature = "sqlx-sqlite"))]
 pub(crate) mod transaction;
 mod wait;
 
@@ -41,10 +41,13 @@ pub use self::batch::{Batch, BatchOutcome, MAX_BATCH, MAX_BATCH_CONCURRENCY};
 pub use self::builder::{Detached, Idempotency};
 pub use self::classify::{Classify, ErrorClass};
 pub use self::replay::track_replay;
-#[cfg(feature = "sqlx")]
+#[cfg(feature = "sqlx-postgres")]
+pub use self::transaction::POSTGRES_MIGRATION;
+#[cfg(feature = "sqlx-sqlite")]
+pub use self::transaction::SQLITE_MIGRATION;
+#[cfg(any(feature = "sqlx-postgres", feature = "sqlx-sqlite"))]
 pub use self::transaction::{
-    MAX_SQL_RESULT_BYTES, OutcomeDatabase, POSTGRES_MIGRATION, SQLITE_MIGRATION, Transactional,
-    purge_expired, sql_failure,
+    MAX_SQL_RESULT_BYTES, OutcomeDatabase, Transactional, purge_expired, sql_failure,
 };
 
 pub use redguard_grammar::idempotency::{MAX_EXPIRE, MIN_EXPIRE};

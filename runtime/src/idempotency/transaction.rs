@@ -43,6 +43,7 @@ pub const MAX_SQL_RESULT_BYTES: usize = 1024 * 1024;
 /// sqlx::raw_sql(redguard::idempotency::POSTGRES_MIGRATION).execute(&pool).await?;
 /// # Ok(()) }
 /// ```
+#[cfg(feature = "sqlx-postgres")]
 pub const POSTGRES_MIGRATION: &str = concat!(
     include_str!("../../migrations/postgres/0001_redguard_outcomes.sql"),
     include_str!("../../migrations/postgres/0002_redguard_fences.sql"),
@@ -56,6 +57,7 @@ pub const POSTGRES_MIGRATION: &str = concat!(
 /// sqlx::raw_sql(redguard::idempotency::SQLITE_MIGRATION).execute(&pool).await?;
 /// # Ok(()) }
 /// ```
+#[cfg(feature = "sqlx-sqlite")]
 pub const SQLITE_MIGRATION: &str = concat!(
     include_str!("../../migrations/sqlite/0001_redguard_outcomes.sql"),
     include_str!("../../migrations/sqlite/0002_redguard_fences.sql"),
@@ -63,6 +65,7 @@ pub const SQLITE_MIGRATION: &str = concat!(
 
 /// How long a retry waits for a transaction that holds the intent's row before it answers
 /// [`Error::InProgress`] (Postgres `lock_timeout`; SQLite waits its connection's busy timeout).
+#[cfg(feature = "sqlx-postgres")]
 const PROBE_WAIT: &str = "SET LOCAL lock_timeout = '200ms'";
 
 /// The migration to run when the table is missing, named in the error.
@@ -102,7 +105,9 @@ pub trait OutcomeDatabase: sqlx::Database + sealed::Sealed {
 
 mod sealed {
     pub trait Sealed {}
+    #[cfg(feature = "sqlx-postgres")]
     impl Sealed for sqlx::Postgres {}
+    #[cfg(feature = "sqlx-sqlite")]
     impl Sealed for sqlx::Sqlite {}
 }
 
@@ -140,6 +145,7 @@ pub enum DbFailure {
     Other,
 }
 
+#[cfg(feature = "sqlx-postgres")]
 #[async_trait]
 impl OutcomeDatabase for sqlx::Postgres {
     async fn __exec(conn: &mut sqlx::PgConnection, sql: &'static str) -> sqlx::Result<()> {
@@ -245,6 +251,7 @@ impl OutcomeDatabase for sqlx::Postgres {
     const __PROBE_WAIT: Option<&'static str> = Some(PROBE_WAIT);
 }
 
+#[cfg(feature = "sqlx-sqlite")]
 #[async_trait]
 impl OutcomeDatabase for sqlx::Sqlite {
     async fn __exec(conn: &mut sqlx::SqliteConnection, sql: &'static str) -> sqlx::Result<()> {

@@ -22,7 +22,7 @@ mod context;
 mod guard;
 mod multi;
 mod ops;
-#[cfg(feature = "sqlx")]
+#[cfg(any(feature = "sqlx-postgres", feature = "sqlx-sqlite"))]
 mod storage;
 mod watchdog;
 
@@ -37,7 +37,7 @@ pub use self::builder::{Exclusive, Fair, Kind, LockBuilder, Read, Reentrant, Sem
 pub use self::context::fence;
 pub use self::guard::LockGuard;
 pub use self::multi::{MultiLockBuilder, MultiLockGuard, lock_all};
-#[cfg(feature = "sqlx")]
+#[cfg(any(feature = "sqlx-postgres", feature = "sqlx-sqlite"))]
 pub use self::storage::{FencedTransaction, MAX_FENCED_RESOURCE, begin_fenced};
 
 pub use redguard_grammar::lock::{

@@ -159,3 +159,22 @@ async fn paused_time_drives_expiry_leases_and_windows_on_memory() {
     })
     .await;
 }
+
+/// Issue 45: a connection refused names the address tried (never the password in its URL).
+#[tokio::test]
+async fn a_refused_connection_names_its_address() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .unwrap()
+        .port();
+    let err = Redguard::redis(format!("redis://user:hunter2secret@127.0.0.1:{port}"))
+        .connect_timeout(Duration::from_secs(2))
+        .connect()
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Backend(_)), "{err:?}");
+    let message = err.to_string();
+    assert!(message.contains(&format!("127.0.0.1:{port}")), "{message}");
+    assert!(!message.contains("hunter2secret"), "{message}");
+    assert!(!format!("{err:?}").contains("hunter2secret"), "{err:?}");
+}

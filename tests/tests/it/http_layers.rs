@@ -26,6 +26,7 @@ on_memory_and_redis!(
     a_global_policy_is_shared_and_decided_with_the_clients,
     trusted_proxies_only_are_believed,
     requests_without_a_valid_key_never_reach_the_store,
+    an_inner_refusal_keeps_its_own_headers,
     concurrent_duplicates_run_the_handler_once,
     every_idempotency_status,
     business_failures_release_and_unknown_outcomes_keep_the_record,
@@ -251,6 +252,46 @@ async fn requests_without_a_valid_key_never_reach_the_store(rg: Redguard) {
         .await
         .unwrap();
     assert_eq!(no_peer.status(), StatusCode::INTERNAL_SERVER_ERROR);
+}
+
+/// A handler with its own, tighter limit than the layer around it.
+#[redguard::rate_limit(key = "user:{user}", rate = "2/min", scope = "inner")]
+async fn per_user(user: String) -> Result<&'static str, Error> {
+    let _ = user;
+    Ok("hello")
+}
+
+/// Issue 45: the layer's admission headers must not overwrite the handler's own refusal.
+async fn an_inner_refusal_keeps_its_own_headers(rg: Redguard) {
+    let layer = RateLimitLayer::builder(ClientIp::peer())
+        .limit("plan", "200/s")
+        .on(&rg)
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route("/", get(|| per_user("ann".to_owned())))
+        .layer(layer);
+    let call = || rg.scope(app.clone().oneshot(from([203, 0, 113, 1])));
+
+    let first = call().await.unwrap();
+    assert_eq!(first.status(), StatusCode::OK);
+    // Admitted by both: the layer's headers describe the layer's quota.
+    assert_eq!(first.headers()["ratelimit"], "\"plan\";r=199;t=1");
+    call().await.unwrap();
+    let refused = call().await.unwrap();
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(refused.headers()["ratelimit"], "\"default\";r=0;t=60");
+    assert_eq!(
+        refused.headers()["ratelimit-policy"],
+        "\"default\";q=2;w=60"
+    );
+    let retry_after: u64 = refused.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((29..=30).contains(&retry_after), "{retry_after}");
+    assert_eq!(body_json(refused).await["error"], "rate_limited");
 }
 
 /// An order endpoint counting its runs; answers `201` after `delay`.

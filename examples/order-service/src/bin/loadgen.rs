@@ -18,55 +18,45 @@ use sqlx::Connection as _;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection};
 use tokio::sync::Semaphore;
 
+/// Sends every order intent several times, concurrently, across instances, then checks the
+/// database for what must never happen. Exits 1 when a must-be-0 line is not 0.
+#[derive(clap::Parser)]
+#[command(name = "loadgen")]
 struct Args {
+    /// The instances' base URLs, comma separated.
+    #[arg(long, required = true, value_delimiter = ',')]
     targets: Vec<String>,
+    /// The instances' SQLite database file, read after the run.
+    #[arg(long)]
     db: String,
+    /// The instances' admin token (stocks the SKUs).
+    #[arg(long)]
     admin_token: String,
+    /// Order intents.
+    #[arg(long, default_value_t = 2000)]
     intents: usize,
+    /// Sends of each intent.
+    #[arg(long, default_value_t = 3, value_parser = at_least_one)]
     dups: usize,
+    /// Requests in flight at once.
+    #[arg(long, default_value_t = 64, value_parser = at_least_one)]
     concurrency: usize,
+    /// SKUs ordered.
+    #[arg(long, default_value_t = 5, value_parser = at_least_one)]
     skus: usize,
+    /// Stock of each SKU.
+    #[arg(long, default_value_t = 500)]
     stock: u32,
+    /// Users sending the orders.
+    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u64).range(1..))]
     users: u64,
 }
 
-fn parse_args() -> Result<Args, String> {
-    let mut args = Args {
-        targets: Vec::new(),
-        db: String::new(),
-        admin_token: String::new(),
-        intents: 2000,
-        dups: 3,
-        concurrency: 64,
-        skus: 5,
-        stock: 500,
-        users: 200,
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let value = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
-        let number = || {
-            value
-                .parse::<usize>()
-                .map_err(|_| format!("{flag}: not a number"))
-        };
-        match flag.as_str() {
-            "--targets" => args.targets = value.split(',').map(str::to_owned).collect(),
-            "--db" => args.db = value,
-            "--admin-token" => args.admin_token = value,
-            "--intents" => args.intents = number()?,
-            "--dups" => args.dups = number()?.max(1),
-            "--concurrency" => args.concurrency = number()?.max(1),
-            "--skus" => args.skus = number()?.max(1),
-            "--stock" => args.stock = u32::try_from(number()?).map_err(|e| e.to_string())?,
-            "--users" => args.users = number()?.max(1) as u64,
-            other => return Err(format!("unknown flag {other}")),
-        }
+fn at_least_one(value: &str) -> Result<usize, String> {
+    match value.parse::<usize>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err("expected a whole number, at least 1".to_owned()),
     }
-    if args.targets.is_empty() || args.db.is_empty() || args.admin_token.is_empty() {
-        return Err("--targets, --db and --admin-token are required".into());
-    }
-    Ok(args)
 }
 
 struct Reply {
@@ -79,13 +69,8 @@ struct Reply {
 
 #[tokio::main]
 async fn main() {
-    let args = match parse_args() {
-        Ok(args) => args,
-        Err(message) => {
-            eprintln!("loadgen: {message}");
-            std::process::exit(2);
-        }
-    };
+    // Exits 0 with the usage for --help, 2 with clap's message for a bad flag.
+    let args = <Args as clap::Parser>::parse();
     match run(args).await {
         Ok(true) => {}
         Ok(false) => std::process::exit(1),

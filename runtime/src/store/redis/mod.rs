@@ -275,12 +275,28 @@ impl Opener {
             .set_number_of_retries(3)
             .set_max_delay(Duration::from_millis(500));
         let client = self.client.clone();
+        let address = self.client.get_connection_info().addr().to_string();
         Ok(Conn::Single(
             bounded("connect", self.connect_timeout, async {
                 ConnectionManager::new_with_config(client, config).await
             })
-            .await?,
+            .await
+            .map_err(|err| tried_at(err, address))?,
         ))
+    }
+}
+
+/// A failed connect names the address it tried: the client's message does not, and with
+/// several nodes or a misread setting that is what the operator needs. Only `host:port`,
+/// never the URL, which may hold a password.
+fn tried_at(err: Error, address: String) -> Error {
+    match err {
+        Error::Backend(BackendError::Failed { op, source }) => BackendError::Failed {
+            op,
+            source: source.at(address),
+        }
+        .into(),
+        other => other,
     }
 }
 
@@ -341,8 +357,15 @@ async fn cluster_conn(
     #[cfg(not(feature = "tls"))]
     let _ = roots;
     let client = builder.build().map_err(invalid_url)?;
+    let addresses: Vec<String> = urls
+        .iter()
+        .filter_map(|url| redis::IntoConnectionInfo::into_connection_info(url.as_str()).ok())
+        .map(|info| info.addr().to_string())
+        .collect();
     Ok(Conn::Cluster(
-        bounded("connect", connect_timeout, client.get_async_connection()).await?,
+        bounded("connect", connect_timeout, client.get_async_connection())
+            .await
+            .map_err(|err| tried_at(err, addresses.join(", ")))?,
     ))
 }
 
