@@ -56,6 +56,7 @@ impl Tokens {
     }
 
     fn handle(&self) -> Result<Redguard> {
+        crate::handle::need_runtime()?;
         match &self.handle {
             Some(handle) => Ok(handle.clone()),
             None => Redguard::current(),

@@ -20,6 +20,7 @@ pub use self::builder::{
     Builder, DEFAULT_CONNECT_TIMEOUT, DEFAULT_PREFIX, DEFAULT_TIMEOUT, FailMode,
     MAX_FALLBACK_INSTANCES,
 };
+pub(crate) use self::current::need_runtime;
 pub use self::current::spawn;
 #[cfg(feature = "sentinel")]
 pub use self::target::Sentinel;

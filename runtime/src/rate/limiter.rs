@@ -378,6 +378,7 @@ impl Limiter {
 
     /// This limit on its own handle (or the current one), ready for the store.
     fn resolve_alone(&self) -> Result<(Cow<'_, Redguard>, Resolved<'_>)> {
+        crate::handle::need_runtime()?;
         // Borrowed when set: a clone per check is two atomic writes to one cache line that
         // every thread checking on this handle shares.
         let handle = match &self.handle {
@@ -493,6 +494,7 @@ impl RateLimits {
     }
 
     fn resolve(&self) -> Result<(Redguard, Vec<Resolved<'_>>)> {
+        crate::handle::need_runtime()?;
         let handle = match self.limiters.first().and_then(|l| l.handle.clone()) {
             Some(handle) => handle,
             None => Redguard::current()?,
