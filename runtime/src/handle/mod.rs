@@ -20,8 +20,8 @@ pub use self::builder::{
     Builder, DEFAULT_CONNECT_TIMEOUT, DEFAULT_PREFIX, DEFAULT_TIMEOUT, FailMode,
     MAX_FALLBACK_INSTANCES,
 };
-pub(crate) use self::current::need_runtime;
 pub use self::current::spawn;
+pub(crate) use self::current::{need_runtime, need_runtime_for};
 #[cfg(feature = "sentinel")]
 pub use self::target::Sentinel;
 pub use self::target::{Target, Topology};

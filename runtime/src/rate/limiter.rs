@@ -378,13 +378,13 @@ impl Limiter {
 
     /// This limit on its own handle (or the current one), ready for the store.
     fn resolve_alone(&self) -> Result<(Cow<'_, Redguard>, Resolved<'_>)> {
-        crate::handle::need_runtime()?;
         // Borrowed when set: a clone per check is two atomic writes to one cache line that
         // every thread checking on this handle shares.
         let handle = match &self.handle {
             Some(handle) => Cow::Borrowed(handle),
             None => Cow::Owned(Redguard::current()?),
         };
+        crate::handle::need_runtime_for(&handle)?;
         let resolved = self.resolve(&handle)?;
         Ok((handle, resolved))
     }
@@ -494,11 +494,11 @@ impl RateLimits {
     }
 
     fn resolve(&self) -> Result<(Redguard, Vec<Resolved<'_>>)> {
-        crate::handle::need_runtime()?;
         let handle = match self.limiters.first().and_then(|l| l.handle.clone()) {
             Some(handle) => handle,
             None => Redguard::current()?,
         };
+        crate::handle::need_runtime_for(&handle)?;
         let mut resolved = Vec::with_capacity(self.limiters.len());
         for limiter in &self.limiters {
             resolved.push(limiter.resolve(&handle)?);

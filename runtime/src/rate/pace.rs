@@ -41,6 +41,8 @@ pub(super) async fn paced(
     limits: &[Resolved<'_>],
     waits: &[Duration],
 ) -> Result<Vec<Decision>> {
+    // The memory store's checks need no runtime; waiting for one does.
+    crate::handle::need_runtime()?;
     let start = Instant::now();
     let deadlines: Vec<Instant> = waits.iter().map(|wait| start + *wait).collect();
     let last = deadlines.iter().copied().max().unwrap_or(start);
