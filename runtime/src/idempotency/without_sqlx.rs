@@ -6,8 +6,9 @@ use std::future::Future;
 
 use super::Idempotency;
 
-/// A database transaction redguard can commit an outcome in: implemented only with feature
-/// `sqlx` (by `sqlx::Transaction`), so without it the call below is refused with this message.
+/// A database transaction redguard could commit an outcome in: no type implements it (with
+/// feature `sqlx` the real `transaction` replaces this module), so the call below is refused
+/// with this message.
 #[diagnostic::on_unimplemented(
     message = "`Idempotency::transaction` needs redguard's feature `sqlx`",
     label = "the outcome is committed in this transaction with the feature `sqlx`",
@@ -28,8 +29,8 @@ impl Idempotency {
 }
 
 /// What [`Idempotency::transaction`] returns without feature `sqlx`: never built, as no type
-/// meets its bound; `run` (unbounded, so it is not refused again) has the real one's shape, so the call's types still infer and only
-/// the missing feature is reported.
+/// meets its bound. `run` has the real one's shape, so the call's types still infer, and no
+/// bound of its own, so only the missing feature is reported.
 #[doc(hidden)]
 #[derive(Debug)]
 pub struct WithoutSqlx<Tx> {
