@@ -76,16 +76,53 @@ pub(crate) fn return_type(attr: &str, sig: &Signature, errors: &mut Errors) -> O
         syn::ReturnType::Type(_, ty) => Some((**ty).clone()),
         syn::ReturnType::Default => None,
     };
-    if ret.is_none() {
-        errors.push(
+    match &ret {
+        None => errors.push(
             sig.ident.span(),
             format!(
                 "`#[{attr}]` needs the fn to return `Result<T, E>` where \
                  `E: From<redguard::Error>`, so a refusal can be returned"
             ),
-        );
+        ),
+        // Why here and not by the expansion's trait bounds: a type that is certainly no
+        // `Result` fails every wrapper's bounds at once (six errors, one about `Serialize`).
+        Some(ty) if !may_be_result(ty) => errors.push_error(syn::Error::new_spanned(
+            ty,
+            format!(
+                "`#[{attr}]` needs the fn to return `Result<T, E>` where \
+                 `E: From<redguard::Error>`, so a refusal can be returned, not `{}`: \
+                 e.g. `redguard::Result<{}>`",
+                shown(ty),
+                shown(ty),
+            ),
+        )),
+        Some(_) => {}
     }
     ret
+}
+
+/// Whether `ty` may be a `Result`: `false` only for types that certainly are not (tuples,
+/// references, `impl Trait`, primitives, `String`, `Option<T>`, ..). A path is otherwise
+/// given the benefit of the doubt, as it may be an alias (`anyhow::Result<T>`,
+/// `io::Result<T>`, the user's own `type ApiResult<T> = ..`): the expansion's trait bounds
+/// check it.
+fn may_be_result(ty: &syn::Type) -> bool {
+    const NOT_RESULT: &[&str] = &[
+        "bool", "char", "str", "u8", "u16", "u32", "u64", "u128", "usize", "i8", "i16", "i32",
+        "i64", "i128", "isize", "f32", "f64", "String", "Vec", "Option", "Box", "Arc", "Rc", "Cow",
+        "HashMap", "HashSet", "BTreeMap", "BTreeSet", "VecDeque", "Duration",
+    ];
+    match ty {
+        syn::Type::Paren(inner) => may_be_result(&inner.elem),
+        syn::Type::Group(inner) => may_be_result(&inner.elem),
+        syn::Type::Path(path) if path.qself.is_none() => path
+            .path
+            .segments
+            .last()
+            .is_none_or(|last| !NOT_RESULT.iter().any(|name| last.ident == name)),
+        syn::Type::Path(_) | syn::Type::Macro(_) | syn::Type::Verbatim(_) => true,
+        _ => false,
+    }
 }
 
 /// Why: a scope or scene ends up inside keys; checking it here turns a runtime
@@ -150,4 +187,93 @@ pub(crate) fn replicas(
             None
         }
     }
+}
+
+/// A type as the user wrote it, near enough: `Vec<u8>`, not `Vec < u8 >`.
+pub(crate) fn shown(tokens: &impl quote::ToTokens) -> String {
+    let mut text = tokens.to_token_stream().to_string();
+    for (from, to) in [
+        (" <", "<"),
+        ("< ", "<"),
+        (" >", ">"),
+        (" ,", ","),
+        ("& ", "&"),
+        (" :: ", "::"),
+    ] {
+        text = text.replace(from, to);
+    }
+    text
+}
+
+/// Why: `detach` moves the body into a task of its own (`'static`), so a borrowed parameter
+/// fails deep in the expansion with "borrowed data escapes" (E0521); one error at the
+/// parameter says what to change.
+pub(crate) fn owned_parameters(attr: &str, flag: &str, sig: &Signature, errors: &mut Errors) {
+    for input in &sig.inputs {
+        match input {
+            FnArg::Receiver(receiver) if receiver.reference.is_some() || borrows(&receiver.ty) => {
+                errors.push_error(syn::Error::new_spanned(
+                    receiver,
+                    format!(
+                        "`{flag}` of `#[{attr}]` runs the body in its own task, so it cannot \
+                         borrow `self`: take `self` by value (e.g. an `Arc<Self>` or a clone of \
+                         what the body needs)"
+                    ),
+                ));
+            }
+            FnArg::Typed(typed) if borrows(&typed.ty) => {
+                errors.push_error(syn::Error::new_spanned(
+                    &typed.ty,
+                    format!(
+                        "`{flag}` of `#[{attr}]` runs the body in its own task, so it cannot \
+                         borrow `{}`: take it by value (e.g. `String` instead of `&str`)",
+                        shown(&typed.pat)
+                    ),
+                ));
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Whether `ty` holds a borrow: a reference or a lifetime other than `'static` (a
+/// higher-ranked one, as in `Box<dyn Fn(&str)>`, borrows nothing).
+fn borrows(ty: &syn::Type) -> bool {
+    let lifetime = |lt: &syn::Lifetime| lt.ident != "static";
+    let bounds = |bounds: &syn::punctuated::Punctuated<syn::TypeParamBound, syn::Token![+]>| {
+        bounds.iter().any(|bound| match bound {
+            syn::TypeParamBound::Lifetime(lt) => lifetime(lt),
+            syn::TypeParamBound::Trait(bound) => path_borrows(&bound.path),
+            _ => false,
+        })
+    };
+    match ty {
+        syn::Type::Reference(reference) => {
+            reference.lifetime.as_ref().is_none_or(lifetime) || borrows(&reference.elem)
+        }
+        syn::Type::Path(path) => {
+            path.qself.as_ref().is_some_and(|q| borrows(&q.ty)) || path_borrows(&path.path)
+        }
+        syn::Type::Tuple(tuple) => tuple.elems.iter().any(borrows),
+        syn::Type::Array(array) => borrows(&array.elem),
+        syn::Type::Slice(slice) => borrows(&slice.elem),
+        syn::Type::Paren(inner) => borrows(&inner.elem),
+        syn::Type::Group(inner) => borrows(&inner.elem),
+        syn::Type::TraitObject(object) => bounds(&object.bounds),
+        syn::Type::ImplTrait(object) => bounds(&object.bounds),
+        _ => false,
+    }
+}
+
+fn path_borrows(path: &syn::Path) -> bool {
+    path.segments
+        .iter()
+        .any(|segment| match &segment.arguments {
+            syn::PathArguments::AngleBracketed(args) => args.args.iter().any(|arg| match arg {
+                syn::GenericArgument::Lifetime(lt) => lt.ident != "static",
+                syn::GenericArgument::Type(ty) => borrows(ty),
+                _ => false,
+            }),
+            _ => false,
+        })
 }

@@ -51,6 +51,9 @@ pub(crate) trait Guard {
     /// Checks what is specific to this guard and builds its expansion. Called after the
     /// shared checks; every problem goes to `errors`.
     fn check(args: Self::Args, errors: &mut Errors) -> Option<Built>;
+
+    /// Checks what is specific to this guard against the fn's signature.
+    fn check_signature(_args: &Self::Args, _sig: &Signature, _errors: &mut Errors) {}
 }
 
 /// What one checked guard contributes.
@@ -152,6 +155,7 @@ fn check_guard<G: Guard>(
             format!("`#[{name}]` needs a `key = \"...\"` template"),
         );
     }
+    G::check_signature(&args, &item.sig, errors);
     let krate = args.krate().cloned();
     (G::check(args, errors), krate)
 }

@@ -43,6 +43,12 @@ impl Guard for Idempotent {
         !args.written("token")
     }
 
+    fn check_signature(args: &IdempotentArgs, sig: &syn::Signature, errors: &mut Errors) {
+        if args.detach.is_some() {
+            check::owned_parameters("idempotent", "detach", sig, errors);
+        }
+    }
+
     fn check(args: IdempotentArgs, errors: &mut Errors) -> Option<Built> {
         let expire = args.expire.as_ref();
         let token_only = args.written("token") && !args.written("key");

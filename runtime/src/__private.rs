@@ -29,11 +29,14 @@ pub fn key_part<T: KeyPart + ?Sized>(value: &T) -> &T {
     note = "add `impl From<redguard::Error> for YourError`, or return `redguard::Result<T>`"
 )]
 pub trait GuardedReturn {
+    /// The Ok type.
+    type Ok;
     /// The error type.
     type Err;
 }
 
 impl<T, E> GuardedReturn for Result<T, E> {
+    type Ok = T;
     type Err = E;
 }
 
@@ -78,22 +81,30 @@ pub fn idempotency_token(
     guard.token_body(scene, token)
 }
 
-/// What `#[idempotent]` needs of the fn's return type: an Ok value it can store and replay.
+/// What `#[idempotent]` needs of the fn's Ok type: a value it can store and replay. One trait
+/// (not a bare `Serialize + DeserializeOwned` bound), and its impl not recommended, so a type
+/// with neither is reported once, with this message: the check and every wrapper bound this
+/// one trait at the return type's span, and rustc reports a predicate once per span.
 #[diagnostic::on_unimplemented(
     message = "`#[idempotent]` stores the Ok value to replay it on retries, so it must be \
                `Serialize + DeserializeOwned`; `{Self}` is not",
-    label = "the Ok type of this `Result` must implement `serde::Serialize` and \
-             `serde::de::DeserializeOwned`",
-    note = "derive `Serialize, Deserialize` on the Ok type, or return an id and load the \
+    label = "the Ok type of this `Result`, `{Self}`, must implement `serde::Serialize` and \
+             `serde::Deserialize`",
+    note = "derive `Serialize, Deserialize` on `{Self}`, or return an id and load the \
             rest from your database"
 )]
-pub trait Replayable {}
+pub trait Replayable: serde::Serialize + serde::de::DeserializeOwned {}
 
-impl<T: serde::Serialize + serde::de::DeserializeOwned, E> Replayable for Result<T, E> {}
+#[diagnostic::do_not_recommend]
+impl<T: serde::Serialize + serde::de::DeserializeOwned> Replayable for T {}
 
 /// Expansions of `#[idempotent]` call this, spanned at the return type.
 #[inline(always)]
-pub fn assert_replayable<R: Replayable>() {}
+pub fn assert_replayable<R: GuardedReturn>()
+where
+    R::Ok: Replayable,
+{
+}
 
 /// What `#[idempotent]` needs of the fn's error type: a classification of its errors.
 /// [`Classify`](crate::Classify)'s own message says what to add.
@@ -132,7 +143,7 @@ where
 pub async fn idempotent<T, E, F>(guard: crate::idempotency::Idempotency, body: F) -> Result<T, E>
 where
     F: std::future::Future<Output = Result<T, E>>,
-    T: serde::Serialize + serde::de::DeserializeOwned,
+    T: Replayable,
     E: GuardError + crate::Classify,
 {
     guard.run(body).await
@@ -145,7 +156,7 @@ pub async fn idempotent_detached<T, E, F>(
 ) -> Result<T, E>
 where
     F: std::future::Future<Output = Result<T, E>> + Send + 'static,
-    T: serde::Serialize + serde::de::DeserializeOwned + Send + 'static,
+    T: Replayable + Send + 'static,
     E: GuardError + crate::Classify + Send + 'static,
 {
     guard.detach().run(body).await

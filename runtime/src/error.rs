@@ -71,7 +71,8 @@ pub enum Error {
         part: String,
     },
 
-    /// The configuration given to a builder is unusable.
+    /// The configuration given to a builder is unusable, or a guard was called outside a
+    /// Tokio runtime (its waits, timers and tasks are Tokio's).
     #[error("invalid redguard configuration: {0}")]
     Config(String),
 

@@ -76,7 +76,8 @@ mod env;
 mod error;
 pub mod guide;
 pub mod handle;
-#[cfg(feature = "http")]
+// Always declared (empty without `http`), so a missing `tower` or `axum` item is reported as
+// one "gated behind the feature" error naming the feature, not `http` first and then `tower`.
 pub mod http;
 pub mod idempotency;
 pub mod key;

@@ -56,10 +56,12 @@ impl Tokens {
     }
 
     fn handle(&self) -> Result<Redguard> {
-        match &self.handle {
-            Some(handle) => Ok(handle.clone()),
-            None => Redguard::current(),
-        }
+        let handle = match &self.handle {
+            Some(handle) => handle.clone(),
+            None => Redguard::current()?,
+        };
+        crate::handle::need_runtime_for(&handle)?;
+        Ok(handle)
     }
 
     /// Hands out an issued token only once `count` replicas have it, waiting up to `timeout`

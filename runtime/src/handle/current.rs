@@ -65,6 +65,31 @@ impl Drop for LiveScope {
     }
 }
 
+/// Why: outside a Tokio runtime, a guard's first timer or task would panic inside redguard
+/// with Tokio's words ("there is no reactor running"); checked where a guard finds its handle,
+/// so it is an [`Error::Config`] saying what to do instead.
+pub(crate) fn need_runtime() -> Result<()> {
+    match runtime::Handle::try_current() {
+        Ok(_) => Ok(()),
+        Err(_) => Err(Error::Config(NO_RUNTIME.to_owned())),
+    }
+}
+
+/// [`need_runtime`] where the store needs it: the memory store answers a rate check or a
+/// token without Tokio, and a check on it stays free of the runtime lookup (an atomic on a
+/// cache line every thread shares).
+pub(crate) fn need_runtime_for(handle: &Redguard) -> Result<()> {
+    if handle.kind() == super::StoreKind::Memory {
+        Ok(())
+    } else {
+        need_runtime()
+    }
+}
+
+pub(crate) const NO_RUNTIME: &str = "redguard needs a Tokio runtime (with the time and io \
+     drivers enabled): call guards from `#[tokio::main]`, `#[tokio::test]` or a runtime built \
+     with `enable_all()`, not from another executor";
+
 /// `tokio::spawn` carrying the current handle: guards in the task use the handle of the
 /// [`Redguard::scope`] that spawned it (a scope does not reach into a plain `tokio::spawn`),
 /// or the installed one outside any scope.
@@ -185,5 +210,75 @@ impl Redguard {
                     Error::NotInstalled
                 }
             })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::future::Future;
+    use std::pin::pin;
+    use std::sync::Arc;
+    use std::task::{Context, Poll, Wake, Waker};
+
+    use crate::{Error, Redguard};
+
+    /// Polls `future` on this thread, outside any Tokio runtime (as another executor would).
+    fn block_on<F: Future>(future: F) -> F::Output {
+        struct Unpark(std::thread::Thread);
+        impl Wake for Unpark {
+            fn wake(self: Arc<Self>) {
+                self.0.unpark();
+            }
+        }
+        let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
+        let mut cx = Context::from_waker(&waker);
+        let mut future = pin!(future);
+        loop {
+            if let Poll::Ready(out) = future.as_mut().poll(&mut cx) {
+                return out;
+            }
+            std::thread::park();
+        }
+    }
+
+    fn says_runtime<T: std::fmt::Debug>(result: crate::Result<T>) {
+        match result {
+            Err(Error::Config(why)) => assert!(why.starts_with("redguard needs a Tokio runtime")),
+            other => panic!("expected the missing runtime to be named, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn guards_outside_a_tokio_runtime_say_so() {
+        let rg = Redguard::memory();
+        says_runtime(block_on(
+            rg.lock("outside").run(async { Ok::<_, Error>(()) }),
+        ));
+        says_runtime(block_on(
+            rg.idempotency("outside")
+                .expire(std::time::Duration::from_secs(60))
+                .run(async { Ok::<_, Error>(1u8) }),
+        ));
+        says_runtime(block_on(
+            rg.idempotency("outside")
+                .detach()
+                .run(async { Ok::<_, Error>(1u8) }),
+        ));
+        // The memory store answers these without Tokio, as it did before the check.
+        assert!(block_on(rg.limiter("outside").rate("1/s").check()).is_ok());
+        assert!(
+            block_on(
+                rg.tokens()
+                    .issue("scene", std::time::Duration::from_secs(60))
+            )
+            .is_ok()
+        );
+        // Waiting for a limit needs Tokio's timers.
+        says_runtime(block_on(
+            rg.limiter("outside")
+                .rate("1/s")
+                .wait(std::time::Duration::from_secs(1))
+                .check(),
+        ));
     }
 }

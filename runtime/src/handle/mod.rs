@@ -21,6 +21,7 @@ pub use self::builder::{
     MAX_FALLBACK_INSTANCES,
 };
 pub use self::current::spawn;
+pub(crate) use self::current::{need_runtime, need_runtime_for};
 #[cfg(feature = "sentinel")]
 pub use self::target::Sentinel;
 pub use self::target::{Target, Topology};

@@ -1,5 +1,9 @@
 //! HTTP integration (feature `http`; the layers with `tower`, the extractor and
-//! `IntoResponse` with `axum`).
+//! `IntoResponse` with `axum`). Empty without them.
+//!
+//! Without feature `axum`, an axum handler returning `redguard::Error` is refused by axum
+//! with an opaque "the trait `Handler<_, _>` is not implemented" (E0277): `IntoResponse` is
+//! axum's trait, so redguard cannot name the feature there. Enable `axum`.
 //!
 //! - [`Error::status`](crate::Error::status), [`code`](crate::Error::code),
 //!   [`public_message`](crate::Error::public_message), [`headers`](crate::Error::headers): one
@@ -24,23 +28,28 @@
 mod axum;
 #[cfg(feature = "tower")]
 mod extract;
+#[cfg(feature = "http")]
 mod headers;
 #[cfg(feature = "tower")]
 pub mod idempotency;
+#[cfg(feature = "http")]
 mod idempotency_key;
 #[cfg(feature = "tower")]
 pub mod rate_limit;
 #[cfg(feature = "tower")]
 mod response;
+#[cfg(feature = "http")]
 mod status;
 
 #[cfg(feature = "tower")]
 pub use self::extract::{ClientIp, Global, HeaderKey, KeyExtractor, PathSegment};
+#[cfg(feature = "http")]
 pub use self::headers::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, RATELIMIT, RATELIMIT_POLICY};
 #[cfg(feature = "tower")]
 pub use self::idempotency::{
     IdempotencyBuilder, IdempotencyLayer, IdempotencyService, RequestBody,
 };
+#[cfg(feature = "http")]
 pub use self::idempotency_key::{IdempotencyKey, IdempotencyKeyRejection};
 #[cfg(feature = "tower")]
 pub use self::rate_limit::{Policy, RateLimit, RateLimitBuilder, RateLimitLayer};

@@ -251,6 +251,7 @@ impl Batch {
                 self.concurrency
             )));
         }
+        crate::handle::need_runtime()?;
         let handle = match &self.handle {
             Some(handle) => handle.clone(),
             None => Redguard::current()?,

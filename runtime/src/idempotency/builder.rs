@@ -275,6 +275,7 @@ impl Idempotency {
     }
 
     pub(super) fn handle(&self) -> Result<Redguard> {
+        crate::handle::need_runtime()?;
         match &self.handle {
             Some(handle) => Ok(handle.clone()),
             None => Redguard::current(),

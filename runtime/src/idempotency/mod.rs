@@ -30,6 +30,8 @@ mod replay;
 #[cfg(any(feature = "sqlx-postgres", feature = "sqlx-sqlite"))]
 pub(crate) mod transaction;
 mod wait;
+#[cfg(not(feature = "sqlx"))]
+mod without_sqlx;
 
 use serde::Serialize;
 use sha2::{Digest, Sha256};
@@ -49,6 +51,10 @@ pub use self::transaction::SQLITE_MIGRATION;
 pub use self::transaction::{
     MAX_SQL_RESULT_BYTES, OutcomeDatabase, Transactional, purge_expired, sql_failure,
 };
+
+#[doc(hidden)]
+#[cfg(not(feature = "sqlx"))]
+pub use self::without_sqlx::{SqlxTransaction, WithoutSqlx};
 
 pub use redguard_grammar::idempotency::{MAX_EXPIRE, MIN_EXPIRE};
 

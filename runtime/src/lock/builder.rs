@@ -346,6 +346,7 @@ impl<K: Kind> LockBuilder<K> {
     /// which starts it when it falls due).
     async fn take(self) -> Result<LockGuard> {
         self.check()?;
+        crate::handle::need_runtime()?;
         let mut handle = match self.handle {
             Some(handle) => handle,
             None => Redguard::current()?,

@@ -92,6 +92,7 @@ impl MultiLockBuilder {
 
     /// Takes every key or none.
     pub async fn acquire(self) -> Result<MultiLockGuard> {
+        crate::handle::need_runtime()?;
         let handle = match self.handle {
             Some(handle) => handle,
             None => Redguard::current()?,

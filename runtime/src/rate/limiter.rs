@@ -393,6 +393,7 @@ impl Limiter {
             Some(handle) => Cow::Borrowed(handle),
             None => Cow::Owned(Redguard::current()?),
         };
+        crate::handle::need_runtime_for(&handle)?;
         let resolved = self.resolve(&handle)?;
         Ok((handle, resolved))
     }
@@ -506,6 +507,7 @@ impl RateLimits {
             Some(handle) => handle,
             None => Redguard::current()?,
         };
+        crate::handle::need_runtime_for(&handle)?;
         let mut resolved = Vec::with_capacity(self.limiters.len());
         for limiter in &self.limiters {
             resolved.push(limiter.resolve(&handle)?);

@@ -55,6 +55,8 @@ pub(super) async fn paced(
     limits: &[Resolved<'_>],
     waits: &[Duration],
 ) -> Result<Vec<Decision>> {
+    // The memory store's checks need no runtime; waiting for one does.
+    crate::handle::need_runtime()?;
     if let ([limit], [wait]) = (limits, waits)
         && reservable(limit)
     {
