@@ -520,9 +520,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
     // Before measuring: every raw EVALSHA row makes Redis run what its runtime-API row does.
     let pairs = cost::pairs(&rg, &bench.conn);
+    // An error, not an exit: `server` is dropped (stopped) on the way out.
     if let Err(wrong) = cost::self_check(&mut bench.conn.clone(), &pairs).await {
-        eprintln!("redguard-bench: self-check failed, nothing measured: {wrong}");
-        std::process::exit(1);
+        return Err(format!("self-check failed, nothing measured: {wrong}").into());
     }
     print_header();
     idem::cases(&mut bench, &rg, &memory).await;
