@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use redguard::{Redguard, idempotent, key::KeyBuilder};
+use redis::aio::ConnectionManager;
 
 use crate::raw;
 use crate::{Bench, Ways};
@@ -29,7 +30,25 @@ async fn first(i: u64) {
     run.await.expect("first execution");
 }
 
-async fn replay(_: u64) {
+/// `idem_begin.lua`'s SHA, as the runtime loads it.
+pub(crate) fn replay_sha() -> String {
+    raw::sha(include_str!(
+        "../../runtime/src/store/redis/scripts/idem_begin.lua"
+    ))
+}
+
+/// The record every replay reads (`replay(0)` seeds it).
+const RECORD: &str = "redguard:idem:{bench:bench:0}";
+
+/// The raw replay: `idem_begin.lua` on the finished record, with an owner token as long as
+/// the runtime's, fresh per call like the runtime's.
+pub(crate) async fn raw_replay(conn: ConnectionManager, sha: String, i: u64) {
+    let owner = format!("{i:032x}");
+    let cmd = raw::command(&sha, &[RECORD], &[&owner, "", "600000"]);
+    raw::send(conn, vec![cmd]).await;
+}
+
+pub(crate) async fn replay(_: u64) {
     let run = redguard::idempotency(key(0))
         .scope("bench")
         .expire(Duration::from_secs(600))
@@ -45,11 +64,8 @@ pub(crate) async fn cases(bench: &mut Bench, rg: &Redguard, memory: &Redguard) {
         .expect("seed the replay record");
 
     // Redis's own numbers for the replay script: idem_begin on a SUCCESS record.
-    let sha = raw::sha(include_str!(
-        "../../runtime/src/store/redis/scripts/idem_begin.lua"
-    ));
-    let record = "redguard:idem:{bench:bench:0}";
-    let args = raw::evalsha(&sha, &[record], &["o", "", "600000"]);
+    let sha = replay_sha();
+    let args = raw::evalsha(&sha, &[RECORD], &["o", "", "600000"]);
     let (base, ceiling) = bench.baselines(&args);
     let conn = bench.conn.clone();
     let ways = Ways {
@@ -65,11 +81,7 @@ pub(crate) async fn cases(bench: &mut Bench, rg: &Redguard, memory: &Redguard) {
         },
         replay,
         // An owner token as long as the runtime's, fresh per call like the runtime's.
-        move |i| {
-            let owner = format!("{i:032x}");
-            let cmd = raw::command(&sha, &[record], &[&owner, "", "600000"]);
-            raw::send(conn.clone(), vec![cmd])
-        },
+        move |i| raw_replay(conn.clone(), sha.clone(), i),
     )
     .await;
     bench

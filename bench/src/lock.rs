@@ -5,9 +5,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use redguard::{Redguard, dist_lock, key::KeyBuilder, lock::LockGuard, lock::LockKind};
+use redis::aio::ConnectionManager;
 
-use crate::raw;
 use crate::{Bench, Ways};
+use crate::{cost, raw};
 
 /// The same acquire + release as the runtime-API case, through the attribute.
 #[dist_lock(key = "l:{i}", scope = "bench")]
@@ -26,24 +27,10 @@ pub(crate) async fn section(rg: Redguard, i: u64) {
         .expect("section");
 }
 
-/// `lock_acquire.lua` then `lock_release.lua` on `key`, as the runtime sends them (default
-/// lease and depth; the fencing counter's week-long TTL).
-fn raw_section(shas: &(String, String), key: &str, owner: &str) -> Vec<redis::Cmd> {
-    let fence = format!("{key}:fence");
-    vec![
-        raw::command(
-            &shas.0,
-            &[key, &fence],
-            &[owner, "30000", "5", "604800000", "0"],
-        ),
-        raw::command(&shas.1, &[key], &[owner, "0"]),
-    ]
-}
-
-pub(crate) async fn cases(bench: &mut Bench, rg: &Redguard, memory: &Redguard) {
-    let conn = bench.conn.clone();
-    let shas = (
-        // As the runtime loads it: after the shared `next_fence`.
+/// The two scripts' SHAs, as the runtime loads them: `lock_acquire.lua` after the shared
+/// `next_fence`, and `lock_release.lua`.
+pub(crate) fn shas() -> (String, String) {
+    (
         raw::sha(concat!(
             include_str!("../../runtime/src/store/redis/scripts/fence.lua"),
             include_str!("../../runtime/src/store/redis/scripts/lock_acquire.lua")
@@ -51,7 +38,67 @@ pub(crate) async fn cases(bench: &mut Bench, rg: &Redguard, memory: &Redguard) {
         raw::sha(include_str!(
             "../../runtime/src/store/redis/scripts/lock_release.lua"
         )),
+    )
+}
+
+/// The fencing counter's TTL the runtime sends (`FENCE_TTL`, a week, above the lease).
+const FENCE_TTL_MS: &str = "604800000";
+
+/// `lock_acquire.lua` then `lock_release.lua` on `key`, with exactly the arguments the runtime
+/// sends for a plain exclusive lock (`store/redis/lock.rs`): acquire KEYS `[key, key:fence]`,
+/// ARGV `[owner, lease ms, level 1, counter TTL ms, waiting "0"]` (the default lease; no
+/// `wait`, so no waiter mark); release KEYS `[key]`, ARGV `[owner, level 1, keep 0]`.
+pub(crate) fn raw_section(shas: &(String, String), key: &str, owner: &str) -> [redis::Cmd; 2] {
+    let fence = format!("{key}:fence");
+    let lease = redguard::lock::DEFAULT_LEASE.as_millis().to_string();
+    [
+        raw::command(
+            &shas.0,
+            &[key, &fence],
+            &[owner, &lease, "1", FENCE_TTL_MS, "0"],
+        ),
+        raw::command(&shas.1, &[key], &[owner, "1", "0"]),
+    ]
+}
+
+/// The runtime's key for `section(i)`'s lock.
+pub(crate) fn key(i: u64) -> String {
+    format!("redguard:lock:{{bench:l:i={i}}}")
+}
+
+/// One raw acquire + release cycle on a fresh key, its replies checked: an acquire that did
+/// not acquire, or a release that did not release, is the bench's error, never a silent
+/// no-op.
+pub(crate) async fn raw_cycle(mut conn: ConnectionManager, shas: &(String, String), i: u64) {
+    let [acquire, release] = raw_section(shas, &key(i), &format!("{i:032x}"));
+    let reply: (i64, i64, i64) = acquire
+        .query_async(&mut conn)
+        .await
+        .expect("EVALSHA lock_acquire");
+    assert!(
+        reply.0 == 1 && reply.1 > 0 && reply.2 == 1,
+        "raw lock_acquire on a free key did not acquire: {reply:?}"
     );
+    let released: i64 = release
+        .query_async(&mut conn)
+        .await
+        .expect("EVALSHA lock_release");
+    assert_eq!(released, 0, "raw lock_release did not release");
+}
+
+/// rslock's acquire + release on a fresh key: `SET NX PX`, then its unlock script.
+pub(crate) async fn rslock_cycle(manager: Arc<rslock::LockManager>, i: u64) {
+    let resource = format!("rslock:l:{i}");
+    let lock = manager
+        .lock(resource.as_str(), Duration::from_secs(30))
+        .await
+        .expect("an rslock lock on a fresh key");
+    manager.unlock(&lock).await;
+}
+
+pub(crate) async fn cases(bench: &mut Bench, rg: &Redguard, memory: &Redguard) {
+    let conn = bench.conn.clone();
+    let shas = Arc::new(shas());
     let rg2 = rg.clone();
     let case = "lock acquire+release random keys";
     // redlock: an acquire script and a release script per cycle, like ours.
@@ -62,19 +109,9 @@ pub(crate) async fn cases(bench: &mut Bench, rg: &Redguard, memory: &Redguard) {
     );
     let rslock = Arc::new(rslock::LockManager::new(vec![bench.url()]));
     let manager = rslock.clone();
-    let rslock_cycle = move |i| {
-        let manager = manager.clone();
-        async move {
-            let resource = format!("rslock:l:{i}");
-            let lock = manager
-                .lock(resource.as_str(), Duration::from_secs(30))
-                .await
-                .expect("an rslock lock on a fresh key");
-            manager.unlock(&lock).await;
-        }
-    };
+    let peer_cycle = move |i| rslock_cycle(manager.clone(), i);
     bench
-        .run_rust_peer(RSLOCK_RANDOM, &Ways::names(case), rslock_cycle)
+        .run_rust_peer(RSLOCK_RANDOM, &Ways::names(case), peer_cycle)
         .await;
     let ways = Ways {
         case,
@@ -88,12 +125,31 @@ pub(crate) async fn cases(bench: &mut Bench, rg: &Redguard, memory: &Redguard) {
             annotated_section(i).await.expect("section");
         },
         move |i| section(rg2.clone(), i),
-        move |i| {
-            let key = format!("redguard:lock:{{bench:l:i={i}}}");
-            raw::send(conn.clone(), raw_section(&shas, &key, &format!("{i:032x}")))
+        {
+            let shas = shas.clone();
+            move |i| {
+                let (conn, shas) = (conn.clone(), shas.clone());
+                async move { raw_cycle(conn, &shas, i).await }
+            }
         },
     )
     .await;
+    let (rg3, conn, raw_shas, manager) = (rg.clone(), bench.conn.clone(), shas, rslock.clone());
+    let rows = vec![
+        ("our API", cost::op(move |i| section(rg3.clone(), i))),
+        (
+            "raw scripts",
+            cost::op(move |i| {
+                let (conn, shas) = (conn.clone(), raw_shas.clone());
+                async move { raw_cycle(conn, &shas, i).await }
+            }),
+        ),
+        (
+            "rslock",
+            cost::op(move |i| rslock_cycle(manager.clone(), i)),
+        ),
+    ];
+    cost::lock_cycle(bench, rows).await;
     let m = memory.clone();
     bench
         .run_memory(case, memory, move |i| section(m.clone(), i))

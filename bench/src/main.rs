@@ -12,6 +12,7 @@
 mod baseline;
 mod batch;
 mod charts;
+mod cost;
 mod idem;
 mod idem_wait;
 mod inproc;
@@ -517,6 +518,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         "redguard-bench: redis-server {} on core 0, load on core 1 ({} cores), window {:?}",
         port, cores, bench.window
     );
+    // Before measuring: every raw EVALSHA row makes Redis run what its runtime-API row does.
+    let pairs = cost::pairs(&rg, &bench.conn);
+    // An error, not an exit: `server` is dropped (stopped) on the way out.
+    if let Err(wrong) = cost::self_check(&mut bench.conn.clone(), &pairs).await {
+        return Err(format!("self-check failed, nothing measured: {wrong}").into());
+    }
     print_header();
     idem::cases(&mut bench, &rg, &memory).await;
     batch::cases(&mut bench, &rg).await;
@@ -575,4 +582,68 @@ fn write_reports(rows: &[Row], notes: &[String]) -> Result<(), Box<dyn std::erro
     charts::write(&dir, rows)?;
     println!("wrote {}", dir.join("results.{json,md}").display());
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use redguard::Redguard;
+    use redis::aio::ConnectionManager;
+
+    use crate::{cost, lock, raw};
+
+    async fn server() -> (redguard_tests::RedisServer, Redguard, ConnectionManager) {
+        let server = redguard_tests::RedisServer::start();
+        let rg = Redguard::redis(server.url())
+            .timeout(Duration::from_secs(5))
+            .connect()
+            .await
+            .expect("connect");
+        let client = redis::Client::open(server.url()).expect("client");
+        let conn = ConnectionManager::new(client).await.expect("connection");
+        (server, rg, conn)
+    }
+
+    /// Every raw EVALSHA row of the bench makes Redis run the same commands per operation as
+    /// its runtime-API row (`INFO commandstats` around 200 operations of each).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn raw_baselines_do_the_runtime_apis_work() {
+        let (_server, rg, mut conn) = server().await;
+        let pairs = cost::pairs(&rg, &conn);
+        cost::self_check(&mut conn, &pairs)
+            .await
+            .unwrap_or_else(|wrong| panic!("{wrong}"));
+    }
+
+    /// The lock's raw baseline as it was before issue 46 (ARGV[3], the level, given the
+    /// depth 5; its replies unread): every acquire answered `{2,0,0}` after one `HGETALL`,
+    /// every release -1. The self-check refuses it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_self_check_refuses_a_baseline_that_does_nothing() {
+        let (_server, rg, mut conn) = server().await;
+        let shas = std::sync::Arc::new(lock::shas());
+        let conn2 = conn.clone();
+        let old = cost::op(move |i| {
+            let key = lock::key(i);
+            let fence = format!("{key}:fence");
+            let owner = format!("{i:032x}");
+            let commands = vec![
+                raw::command(
+                    &shas.0,
+                    &[&key, &fence],
+                    &[&owner, "30000", "5", "604800000", "0"],
+                ),
+                raw::command(&shas.1, &[&key], &[&owner, "0"]),
+            ];
+            raw::send(conn2.clone(), commands)
+        });
+        let mut pairs = cost::pairs(&rg, &conn);
+        pairs.truncate(1);
+        pairs[0].2 = old;
+        let wrong = cost::self_check(&mut conn, &pairs)
+            .await
+            .expect_err("the old lock baseline does no work");
+        assert!(wrong.contains("hset"), "{wrong}");
+    }
 }

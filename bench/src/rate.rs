@@ -2,6 +2,7 @@
 //! attribute and as a raw EVALSHA, and on one hot key that always admits or always rejects.
 
 use redguard::{Redguard, key::KeyBuilder, rate::Algorithm, rate::Limiter, rate_limit};
+use redis::aio::ConnectionManager;
 
 use crate::raw;
 use crate::{Bench, Ways};
@@ -50,7 +51,12 @@ fn burst(algorithm: Algorithm) -> &'static str {
 fn script_args(sha: &str, algorithm: Algorithm, key: &str) -> Vec<String> {
     raw::evalsha(
         sha,
-        &[key, &format!("{key}:block"), &format!("{key}:quota")],
+        &[
+            key,
+            &format!("{key}:block"),
+            &format!("{key}:quota"),
+            PREFIXES,
+        ],
         // Mode, then algorithm, interval (ns), period (µs), burst, cost, block.
         &[
             "0",
@@ -67,16 +73,43 @@ fn script_args(sha: &str, algorithm: Algorithm, key: &str) -> Vec<String> {
 /// `rate_gcra.lua` (what the runtime sends for one GCRA limit without a penalty) for one
 /// key, unbatched: the raw EVALSHA the GCRA rows compare with.
 fn gcra_args(sha: &str, key: &str) -> Vec<String> {
-    // Keys: the state and its quota override; mode, then interval (ns), burst, cost.
+    // Keys: the state, its quota override and the prefix overrides; mode, then interval
+    // (ns), burst, cost.
     raw::evalsha(
         sha,
-        &[key, &format!("{key}:quota")],
+        &[key, &format!("{key}:quota"), PREFIXES],
         &["0", "1000", "1000", "1"],
     )
 }
 
+/// The handle's prefix-override hash, the last key the runtime sends off a Cluster (the
+/// rate scripts' `quota.lua` reads it with one `HGETALL` per call).
+const PREFIXES: &str = "redguard:rate:quota-prefixes";
+
 fn key(i: impl std::fmt::Display) -> String {
     format!("redguard:rate:{{bench:r:i={i}}}")
+}
+
+/// `rate_gcra.lua`'s SHA, as the runtime loads it: after its preludes.
+pub(crate) fn gcra_sha() -> String {
+    raw::sha(concat!(
+        include_str!("../../runtime/src/store/redis/scripts/expiry.lua"),
+        include_str!("../../runtime/src/store/redis/scripts/quota.lua"),
+        include_str!("../../runtime/src/store/redis/scripts/rate_gcra.lua")
+    ))
+}
+
+/// The GCRA runtime-API check on key `i` of a limiter built once (`limiter(Gcra, _).on(rg)`).
+pub(crate) fn gcra_check(built: &Limiter, i: u64) -> impl std::future::Future<Output = ()> + use<> {
+    check(built.key(KeyBuilder::new().text("r:").part("i", &i)))
+}
+
+/// The raw GCRA check on key `i`: `rate_gcra.lua` as [`gcra_args`] sends it.
+pub(crate) async fn raw_gcra(conn: ConnectionManager, sha: String, i: u64) {
+    let key = key(i);
+    let quota = format!("{key}:quota");
+    let cmd = raw::command(&sha, &[&key, &quota, PREFIXES], &["0", "1000", "1000", "1"]);
+    raw::send(conn, vec![cmd]).await;
 }
 
 pub(crate) async fn check(limiter: Limiter) {
@@ -90,11 +123,7 @@ pub(crate) async fn cases(bench: &mut Bench, rg: &Redguard, memory: &Redguard) {
         include_str!("../../runtime/src/store/redis/scripts/quota.lua"),
         include_str!("../../runtime/src/store/redis/scripts/rate_check.lua")
     ));
-    let gcra_sha = raw::sha(concat!(
-        include_str!("../../runtime/src/store/redis/scripts/expiry.lua"),
-        include_str!("../../runtime/src/store/redis/scripts/quota.lua"),
-        include_str!("../../runtime/src/store/redis/scripts/rate_gcra.lua")
-    ));
+    let gcra_sha = gcra_sha();
     for algorithm in Algorithm::ALL {
         let name = algorithm.as_str();
         let case = format!("rate {name} random keys");
@@ -111,7 +140,7 @@ pub(crate) async fn cases(bench: &mut Bench, rg: &Redguard, memory: &Redguard) {
             // parsed once, and per call only the key, built as the attribute builds it
             // (`Limiter::key`, the documented way to reuse a limit).
             let built = limiter(algorithm, 0).on(rg);
-            let gcra_api = move |i| check(built.key(KeyBuilder::new().text("r:").part("i", &i)));
+            let gcra_api = move |i| gcra_check(&built, i);
             let (conn, sha) = (bench.conn.clone(), gcra_sha.clone());
             // rate-limiter-flexible's consume: one script per call too, on random keys.
             let peer = bench.run_peer(
@@ -131,12 +160,7 @@ pub(crate) async fn cases(bench: &mut Bench, rg: &Redguard, memory: &Redguard) {
                     annotated_check(i).await.expect("rate check");
                 },
                 gcra_api,
-                move |i| {
-                    let key = key(i);
-                    let quota = format!("{key}:quota");
-                    let cmd = raw::command(&sha, &[&key, &quota], &["0", "1000", "1000", "1"]);
-                    raw::send(conn.clone(), vec![cmd])
-                },
+                move |i| raw_gcra(conn.clone(), sha.clone(), i),
             )
             .await;
             hot_key(bench, rg, ceiling).await;
