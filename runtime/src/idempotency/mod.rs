@@ -30,7 +30,7 @@ mod replay;
 #[cfg(any(feature = "sqlx-postgres", feature = "sqlx-sqlite"))]
 pub(crate) mod transaction;
 mod wait;
-#[cfg(not(feature = "sqlx"))]
+#[cfg(not(any(feature = "sqlx-postgres", feature = "sqlx-sqlite")))]
 mod without_sqlx;
 
 use serde::Serialize;
@@ -53,7 +53,7 @@ pub use self::transaction::{
 };
 
 #[doc(hidden)]
-#[cfg(not(feature = "sqlx"))]
+#[cfg(not(any(feature = "sqlx-postgres", feature = "sqlx-sqlite")))]
 pub use self::without_sqlx::{SqlxTransaction, WithoutSqlx};
 
 pub use redguard_grammar::idempotency::{MAX_EXPIRE, MIN_EXPIRE};

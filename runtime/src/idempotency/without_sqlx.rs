@@ -1,4 +1,4 @@
-//! `Idempotency::transaction` without feature `sqlx`: a stand-in whose bound has no impl, so
+//! `Idempotency::transaction` without feature `sqlx` (nor `sqlx-postgres`, `sqlx-sqlite`): a stand-in whose bound has no impl, so
 //! the call is refused with one message naming the feature instead of "no method named
 //! `transaction`".
 
@@ -7,7 +7,7 @@ use std::future::Future;
 use super::Idempotency;
 
 /// A database transaction redguard could commit an outcome in: no type implements it (with
-/// feature `sqlx` the real `transaction` replaces this module), so the call below is refused
+/// feature `sqlx`, `sqlx-postgres` or `sqlx-sqlite` the real `transaction` replaces this module), so the call below is refused
 /// with this message.
 #[diagnostic::on_unimplemented(
     message = "`Idempotency::transaction` needs redguard's feature `sqlx`",

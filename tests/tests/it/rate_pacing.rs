@@ -310,6 +310,30 @@ async fn memory_several_limits_wait_together_all_or_nothing() {
     assert!(run.calls <= 2 * (40 + 5), "{} decisions", run.calls);
 }
 
+/// A caller dropped while asleep on its reserved slot gives the slot up: the next caller gets
+/// the slot after it (one admission fewer), never the same one (two in one interval).
+#[tokio::test(start_paused = true)]
+async fn memory_a_dropped_reservation_is_not_given_twice() {
+    let rg = Redguard::memory();
+    let limiter = rg
+        .limiter("dropped")
+        .scope("pace-dropped")
+        .rate("10/s")
+        .burst(1)
+        .wait(Duration::from_secs(5));
+    let start = Instant::now();
+    limiter.check().await.unwrap(); // slot 0
+    // Slot 100 ms, reserved, then dropped at 50 ms.
+    let dropped = tokio::time::timeout(Duration::from_millis(50), limiter.check()).await;
+    assert!(dropped.is_err(), "admitted before its slot");
+    limiter.check().await.unwrap();
+    assert_eq!(
+        start.elapsed(),
+        Duration::from_millis(200),
+        "the dropped caller's slot was given again"
+    );
+}
+
 /// Waiting callers of one limit on a real store: all admitted within the scaled schedule
 /// (40 callers of 20/s: the last slot at 1.95 s), none before their slot.
 async fn real_store_paces(rg: &Redguard, scope: &str) {
