@@ -15,6 +15,7 @@
 //! | [`servers`] | supported servers, Redis Cluster, Sentinel, TLS, restricted ACL users |
 //! | [`operations`] | metrics, traces, and the `redguard` tool that reads and repairs guard state |
 //! | [`testing`] | testing your own code on the memory store, with a clock you move |
+//! | [`recipes`] | an order endpoint with every guard: the `Idempotency-Key` header, a rate limit, the lock and its fence, the outcome in your transaction |
 
 pub mod idempotency {
     #![doc = include_str!("../docs/idempotency.md")]
@@ -59,4 +60,17 @@ pub mod operations {
 
 pub mod testing {
     #![doc = include_str!("../docs/testing.md")]
+}
+
+// Its example is an axum handler on Postgres (SQLite beside it): without the features the page
+// says which it needs.
+pub mod recipes {
+    #![cfg_attr(
+        all(feature = "axum", feature = "sqlx-postgres", feature = "sqlx-sqlite"),
+        doc = include_str!("../docs/recipes.md")
+    )]
+    #![cfg_attr(
+        not(all(feature = "axum", feature = "sqlx-postgres", feature = "sqlx-sqlite")),
+        doc = "This recipe needs the `axum`, `sqlx-postgres` and `sqlx-sqlite` features (docs.rs builds with every feature)."
+    )]
 }

@@ -52,6 +52,7 @@ mod rate_pacing;
 mod rate_precision;
 mod rate_sliding_log;
 mod rate_throughput;
+mod recipe;
 mod redis_store;
 mod renewal_timing;
 mod replicas;
