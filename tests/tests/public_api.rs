@@ -16,7 +16,7 @@ use std::process::Command;
 use serde_json::Value;
 
 /// The features a user can turn on; `test-util` is the test suite's, not an API.
-const FEATURES: &str = "tls,cluster,sentinel,http,tower,axum,anyhow,testing";
+const FEATURES: &str = "tls,cluster,sentinel,http,tower,axum,anyhow,testing,sqlx";
 
 #[test]
 fn the_public_api_is_the_committed_one() {
