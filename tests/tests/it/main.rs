@@ -60,4 +60,5 @@ mod security;
 mod sentinel;
 mod servers;
 mod shadow;
+mod stack;
 mod stacking;
