@@ -138,28 +138,37 @@ where
 {
 }
 
+/// A guard's future, boxed: a guarded fn's future holds a pointer, not the guard's state and
+/// the body, so stacked guards add their states instead of nesting them by value, and the
+/// poll frames of a debug build stay small (issue 46: the guide's tests overflowed a 2 MiB
+/// test thread). One allocation per call, beside a store round trip.
+pub type Guarded<F> = std::pin::Pin<Box<F>>;
+
 /// `#[idempotent]`'s wrapper: runs the body once per intent. A fn (not the method) so its
 /// bounds are reported at the return type, as the checks above.
-pub async fn idempotent<T, E, F>(guard: crate::idempotency::Idempotency, body: F) -> Result<T, E>
+pub fn idempotent<T, E, F>(
+    guard: crate::idempotency::Idempotency,
+    body: F,
+) -> Guarded<impl std::future::Future<Output = Result<T, E>>>
 where
     F: std::future::Future<Output = Result<T, E>>,
     T: Replayable,
     E: GuardError + crate::Classify,
 {
-    guard.run(body).await
+    Box::pin(guard.run(body))
 }
 
 /// `#[idempotent(detach)]`'s wrapper (see [`idempotent`]).
-pub async fn idempotent_detached<T, E, F>(
+pub fn idempotent_detached<T, E, F>(
     guard: crate::idempotency::Idempotency,
     body: F,
-) -> Result<T, E>
+) -> Guarded<impl std::future::Future<Output = Result<T, E>>>
 where
     F: std::future::Future<Output = Result<T, E>> + Send + 'static,
     T: Replayable + Send + 'static,
     E: GuardError + crate::Classify + Send + 'static,
 {
-    guard.detach().run(body).await
+    Box::pin(guard.detach().run(body))
 }
 
 pub use crate::values::{Algorithm, Rate};
@@ -196,7 +205,18 @@ pub fn rate_cost(limiter: crate::rate::Limiter, cost: crate::Result<u64>) -> cra
 
 /// The wrapper of one or more adjacent `#[rate_limit]`s: decides them all-or-nothing, then
 /// runs `inner` if every limit admitted.
-pub async fn rate_limit<T, E, F, const N: usize>(
+pub fn rate_limit<T, E, F, const N: usize>(
+    limiters: [crate::rate::Limiter; N],
+    inner: F,
+) -> Guarded<impl std::future::Future<Output = Result<T, E>>>
+where
+    E: GuardError,
+    F: std::future::Future<Output = Result<T, E>>,
+{
+    Box::pin(rate_limit_run(limiters, inner))
+}
+
+async fn rate_limit_run<T, E, F, const N: usize>(
     limiters: [crate::rate::Limiter; N],
     inner: F,
 ) -> Result<T, E>
@@ -257,13 +277,16 @@ pub fn dist_lock_builder(
 pub use crate::lock::OnLost;
 
 /// `#[dist_lock]`'s wrapper: runs the body under the lock.
-pub async fn dist_lock<K, T, E, F>(lock: crate::lock::LockBuilder<K>, body: F) -> Result<T, E>
+pub fn dist_lock<K, T, E, F>(
+    lock: crate::lock::LockBuilder<K>,
+    body: F,
+) -> Guarded<impl std::future::Future<Output = Result<T, E>>>
 where
     K: crate::lock::Kind,
     E: GuardError,
     F: std::future::Future<Output = Result<T, E>>,
 {
-    lock.run(body).await
+    Box::pin(lock.run(body))
 }
 
 /// Warnings about stacks that contradict the recommended order, raised through deprecation

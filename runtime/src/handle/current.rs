@@ -162,7 +162,9 @@ impl Redguard {
     /// The scope covers `future` only, not tasks it starts with `tokio::spawn`: start those
     /// with [`redguard::spawn`](crate::spawn), or [`Redguard::spawn`].
     pub fn scope<F: Future>(&self, future: F) -> impl Future<Output = F::Output> + use<F> {
-        let future = SCOPED.scope(self.clone(), future);
+        // Boxed here, once: the scope's future and its poll frames stay small however large
+        // `future` is (a debug build's frames hold each layer's copy of it).
+        let future = SCOPED.scope(self.clone(), Box::pin(future));
         async move {
             // Entered when first polled: only then is the runtime known.
             let _live = LiveScope::enter();

@@ -24,13 +24,14 @@ tokio::task_local! {
 /// assert_eq!((again?, replayed), (7, true));
 /// # Ok(()) }
 /// ```
-pub async fn track_replay<F: Future>(future: F) -> (F::Output, bool) {
-    REPLAYED
-        .scope(Cell::new(false), async move {
-            let output = future.await;
-            (output, REPLAYED.with(Cell::get))
-        })
-        .await
+pub fn track_replay<F: Future>(future: F) -> impl Future<Output = (F::Output, bool)> {
+    // Boxed here, once: the returned future and its poll frames stay small however large
+    // `future` is (a debug build's frames hold each layer's copy of it).
+    let future = Box::pin(future);
+    REPLAYED.scope(Cell::new(false), async move {
+        let output = future.await;
+        (output, REPLAYED.with(Cell::get))
+    })
 }
 
 /// Called by the guard when it replays; a no-op outside [`track_replay`].

@@ -61,4 +61,5 @@ mod security;
 mod sentinel;
 mod servers;
 mod shadow;
+mod stack;
 mod stacking;
