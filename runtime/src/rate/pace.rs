@@ -102,29 +102,40 @@ fn reservable(r: &Resolved<'_>) -> bool {
     r.limit.algorithm == Algorithm::Gcra && !r.shadow && r.limit.block.is_zero()
 }
 
-/// One GCRA limit: its slot reserved within `wait`, then slept until.
+/// One GCRA limit: its slot reserved within `wait`, then slept until. The store refuses only
+/// a slot beyond the wait; the local fallback of an outage (`FailMode::Local`) reserves
+/// nothing, and a refusal of its that the wait covers is waited out and asked again.
 async fn reserved(
     handle: &Redguard,
     limits: &[Resolved<'_>],
     wait: Duration,
 ) -> Result<Vec<Decision>> {
-    let mut decisions = decide(handle, limits, RateMode::Reserve(wait)).await?;
-    if let Some(rejected) = most_restrictive(&decisions) {
-        return Err(Error::RateLimited(rejected));
+    let deadline = Instant::now() + wait;
+    loop {
+        let ahead = deadline.saturating_duration_since(Instant::now());
+        let mut decisions = decide(handle, limits, RateMode::Reserve(ahead)).await?;
+        if let Some(rejected) = most_restrictive(&decisions) {
+            let pause = rejected.retry_after.max(MIN_PAUSE);
+            if Instant::now() + pause > deadline {
+                return Err(Error::RateLimited(rejected));
+            }
+            tokio::time::sleep(pause).await;
+            continue;
+        }
+        let slot = decisions
+            .iter()
+            .map(|d| d.retry_after)
+            .max()
+            .unwrap_or_default();
+        if !slot.is_zero() {
+            tokio::time::sleep(slot).await;
+        }
+        // Admitted now: nothing left to wait for.
+        for decision in &mut decisions {
+            decision.retry_after = Duration::ZERO;
+        }
+        return Ok(decisions);
     }
-    let slot = decisions
-        .iter()
-        .map(|d| d.retry_after)
-        .max()
-        .unwrap_or_default();
-    if !slot.is_zero() {
-        tokio::time::sleep(slot).await;
-    }
-    // Admitted now: nothing left to wait for.
-    for decision in &mut decisions {
-        decision.retry_after = Duration::ZERO;
-    }
-    Ok(decisions)
 }
 
 /// After an admission, the earliest instant the same limits could admit a call of one unit:

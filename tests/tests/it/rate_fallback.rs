@@ -332,3 +332,39 @@ async fn a_local_fallback_is_refused_for_other_guards() {
     assert!(FailMode::local(0).is_err());
     assert!(FailMode::local(redguard::handle::MAX_FALLBACK_INSTANCES + 1).is_err());
 }
+
+/// A call that may wait keeps waiting while Redis is down: the local share decides without
+/// reservations, and a refusal of its that the wait covers is waited out and asked again
+/// (one GCRA limit reserves its slot in the store; the fallback has none to reserve).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_calls_wait_for_the_local_share_while_redis_is_down() {
+    let mut server = RedisServer::start();
+    let rg = Redguard::redis(server.url())
+        .timeout(Duration::from_millis(100))
+        .fail_mode(GuardKind::RateLimit, FailMode::local(1).unwrap())
+        .connect()
+        .await
+        .expect("connect to the test redis-server");
+    server.kill();
+    let limiter = rg
+        .limiter("waiting")
+        .scope("it::fallback::wait")
+        .rate("10/s")
+        .burst(1)
+        .wait(Duration::from_secs(5));
+    let calls: Vec<_> = (0..5)
+        .map(|_| {
+            let limiter = limiter.clone();
+            tokio::spawn(async move { limiter.check().await.map(drop) })
+        })
+        .collect();
+    let mut admitted = 0;
+    for call in calls {
+        match call.await.unwrap() {
+            Ok(()) => admitted += 1,
+            Err(Error::RateLimited(d)) => panic!("refused although the wait covers it: {d:?}"),
+            Err(err) => panic!("{err}"),
+        }
+    }
+    assert_eq!(admitted, 5);
+}
