@@ -69,8 +69,10 @@ pub struct RedisStore {
     bus: Arc<lock::ReleaseBus>,
     /// Concurrent GCRA checks waiting to share a script call.
     gcra: Arc<gcra::Coalescer>,
-    /// Fails calls at once while the connection is known down (`breaker.rs`).
-    breaker: Arc<breaker::Breaker>,
+    /// Fails calls at once while the connection is known down (`breaker.rs`); `None` on a
+    /// twin, whose calls wait behind `WAIT`s by design: a timeout there says nothing of the
+    /// connection.
+    breaker: Option<Arc<breaker::Breaker>>,
     /// Whether the user may run `INFO` (found at connect): [`Store::health`] sends it only
     /// then, since every refused command is an `ACL LOG` entry.
     info: bool,
@@ -164,7 +166,7 @@ impl RedisStore {
             timeout,
             bus: Arc::new(lock::ReleaseBus::new(source, prefix)),
             gcra: Arc::default(),
-            breaker: Arc::default(),
+            breaker: Some(Arc::default()),
             info: true,
             #[cfg(feature = "test-util")]
             test: options.test,
@@ -583,7 +585,9 @@ impl RedisStore {
         call: impl Future<Output = Result<T, RedisError>>,
     ) -> Result<T> {
         guarded(
-            Some((&self.breaker, self.conn.generation())),
+            self.breaker
+                .as_deref()
+                .map(|breaker| (breaker, self.conn.generation())),
             op,
             self.timeout,
             call,
@@ -701,7 +705,7 @@ impl Store for RedisStore {
             conn,
             opener: None,
             gcra: Arc::default(),
-            breaker: Arc::default(),
+            breaker: None,
             ..self.clone()
         })))
     }
