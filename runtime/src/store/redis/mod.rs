@@ -434,23 +434,22 @@ impl RedisStore {
         pipe.add_command(cmd);
         wait_behind(&mut pipe, replicas);
         let mut conn = self.conn.clone();
-        let (reply, confirmed): (T, u32) = self
-            .bounded(op, async move {
-                match pipe.query_async(&mut conn).await {
-                    Err(err)
-                        if err.kind() == redis::ErrorKind::Server(ServerErrorKind::NoScript) =>
-                    {
-                        script.load_async(&mut conn).await?;
-                        pipe.query_async(&mut conn).await
-                    }
-                    reply => reply,
+        // Not through the breaker: a `WAIT` holds its connection (a Cluster's, which has no
+        // twin) by design, so a timeout here says nothing of the connection.
+        let (reply, confirmed): (T, u32) = bounded(op, self.timeout, async move {
+            match pipe.query_async(&mut conn).await {
+                Err(err) if err.kind() == redis::ErrorKind::Server(ServerErrorKind::NoScript) => {
+                    script.load_async(&mut conn).await?;
+                    pipe.query_async(&mut conn).await
                 }
-            })
-            .await
-            .map_err(|err| match key {
-                Some(key) => corrupt_or(err, key),
-                None => err,
-            })?;
+                reply => reply,
+            }
+        })
+        .await
+        .map_err(|err| match key {
+            Some(key) => corrupt_or(err, key),
+            None => err,
+        })?;
         if wrote(&reply) {
             confirmed_by(op, replicas, confirmed)?;
         }

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 
 use super::lua::{Lua, lua};
-use super::{RedisStore, confirmed_by, corrupt_or, wait_behind};
+use super::{RedisStore, bounded, confirmed_by, corrupt_or, wait_behind};
 use crate::error::{Error, Result};
 use crate::key::Key;
 use crate::store::{TokenOps, TokenOutcome};
@@ -52,11 +52,11 @@ impl TokenOps for RedisStore {
                 let mut pipe = redis::pipe();
                 pipe.add_command(set);
                 wait_behind(&mut pipe, replicas);
-                let (created, confirmed): (Option<String>, u32) = self
-                    .bounded(
-                        "token_issue",
-                        async move { pipe.query_async(&mut conn).await },
-                    )
+                // Not through the breaker: a `WAIT` holds its connection by design.
+                let (created, confirmed): (Option<String>, u32) =
+                    bounded("token_issue", self.timeout(), async move {
+                        pipe.query_async(&mut conn).await
+                    })
                     .await
                     .map_err(|err| corrupt_or(err, key))?;
                 let confirmed = match created {
@@ -68,7 +68,7 @@ impl TokenOps for RedisStore {
                 let delete = async {
                     let mut del = redis::cmd("DEL");
                     del.arg(key.as_str());
-                    self.bounded("token_discard", async move {
+                    bounded("token_discard", self.timeout(), async move {
                         del.query_async::<i64>(&mut undo_conn).await
                     })
                     .await
