@@ -143,6 +143,12 @@ pub const METRICS: &[Metric] = &[
         "Store calls that failed or timed out, by guard, operation and the FailMode applied \
          (fail_open, fail_closed, fail_local; unrecorded: an idempotent outcome that could not be stored).",
     ),
+    counter_metric(
+        "redguard_store_breaker_total",
+        &["event"],
+        "The Redis store's circuit breaker: opened (consecutive calls could not reach Redis), \
+         closed (a call reached it again), refused (a call failed at once while open).",
+    ),
 ];
 
 /// Describes every metric to the installed `metrics` recorder (type, unit, help text), so an

@@ -9,6 +9,17 @@
 
 use std::future::Future;
 
+tokio::task_local! {
+    /// Set while an undo runs: a store sends it even while it fails other calls at once
+    /// (the Redis store's breaker), since it must follow its operation on the connection.
+    static COMPENSATING: ();
+}
+
+/// Whether the current task is sending an undo (see [`COMPENSATING`]).
+pub(crate) fn compensating() -> bool {
+    COMPENSATING.try_with(|()| ()).is_ok()
+}
+
 /// What undoes one operation whose outcome is unknown.
 pub(crate) trait Compensate: Send + 'static {
     /// Logged when dropped outside a Tokio runtime, where nothing can be sent: how the state
@@ -70,7 +81,7 @@ impl<T: Compensate> Undo<T> {
         T: Clone,
     {
         if let Some(op) = self.armed.clone() {
-            op.undo().await;
+            COMPENSATING.scope((), op.undo()).await;
         }
         self.armed = None;
     }
@@ -82,7 +93,7 @@ impl<T: Compensate> Drop for Undo<T> {
             return;
         };
         match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => clean_up(&runtime, op.undo()),
+            Ok(runtime) => clean_up(&runtime, COMPENSATING.scope((), op.undo())),
             Err(_) => tracing::debug!("{}", T::ABANDONED),
         }
     }

@@ -2,9 +2,10 @@
 //! returns a [`Charge`], which charges or refunds the rest once the real cost is known.
 
 use super::limiter::Limiter;
+use crate::degrade::Degrade as _;
 use crate::error::{Error, Result};
 use crate::handle::Redguard;
-use crate::key::Key;
+use crate::key::{GuardKind, Key};
 use crate::store::{RateAdjust, RateCheck};
 use crate::values::{Decision, Limit, MAX_RATE_COUNT};
 
@@ -125,7 +126,9 @@ impl Charge {
 
     /// Charges `units` more to the key (past its limit if need be: see [`Charge`]); returns
     /// the units held now. More than [`MAX_RATE_COUNT`] in one call is refused. On a store
-    /// error nothing is counted here, though the store may have charged (a timeout).
+    /// error nothing is counted here, though the store may have charged (a timeout); with
+    /// [`FailMode::Local`](crate::handle::FailMode::Local) the local share takes the charge
+    /// instead (past it if need be), and the call answers `Ok`.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> redguard::Result<()> {
@@ -201,7 +204,24 @@ impl Charge {
             key: &self.key,
             limit: &self.limit,
         };
-        let done = self.handle.store().rate_adjust(&check, adjust).await?;
+        let done = match self.handle.store().rate_adjust(&check, adjust).await {
+            Ok(done) => done,
+            // The store cannot take a charge while the local fallback decides: the share
+            // takes it, or the outage's admissions would escape it (issue 45).
+            Err(Error::Backend(err))
+                if matches!(adjust, RateAdjust::Charge(_))
+                    && super::fallback::charge(&self.handle, &self.key, &self.limit, units) =>
+            {
+                Err::<(), _>(Error::Backend(err)).or_degrade(
+                    &self.handle,
+                    GuardKind::RateLimit,
+                    "rate_adjust",
+                    &self.key,
+                )?;
+                units
+            }
+            Err(err) => return Err(err),
+        };
         metrics::counter!("redguard_rate_adjusted_units_total", "op" => op).increment(done);
         Ok(done)
     }

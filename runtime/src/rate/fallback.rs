@@ -35,6 +35,7 @@ use tokio::time::Instant;
 
 use super::decide::Resolved;
 use crate::handle::{FailMode, Redguard};
+use crate::key::Key;
 use crate::store::{RateMode, RateOutcome};
 use crate::values::{Decision, Limit};
 
@@ -241,6 +242,34 @@ pub(super) fn outage(
     Some(decisions)
 }
 
+/// A charge after the call ([`Charge`](super::Charge)) the store could not take, while the
+/// fallback decides: the key's local bucket takes the `units`, past its share if need be (a
+/// debt the next local admissions wait out, as the store's charge would). `false` when the
+/// handle has no local fallback (the error stands). A refund is not given back locally:
+/// the share stays the stricter side.
+pub(super) fn charge(handle: &Redguard, key: &Key, limit: &Limit, units: u64) -> bool {
+    let Some(instances) = instances(handle) else {
+        return false;
+    };
+    let table = &handle.state().fallback;
+    let share = Share::of(limit, instances);
+    let now = table.now();
+    let mut entries = table.lock();
+    let old = entries.get(key.as_str()).copied();
+    let tat = old.map_or(now, |e| e.tat).max(now) + share.interval_ns * u128::from(units);
+    if old.is_none() && entries.len() >= MAX_KEYS {
+        evict(&mut entries, now);
+    }
+    entries.insert(
+        key.as_str().to_owned(),
+        Entry {
+            tat,
+            gate_until: old.and_then(|e| e.gate_until),
+        },
+    );
+    true
+}
+
 /// The store answered `outcome`: for keys admitted locally during an outage, and within one
 /// window of the store's first answer for them, the local limiter must admit the call too.
 /// `Some` (the local refusals) when it does not; the store's outcome stands otherwise.
@@ -310,7 +339,6 @@ fn count(limits: &[Resolved<'_>], decisions: &[Decision]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::key::Key;
     use crate::values::{Algorithm, Rate};
 
     fn limit(algorithm: Algorithm, rate: Rate, burst: Option<u64>, cost: u64) -> Limit {

@@ -267,6 +267,10 @@ async fn workload(url: String, mut server: RedisServer) {
     // A cost reported after the store went away: the settlement fails, the value stands.
     assert_eq!(rg.scope(settled_after(&mut server)).await.unwrap(), 5);
     let _ = limiter().decide().await.unwrap();
+    // Calls that cannot reach it open the store's breaker; the next fail at once.
+    for _ in 0..4 {
+        let _ = limiter().decide().await.unwrap();
+    }
 }
 
 /// Kills the store while it runs, so the cost it reports cannot be settled.

@@ -367,4 +367,84 @@ async fn waiting_calls_wait_for_the_local_share_while_redis_is_down() {
         }
     }
     assert_eq!(admitted, 5);
+
+/// Issue 45 (item 8): `charge = after` during an outage. The reply's cost, settled after the
+/// call, reaches the local share when Redis cannot take it: with `300/h` over 3 instances (a
+/// share of 100 units), `cost = 10` and replies of 100 units, sequential calls consume at most
+/// the share plus one call's overshoot past its admitted cost (100 + 90); here exactly one
+/// call (100 units) is admitted, where the dropped settlements let 10 calls (1,000 units) in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn charges_after_the_call_are_charged_to_the_share_during_an_outage() {
+    const SHARE: u64 = 300 / 3;
+    const COST: u64 = 10;
+    const REPLY: u64 = 100;
+    let mut server = RedisServer::start();
+    let rg = Redguard::redis(server.url())
+        .timeout(Duration::from_millis(100))
+        .fail_mode(GuardKind::RateLimit, FailMode::local(3).unwrap())
+        .connect()
+        .await
+        .unwrap();
+    server.kill();
+    let (admitted, refused) = rg
+        .scope(async {
+            let (mut admitted, mut refused) = (0, 0);
+            for _ in 0..20 {
+                match reply("acme", REPLY).await {
+                    Ok(_) => admitted += 1,
+                    Err(Error::RateLimited(d)) => {
+                        assert!(d.retry_after > Duration::ZERO);
+                        refused += 1;
+                    }
+                    Err(other) => panic!("{other:?}"),
+                }
+            }
+            (admitted, refused)
+        })
+        .await;
+    assert_eq!(admitted + refused, 20);
+    let consumed = admitted * REPLY;
+    assert!(
+        consumed <= SHARE + (REPLY - COST),
+        "{consumed} units consumed against a share of {SHARE} ({admitted} calls admitted)"
+    );
+    assert_eq!(admitted, 1, "the first reply's 100 units fill the share");
+
+    // The same through `Limiter::reserve`: the settlement is charged locally and answered.
+    let limiter = || {
+        redguard::limiter("tenant:globex")
+            .scope("it::fallback::charge")
+            .rate("300/h")
+            .cost(COST)
+            .on(&rg)
+    };
+    let mut call = limiter()
+        .reserve()
+        .await
+        .expect("the share admits one call");
+    call.settle(REPLY)
+        .await
+        .expect("charged to the local share");
+    assert_eq!(call.held(), REPLY);
+    let refused = limiter().reserve().await.unwrap_err();
+    assert!(matches!(refused, Error::RateLimited(_)), "{refused:?}");
+}
+
+struct Reply(u64);
+
+impl redguard::rate::Cost for Reply {
+    fn cost(&self) -> u64 {
+        self.0
+    }
+}
+
+#[redguard::rate_limit(
+    key = "tenant:{tenant}",
+    scope = "it::fallback::charge",
+    rate = "300/h",
+    cost = 10,
+    charge = after
+)]
+async fn reply(tenant: &str, units: u64) -> redguard::Result<Reply> {
+    Ok(Reply(units))
 }

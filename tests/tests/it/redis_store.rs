@@ -307,3 +307,61 @@ async fn an_existing_connection_manager_is_accepted() {
         .unwrap_err();
     assert!(matches!(err, Error::Config(_)), "{err:?}");
 }
+
+/// Issue 45 (item 8): a connection known to be down fails at once. With Redis killed, after
+/// the first few calls (each up to the timeout), 50 fail-open rate checks take far less than
+/// 50 timeouts (the store's breaker fails them at once, one probe at a time going through);
+/// after a restart the guards work again within about a second (a probe every 150 ms).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_known_down_fails_at_once_and_recovers_after_a_restart() {
+    let mut server = RedisServer::start();
+    // Rate limits fail open (the default), tokens closed: a token issued means Redis answered.
+    let rg = connect(&server, FailMode::Closed).await;
+    let limiter = || {
+        redguard::limiter("outage")
+            .scope("it::redis_store::breaker")
+            .rate("1000/s")
+            .on(&rg)
+    };
+    assert!(limiter().decide().await.unwrap().allowed);
+    server.kill();
+    let first = Instant::now();
+    for _ in 0..5 {
+        assert!(limiter().decide().await.unwrap().allowed, "fails open");
+    }
+    let first = first.elapsed();
+    let started = Instant::now();
+    for _ in 0..50 {
+        assert!(limiter().decide().await.unwrap().allowed, "fails open");
+    }
+    let outage = started.elapsed();
+    eprintln!(
+        "with Redis killed: the first 5 calls {:?} each, the next 50 {:?} each",
+        first / 5,
+        outage / 50
+    );
+    assert!(
+        outage < TIMEOUT * 10,
+        "50 fail-open checks took {outage:?} (timeout {TIMEOUT:?})"
+    );
+
+    server.restart();
+    let restarted = Instant::now();
+    let deadline = restarted + Duration::from_secs(10);
+    loop {
+        match rg.tokens().issue("a", Duration::from_secs(60)).await {
+            Ok(_) => break,
+            Err(Error::Backend(_)) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(other) => panic!("did not recover: {other:?}"),
+        }
+    }
+    let recovered = restarted.elapsed();
+    eprintln!("the guards work again {recovered:?} after the restart");
+    assert!(
+        recovered < Duration::from_secs(1) + SLACK,
+        "recovered {recovered:?} after the restart"
+    );
+    assert!(limiter().decide().await.unwrap().allowed);
+}

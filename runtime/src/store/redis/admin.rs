@@ -12,7 +12,7 @@ use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 #[cfg(feature = "cluster")]
 use super::Conn;
 use super::lua::{Lua, lua};
-use super::{RedisStore, bounded, evalsha};
+use super::{RedisStore, evalsha};
 use crate::error::{Error, Result};
 use crate::key::Key;
 use crate::store::admin::{
@@ -134,9 +134,10 @@ impl AdminOps for RedisStore {
             cmd.arg(key.as_str());
         }
         let mut conn = self.conn();
-        bounded("admin_delete", self.timeout, async move {
-            cmd.query_async(&mut conn).await
-        })
+        self.bounded(
+            "admin_delete",
+            async move { cmd.query_async(&mut conn).await },
+        )
         .await
     }
 
@@ -144,7 +145,7 @@ impl AdminOps for RedisStore {
         let mut conn = self.conn();
         let mut cmd = redis::cmd("PUBLISH");
         cmd.arg(key.as_str()).arg(super::lock::RESET);
-        bounded("admin_announce_reset", self.timeout, async move {
+        self.bounded("admin_announce_reset", async move {
             cmd.query_async::<i64>(&mut conn).await
         })
         .await?;
@@ -159,7 +160,7 @@ impl AdminOps for RedisStore {
                 .arg(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX));
         }
         let mut conn = self.conn();
-        bounded("admin_quota_set", self.timeout, async move {
+        self.bounded("admin_quota_set", async move {
             cmd.query_async::<()>(&mut conn).await
         })
         .await
@@ -266,25 +267,26 @@ impl RedisStore {
         cmd: redis::Cmd,
     ) -> Result<T> {
         let mut conn = self.conn();
-        let value = bounded("admin_scan", self.timeout, async move {
-            match &mut conn {
-                #[cfg(feature = "cluster")]
-                Conn::Cluster(cluster) => {
-                    let routing = match node {
-                        Some((host, port)) => SingleNodeRoutingInfo::ByAddress {
-                            host: host.clone(),
-                            port: *port,
-                        },
-                        None => SingleNodeRoutingInfo::Random,
-                    };
-                    cluster
-                        .route_command(cmd, RoutingInfo::SingleNode(routing))
-                        .await
+        let value = self
+            .bounded("admin_scan", async move {
+                match &mut conn {
+                    #[cfg(feature = "cluster")]
+                    Conn::Cluster(cluster) => {
+                        let routing = match node {
+                            Some((host, port)) => SingleNodeRoutingInfo::ByAddress {
+                                host: host.clone(),
+                                port: *port,
+                            },
+                            None => SingleNodeRoutingInfo::Random,
+                        };
+                        cluster
+                            .route_command(cmd, RoutingInfo::SingleNode(routing))
+                            .await
+                    }
+                    single => cmd.query_async::<Value>(single).await,
                 }
-                single => cmd.query_async::<Value>(single).await,
-            }
-        })
-        .await?;
+            })
+            .await?;
         redis::from_redis_value(value)
             .map_err(|err| Error::Config(format!("unexpected reply to an admin command: {err}")))
     }

@@ -73,6 +73,18 @@ pub(crate) enum Conn {
     Sentinel(SentinelConn),
 }
 
+impl Conn {
+    /// Through Sentinel, the current master's generation (0 while none is known); `None`
+    /// elsewhere.
+    pub(crate) fn generation(&self) -> Option<u64> {
+        match self {
+            #[cfg(feature = "sentinel")]
+            Conn::Sentinel(conn) => Some(conn.generation()),
+            _ => None,
+        }
+    }
+}
+
 impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {

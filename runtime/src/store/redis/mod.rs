@@ -2,6 +2,7 @@
 //! guard operation. Each guard's operations and scripts live in their own file here.
 
 mod admin;
+mod breaker;
 mod conn;
 mod gcra;
 mod idem;
@@ -68,6 +69,10 @@ pub struct RedisStore {
     bus: Arc<lock::ReleaseBus>,
     /// Concurrent GCRA checks waiting to share a script call.
     gcra: Arc<gcra::Coalescer>,
+    /// Fails calls at once while the connection is known down (`breaker.rs`); `None` on a
+    /// twin, whose calls wait behind `WAIT`s by design: a timeout there says nothing of the
+    /// connection.
+    breaker: Option<Arc<breaker::Breaker>>,
     /// Whether the user may run `INFO` (found at connect): [`Store::health`] sends it only
     /// then, since every refused command is an `ACL LOG` entry.
     info: bool,
@@ -161,6 +166,7 @@ impl RedisStore {
             timeout,
             bus: Arc::new(lock::ReleaseBus::new(source, prefix)),
             gcra: Arc::default(),
+            breaker: Some(Arc::default()),
             info: true,
             #[cfg(feature = "test-util")]
             test: options.test,
@@ -241,7 +247,7 @@ impl RedisStore {
         #[cfg(feature = "test-util")]
         let cmd = self.test.rewrite(script, cmd);
         let mut conn = self.conn.clone();
-        bounded(op, self.timeout, async move {
+        self.bounded(op, async move {
             match cmd.query_async(&mut conn).await {
                 Err(err) if err.kind() == redis::ErrorKind::Server(ServerErrorKind::NoScript) => {
                     script.load_async(&mut conn).await?;
@@ -428,6 +434,8 @@ impl RedisStore {
         pipe.add_command(cmd);
         wait_behind(&mut pipe, replicas);
         let mut conn = self.conn.clone();
+        // Not through the breaker: a `WAIT` holds its connection (a Cluster's, which has no
+        // twin) by design, so a timeout here says nothing of the connection.
         let (reply, confirmed): (T, u32) = bounded(op, self.timeout, async move {
             match pipe.query_async(&mut conn).await {
                 Err(err) if err.kind() == redis::ErrorKind::Server(ServerErrorKind::NoScript) => {
@@ -564,8 +572,56 @@ pub(crate) async fn bounded<T>(
     after: Duration,
     call: impl Future<Output = Result<T, RedisError>>,
 ) -> Result<T> {
+    guarded(None, op, after, call).await
+}
+
+impl RedisStore {
+    /// [`bounded`] by the store's timeout, through its breaker: a call of the store's own
+    /// (every guard operation, `PING`, `TIME`) fails at once while Redis is known down.
+    pub(crate) async fn bounded<T>(
+        &self,
+        op: &'static str,
+        call: impl Future<Output = Result<T, RedisError>>,
+    ) -> Result<T> {
+        guarded(
+            self.breaker
+                .as_deref()
+                .map(|breaker| (breaker, self.conn.generation())),
+            op,
+            self.timeout,
+            call,
+        )
+        .await
+    }
+}
+
+/// [`bounded`], counting the outcome in `breaker` when given (see `breaker.rs`).
+async fn guarded<T>(
+    breaker: Option<(&breaker::Breaker, Option<u64>)>,
+    op: &'static str,
+    after: Duration,
+    call: impl Future<Output = Result<T, RedisError>>,
+) -> Result<T> {
+    let pass = match breaker {
+        // An undo follows its operation on the connection whatever the breaker says: a
+        // paused Redis runs both when it resumes.
+        Some((breaker, generation)) if crate::undo::compensating() => {
+            Some((breaker.force(), generation))
+        }
+        Some((breaker, generation)) => Some((breaker.pass(op, generation)?, generation)),
+        None => None,
+    };
     let call = tracing::Instrument::instrument(call, crate::trace::store_call(op));
-    match tokio::time::timeout(after, call).await {
+    let result = tokio::time::timeout(after, call).await;
+    if let Some((pass, generation)) = pass {
+        let reached = match &result {
+            Ok(Ok(_)) => true,
+            Ok(Err(err)) => !breaker::unreached(err),
+            Err(_) => false,
+        };
+        pass.record(reached, generation);
+    }
+    match result {
         Ok(Ok(value)) => Ok(value),
         Ok(Err(source)) if source.is_timeout() => Err(BackendError::Timeout { op, after }.into()),
         Ok(Err(source)) => Err(BackendError::Failed {
@@ -594,10 +650,11 @@ impl Store for RedisStore {
     async fn health(&self) -> Result<Health> {
         let started = Instant::now();
         let mut conn = self.conn();
-        let _: () = bounded("ping", self.timeout, async move {
-            redis::cmd("PING").query_async(&mut conn).await
-        })
-        .await?;
+        let _: () = self
+            .bounded("ping", async move {
+                redis::cmd("PING").query_async(&mut conn).await
+            })
+            .await?;
         let round_trip = started.elapsed();
         let found = match self.info {
             true => server::info(self.conn(), self.timeout)
@@ -620,10 +677,11 @@ impl Store for RedisStore {
             return Ok(clock.now());
         }
         let mut conn = self.conn();
-        let (secs, micros): (u64, u64) = bounded("time", self.timeout, async move {
-            redis::cmd("TIME").query_async(&mut conn).await
-        })
-        .await?;
+        let (secs, micros): (u64, u64) = self
+            .bounded("time", async move {
+                redis::cmd("TIME").query_async(&mut conn).await
+            })
+            .await?;
         Ok(Duration::from_secs(secs) + Duration::from_micros(micros))
     }
 
@@ -646,6 +704,7 @@ impl Store for RedisStore {
             conn,
             opener: None,
             gcra: Arc::default(),
+            breaker: None,
             ..self.clone()
         })))
     }

@@ -37,9 +37,10 @@ impl TokenOps for RedisStore {
             .arg("NX");
         let created: Option<String> = match replicas {
             None => {
-                bounded("token_issue", self.timeout(), async move {
-                    set.query_async(&mut conn).await
-                })
+                self.bounded(
+                    "token_issue",
+                    async move { set.query_async(&mut conn).await },
+                )
                 .await
             }
             Some(replicas) => {
@@ -51,6 +52,7 @@ impl TokenOps for RedisStore {
                 let mut pipe = redis::pipe();
                 pipe.add_command(set);
                 wait_behind(&mut pipe, replicas);
+                // Not through the breaker: a `WAIT` holds its connection by design.
                 let (created, confirmed): (Option<String>, u32) =
                     bounded("token_issue", self.timeout(), async move {
                         pipe.query_async(&mut conn).await
