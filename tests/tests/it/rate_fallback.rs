@@ -367,6 +367,7 @@ async fn waiting_calls_wait_for_the_local_share_while_redis_is_down() {
         }
     }
     assert_eq!(admitted, 5);
+}
 
 /// Issue 45 (item 8): `charge = after` during an outage. The reply's cost, settled after the
 /// call, reaches the local share when Redis cannot take it: with `300/h` over 3 instances (a
