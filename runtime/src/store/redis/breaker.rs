@@ -149,8 +149,14 @@ impl Breaker {
     }
 
     fn close(&self) {
-        self.failures.store(0, Ordering::Relaxed);
-        if self.next_probe.swap(CLOSED, Ordering::AcqRel) != CLOSED {
+        // Every answered call comes here: read before writing, so the closed breaker's cache
+        // line stays shared between the threads instead of moving at every call.
+        if self.failures.load(Ordering::Relaxed) != 0 {
+            self.failures.store(0, Ordering::Relaxed);
+        }
+        if self.next_probe.load(Ordering::Acquire) != CLOSED
+            && self.next_probe.swap(CLOSED, Ordering::AcqRel) != CLOSED
+        {
             metrics::counter!("redguard_store_breaker_total", "event" => "closed").increment(1);
             tracing::info!("redguard: Redis answers again; store calls go through");
         }
