@@ -202,7 +202,7 @@ pub(crate) async fn self_check(
     Ok(())
 }
 
-const COST_CASE: &str = "lock acquire+release random keys, server cost per cycle";
+pub(crate) const COST_CASE: &str = "lock acquire+release random keys, server cost per cycle";
 
 /// Per acquire + release cycle at 16 and 64 in flight, from Redis's counters: each command's
 /// calls and µs, the scripts' total and the main thread's CPU, for our API, the raw scripts
@@ -266,8 +266,10 @@ pub(crate) async fn lock_cycle(bench: &mut Bench, rows: Vec<(&'static str, Op)>)
 }
 
 /// Whether `command` is one a client of `row` sends itself (its µs include nothing counted
-/// twice): scripts and their loading, and rslock's `SET NX PX`.
+/// twice): scripts and their loading, rslock's `SET NX PX`, and the native design's `SET`
+/// and `DEL`.
 fn is_top_level(row: &str, command: &str) -> bool {
     matches!(command, "evalsha" | "eval" | "script|load" | "psubscribe")
         || (row == "rslock" && command == "set")
+        || (row.starts_with("design: SET") && matches!(command, "set" | "del"))
 }

@@ -7,8 +7,7 @@ use std::time::Duration;
 use redguard::{Redguard, dist_lock, key::KeyBuilder, lock::LockGuard, lock::LockKind};
 use redis::aio::ConnectionManager;
 
-use crate::{Bench, Ways};
-use crate::{cost, raw};
+use crate::{Bench, Ways, cost, lock_designs, raw};
 
 /// The same acquire + release as the runtime-API case, through the attribute.
 #[dist_lock(key = "l:{i}", scope = "bench")]
@@ -135,7 +134,7 @@ pub(crate) async fn cases(bench: &mut Bench, rg: &Redguard, memory: &Redguard) {
     )
     .await;
     let (rg3, conn, raw_shas, manager) = (rg.clone(), bench.conn.clone(), shas, rslock.clone());
-    let rows = vec![
+    let mut rows = vec![
         ("our API", cost::op(move |i| section(rg3.clone(), i))),
         (
             "raw scripts",
@@ -149,6 +148,9 @@ pub(crate) async fn cases(bench: &mut Bench, rg: &Redguard, memory: &Redguard) {
             cost::op(move |i| rslock_cycle(manager.clone(), i)),
         ),
     ];
+    if bench.selected(cost::COST_CASE, "redis") {
+        rows.extend(lock_designs::rows(&bench.conn).await);
+    }
     cost::lock_cycle(bench, rows).await;
     let m = memory.clone();
     bench

@@ -17,6 +17,7 @@ mod idem;
 mod idem_wait;
 mod inproc;
 mod lock;
+mod lock_designs;
 mod measure;
 mod pace;
 mod peers;

@@ -49,6 +49,31 @@ pub(crate) enum Command {
     /// read by every instance's next call on that key.
     #[command(subcommand)]
     Quota(QuotaCommand),
+    /// Where one rate-limit key stands: the limit in force and the rule that set it (the
+    /// key's override, the longest prefix's, or the limit in the code given with --rate),
+    /// used, remaining and reset of the next call (peeked: nothing charged).
+    Usage(UsageArgs),
+}
+
+/// `redguard usage SCOPE KEY --rate R`.
+#[derive(Debug, Args)]
+pub(crate) struct UsageArgs {
+    /// The limit's scope: the fn's path or its `scope = ".."`.
+    pub(crate) scope: String,
+    /// The rendered key template (`tenant:acme`).
+    pub(crate) key: String,
+    /// The limit in the code, or the tenant's plan (`100/min`): an override replaces it.
+    #[arg(long)]
+    pub(crate) rate: String,
+    /// The code's burst (bucket algorithms).
+    #[arg(long)]
+    pub(crate) burst: Option<u64>,
+    /// The code's algorithm.
+    #[arg(long, default_value = "gcra")]
+    pub(crate) algorithm: String,
+    /// The cost of one call.
+    #[arg(long, default_value_t = 1)]
+    pub(crate) cost: u64,
 }
 
 /// `redguard quota ...`.

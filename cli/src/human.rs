@@ -3,7 +3,8 @@
 use std::fmt::Write as _;
 
 use redguard::admin::{
-    Inspection, LockState, QuotaEntry, QuotaList, RecordState, Resolve, ScanReport, Unlock,
+    Inspection, LimitSource, LockState, QuotaEntry, QuotaList, RecordState, Resolve, ScanReport,
+    Unlock, Usage,
 };
 use serde::Serialize;
 
@@ -299,6 +300,35 @@ pub(crate) fn quota(q: &QuotaEntry) -> String {
         None => "permanent".to_owned(),
     };
     format!("{} {what} ({until})\n", q.key)
+}
+
+/// Where one rate-limit key stands.
+pub(crate) fn usage(u: &Usage) -> String {
+    let mut out = Lines::new(format!("rate {}", u.key));
+    let rule = match &u.source {
+        LimitSource::Key => "the key's override".to_owned(),
+        LimitSource::Prefix { prefix } => format!("the prefix override {prefix}"),
+        _ => "the limit in the code (--rate)".to_owned(),
+    };
+    out.add(
+        "limit",
+        format!("{} burst {} (set by {rule})", u.rate, u.burst),
+    );
+    out.add("used", u.used.unwrap_or(0));
+    out.add("remaining", u.next.remaining);
+    out.add(
+        "next call",
+        if u.next.allowed {
+            "admitted".to_owned()
+        } else {
+            format!("refused, retry after {}", duration(u.next.retry_after_ms))
+        },
+    );
+    out.add("resets in", duration(u.next.reset_after_ms));
+    for q in &u.ignored {
+        out.add("ignored override", quota(q).trim_end());
+    }
+    out.0
 }
 
 /// The overrides of a scope.

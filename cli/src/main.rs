@@ -180,6 +180,14 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             print(json, &stats, human::stats);
         }
         Command::Quota(command) => quota(&admin, json, command).await?,
+        Command::Usage(args) => {
+            // Everything is checked before the store is asked anything.
+            let algorithm: Algorithm = args.algorithm.parse()?;
+            let rate: Rate = args.rate.parse()?;
+            let limit = Limit::new(algorithm, rate, args.burst, args.cost, Default::default())?;
+            let usage = admin.usage(&args.scope, &args.key, &limit).await?;
+            print(json, &usage, human::usage);
+        }
     }
     Ok(())
 }

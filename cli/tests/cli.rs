@@ -260,6 +260,66 @@ async fn out_of_range_counts_are_refused() {
     assert_eq!(after["rate"]["used"], before["rate"]["used"], "{after}");
 }
 
+/// Issue 47: `usage` names the rule in force and agrees with the next call, in JSON and text.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn usage_names_the_limit_in_force() {
+    let server = RedisServer::start();
+    let rg = redguard_tests::connect(&server).await;
+    let tenant = || {
+        redguard::limiter("tenant:acme")
+            .scope(SCOPE)
+            .rate("4/h")
+            .on(&rg)
+    };
+    tenant().check().await.unwrap();
+    let usage = |extra: &'static [&'static str]| {
+        let mut args = vec!["usage", SCOPE, "tenant:acme", "--rate", "4/h"];
+        args.extend_from_slice(extra);
+        let env = on(&server);
+        async move { redguard(env, &args).await }
+    };
+    let seen = json(&usage(&["--json"]).await);
+    assert_eq!(seen["source"]["rule"], "code", "{seen}");
+    assert_eq!(
+        (seen["used"].as_u64(), seen["burst"].as_u64()),
+        (Some(1), Some(4))
+    );
+    assert_eq!(seen["next"]["remaining"], 2, "{seen}");
+    let next = tenant().decide().await.unwrap();
+    assert_eq!(next.remaining, 2);
+
+    let quota = [
+        "quota",
+        "set",
+        SCOPE,
+        "tenant:acme",
+        "--rate",
+        "10/h",
+        "--ttl",
+        "1h",
+    ];
+    ok(&redguard(on(&server), &quota).await);
+    let text = ok(&usage(&[]).await);
+    assert!(
+        text.contains("10/3600s burst 10 (set by the key's override)"),
+        "{text}"
+    );
+    assert!(text.contains("used          2"), "{text}");
+    assert!(text.contains("remaining     7"), "{text}");
+    assert_eq!(tenant().decide().await.unwrap().remaining, 7);
+
+    // Bad input: exit 2 from clap, nothing asked of the store.
+    let out = redguard(on(&server), &["usage", SCOPE, "tenant:acme"]).await;
+    assert_eq!(out.status.code(), Some(2));
+    let out = redguard(
+        on(&server),
+        &["usage", SCOPE, "tenant:acme", "--rate", "fast"],
+    )
+    .await;
+    assert_ne!(out.status.code(), Some(0));
+    assert!(out.stdout.is_empty());
+}
+
 /// Issue 45: a log read through a pipe carries no ANSI colour codes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn piped_output_has_no_colour() {

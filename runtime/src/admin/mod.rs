@@ -46,6 +46,7 @@ mod address;
 mod decode;
 mod quota;
 mod scan;
+mod usage;
 
 use serde::Serialize;
 
@@ -53,6 +54,7 @@ pub use self::address::{AdminKey, LockKindName};
 pub use self::decode::{DecisionState, Holder, Inspection, LockState, RateState, RecordState};
 pub use self::quota::{QuotaEntry, QuotaList};
 pub use self::scan::{DEFAULT_SCAN_LIMIT, ScanGroup, ScanReport, ScanSelect};
+pub use self::usage::{LimitSource, Usage};
 pub use crate::values::{MAX_PREFIX_OVERRIDES, MAX_QUOTA_TTL, Quota, QuotaTtl};
 
 use self::decode::View;

@@ -245,7 +245,7 @@ impl Admin {
     }
 
     /// The handle's prefix-override hash, `None` on a Cluster.
-    fn prefix_hash(&self, scope: &str) -> Result<Option<Key>> {
+    pub(super) fn prefix_hash(&self, scope: &str) -> Result<Option<Key>> {
         if self.handle.store().kind() == StoreKind::Cluster {
             return Ok(None);
         }
@@ -258,7 +258,7 @@ impl Admin {
     }
 
     /// The prefix overrides in `hash` whose prefix starts with `start`.
-    async fn read_prefixes(&self, hash: &Key, start: &str) -> Result<Vec<QuotaEntry>> {
+    pub(super) async fn read_prefixes(&self, hash: &Key, start: &str) -> Result<Vec<QuotaEntry>> {
         let (now, fields) = self.handle.store().admin_quota_prefixes(hash).await?;
         let now_ms = u64::try_from(now.as_millis()).unwrap_or(u64::MAX);
         Ok(fields
@@ -294,7 +294,7 @@ impl Admin {
     }
 
     /// `<prefix>:rate:{<scope>:`: what every rate-limit key of `scope` starts with.
-    fn scope_prefix(&self, scope: &str) -> Result<String> {
+    pub(super) fn scope_prefix(&self, scope: &str) -> Result<String> {
         let probe = self.handle.key(
             GuardKind::RateLimit,
             scope,

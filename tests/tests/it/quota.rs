@@ -7,8 +7,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use redguard::admin::{Admin, Quota, QuotaTtl};
-use redguard::{Error, Redguard, key::GuardKind, rate::Algorithm, rate::Limiter};
+use redguard::admin::{Admin, LimitSource, Quota, QuotaTtl, Usage};
+use redguard::rate::Rate;
+use redguard::{Error, Redguard, key::GuardKind, rate::Algorithm, rate::Limit, rate::Limiter};
 
 const SCOPE: &str = "api::tenants";
 const HOUR: QuotaTtl = QuotaTtl::For(Duration::from_secs(3600));
@@ -20,6 +21,7 @@ redguard_tests::conformance!(
     a_rate_lowered_while_calls_are_in_flight_admits_nothing_beyond_it,
     bad_overrides_are_refused_and_nothing_is_written,
     listing_finds_the_overrides_of_a_scope,
+    usage_agrees_with_the_next_decision,
 );
 
 // Prefix overrides: memory, a single node (also with declared keys) and Sentinel's master
@@ -79,7 +81,59 @@ mod prefixes {
     on_prefix_stores!(
         a_prefix_override_decides_every_key_it_starts,
         a_prefix_changed_while_two_handles_are_in_flight_admits_nothing_beyond_it,
+        usage_names_the_rule_that_won,
     );
+
+    /// `usage` on one handle names the rule another handle's next call is decided by: no
+    /// matching prefix, the code; then the longest of three matching prefixes; then the key's
+    /// own override; and its figures are that call's.
+    async fn usage_names_the_rule_that_won(one: Redguard, other: Redguard) {
+        let (one, other) = pair(one, other);
+        let admin = Admin::new(one.clone());
+        tenant(&other, "t1-acme").check().await.unwrap();
+        let code = code_limit();
+        let slow = |rate| Quota::new(rate, None).unwrap();
+        admin
+            .quota_set(SCOPE, "tenant:t2*", &slow("2/h"), HOUR)
+            .await
+            .unwrap();
+        let usage = admin.usage(SCOPE, "tenant:t1-acme", &code).await.unwrap();
+        assert_eq!(usage.source, LimitSource::Code, "{usage:?}");
+        admin
+            .quota_set(SCOPE, "tenant:t1*", &slow("7/h"), HOUR)
+            .await
+            .unwrap();
+        admin
+            .quota_set(SCOPE, "tenant:t1-*", &slow("9/h"), HOUR)
+            .await
+            .unwrap();
+        admin
+            .quota_set(SCOPE, "tenant:*", &slow("3/h"), HOUR)
+            .await
+            .unwrap();
+        // Three match: the longest wins.
+        let usage = admin.usage(SCOPE, "tenant:t1-acme", &code).await.unwrap();
+        match &usage.source {
+            LimitSource::Prefix { prefix } => assert!(prefix.ends_with("tenant:t1-*"), "{prefix}"),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            (usage.rate.as_str(), usage.burst, usage.used),
+            ("9/3600s", 9, Some(1))
+        );
+        agrees(&usage, &other, "t1-acme").await;
+
+        admin
+            .quota_set(SCOPE, "tenant:t1-acme", &slow("5/h"), HOUR)
+            .await
+            .unwrap();
+        let usage = admin.usage(SCOPE, "tenant:t1-acme", &code).await.unwrap();
+        assert_eq!(
+            (&usage.source, usage.rate.as_str(), usage.burst),
+            (&LimitSource::Key, "5/3600s", 5)
+        );
+        agrees(&usage, &other, "t1-acme").await;
+    }
 
     async fn limit(rg: &Redguard, id: &str) -> u64 {
         tenant(rg, id).peek().await.unwrap().limit
@@ -314,6 +368,74 @@ mod prefixes {
         // Replacing one that is there is not a new one.
         admin.quota_set(SCOPE, "t0:*", &quota, HOUR).await.unwrap();
     }
+}
+
+/// The code's limit of [`tenant`], as `Admin::usage` takes it.
+fn code_limit() -> Limit {
+    Limit::new(
+        Algorithm::Gcra,
+        Rate::per_minute(1),
+        None,
+        1,
+        Default::default(),
+    )
+    .unwrap()
+}
+
+/// `usage`'s peek is the next call's decision: it is made on `rg`, right after.
+async fn agrees(usage: &Usage, rg: &Redguard, id: &str) {
+    let d = tenant(rg, id).decide().await.unwrap();
+    assert_eq!(
+        (d.allowed, d.limit, d.remaining),
+        (usage.next.allowed, usage.burst, usage.next.remaining),
+        "{usage:?}"
+    );
+    if !d.allowed {
+        let retry = u64::try_from(d.retry_after.as_millis()).unwrap();
+        assert!(
+            retry.abs_diff(usage.next.retry_after_ms) < 5_000,
+            "{d:?} {usage:?}"
+        );
+    }
+}
+
+/// `usage` with no override, then the key's own: the rule, the limit in force and the
+/// figures of the next call, which is then made and compared.
+async fn usage_agrees_with_the_next_decision(rg: Redguard) {
+    let admin = Admin::new(rg.clone());
+    let code = code_limit();
+    let usage = admin.usage(SCOPE, "tenant:acme", &code).await.unwrap();
+    assert_eq!(
+        (&usage.source, usage.rate.as_str(), usage.burst, usage.used),
+        (&LimitSource::Code, "1/min", 1, None)
+    );
+    agrees(&usage, &rg, "acme").await;
+    // Used up: the next call is refused, and usage says so before it is made.
+    let usage = admin.usage(SCOPE, "tenant:acme", &code).await.unwrap();
+    assert_eq!(usage.used, Some(1), "{usage:?}");
+    assert!(!usage.next.allowed);
+    agrees(&usage, &rg, "acme").await;
+
+    admin
+        .quota_set(
+            SCOPE,
+            "tenant:acme",
+            &Quota::new("100/h", Some(5)).unwrap(),
+            HOUR,
+        )
+        .await
+        .unwrap();
+    let usage = admin.usage(SCOPE, "tenant:acme", &code).await.unwrap();
+    assert_eq!(
+        (&usage.source, usage.rate.as_str(), usage.burst),
+        (&LimitSource::Key, "100/3600s", 5)
+    );
+    assert!(usage.next.allowed, "{usage:?}");
+    agrees(&usage, &rg, "acme").await;
+    // A neighbour without an override: the code's limit.
+    let usage = admin.usage(SCOPE, "tenant:globex", &code).await.unwrap();
+    assert_eq!(usage.source, LimitSource::Code);
+    agrees(&usage, &rg, "globex").await;
 }
 
 fn tenant(rg: &Redguard, id: &str) -> Limiter {
@@ -704,6 +826,17 @@ async fn a_value_that_is_not_an_override_is_ignored() {
             .unwrap()
             .unwrap();
         assert!(seen.problem.is_some(), "{value:?}: {seen:?}");
+        // `usage` says the same: the code decides, the value is listed as ignored.
+        let usage = admin
+            .usage(SCOPE, "tenant:edited", &code_limit())
+            .await
+            .unwrap();
+        assert_eq!(usage.source, LimitSource::Code, "{value:?}: {usage:?}");
+        assert_eq!(usage.ignored.len(), 1, "{value:?}: {usage:?}");
+        assert!(
+            !usage.next.allowed && usage.burst == 1,
+            "{value:?}: {usage:?}"
+        );
     }
     let _: () = ::redis::cmd("DEL").arg(&key).query(&mut conn).unwrap();
     let _: () = ::redis::cmd("HSET")
