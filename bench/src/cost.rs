@@ -150,6 +150,13 @@ pub(crate) fn same_work(name: &str, n: u64, api: &Stats, raw: &Stats) -> Result<
     }
 }
 
+/// The raw/API pairs' names, in [`pairs`]'s order (the cases their rows are named after).
+pub(crate) const PAIRS: [&str; 3] = [
+    "lock acquire+release random keys",
+    "rate gcra random keys",
+    "idempotency replay",
+];
+
 /// The raw/API pairs of rows in the bench: (name, runtime API, raw EVALSHA).
 pub(crate) fn pairs(rg: &Redguard, conn: &ConnectionManager) -> Vec<(&'static str, Op, Op)> {
     let lock_shas = Arc::new(lock::shas());
@@ -157,9 +164,10 @@ pub(crate) fn pairs(rg: &Redguard, conn: &ConnectionManager) -> Vec<(&'static st
     let built = Arc::new(rate::limiter(Algorithm::Gcra, 0).on(rg));
     let (rg2, conn2, gcra) = (rg.clone(), conn.clone(), rate::gcra_sha());
     let (rg3, conn3, begin) = (rg.clone(), conn.clone(), idem::replay_sha());
+    let [lock_name, gcra_name, replay_name] = PAIRS;
     vec![
         (
-            "lock acquire+release random keys",
+            lock_name,
             op(move |i| lock::section(rg1.clone(), i)),
             op(move |i| {
                 let (conn, shas) = (conn1.clone(), lock_shas.clone());
@@ -167,12 +175,12 @@ pub(crate) fn pairs(rg: &Redguard, conn: &ConnectionManager) -> Vec<(&'static st
             }),
         ),
         (
-            "rate gcra random keys",
+            gcra_name,
             op(move |i| rg2.clone().scope(rate::gcra_check(&built, i))),
             op(move |i| rate::raw_gcra(conn2.clone(), gcra.clone(), i)),
         ),
         (
-            "idempotency replay",
+            replay_name,
             op(move |i| rg3.clone().scope(idem::replay(i))),
             op(move |i| idem::raw_replay(conn3.clone(), begin.clone(), i)),
         ),

@@ -8,6 +8,7 @@
 //! `target/bench/results.{json,md}`. `--only TEXT` runs only the rows whose "<case> @<store>"
 //! contains TEXT (for profiling one path: `--only "gcra random keys (runtime API) @redis"`),
 //! without the redis-benchmark baselines; `--no-peers` leaves the peer libraries' rows out.
+//! `--guard` runs only the regression guard (`regression.rs`) after the self-check.
 
 mod baseline;
 mod batch;
@@ -24,6 +25,7 @@ mod peers;
 mod quota;
 mod rate;
 mod raw;
+mod regression;
 mod replicas;
 mod scale;
 mod txn;
@@ -524,6 +526,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // An error, not an exit: `server` is dropped (stopped) on the way out.
     if let Err(wrong) = cost::self_check(&mut bench.conn.clone(), &pairs).await {
         return Err(format!("self-check failed, nothing measured: {wrong}").into());
+    }
+    if args.iter().any(|a| a == "--guard") {
+        return regression::run(&pairs).await.map_err(Into::into);
     }
     print_header();
     idem::cases(&mut bench, &rg, &memory).await;
