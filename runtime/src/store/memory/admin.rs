@@ -267,17 +267,23 @@ impl AdminOps for MemoryStore {
 
     async fn admin_quota_prefix(
         &self,
-        _hash: &Key,
+        hash: &Key,
         field: &str,
         value: Option<&str>,
         ttl: Option<Duration>,
         max: usize,
     ) -> Result<bool> {
         // Fields are whole state-key prefixes: one table serves every handle prefix.
+        if is_deny(hash) {
+            return self.deny_put(field, value, ttl, max);
+        }
         self.prefix_put(field, value, ttl, max)
     }
 
-    async fn admin_quota_prefixes(&self, _hash: &Key) -> Result<(Duration, Vec<(String, String)>)> {
+    async fn admin_quota_prefixes(&self, hash: &Key) -> Result<(Duration, Vec<(String, String)>)> {
+        if is_deny(hash) {
+            return Ok(self.deny_entries());
+        }
         Ok(self.prefix_list())
     }
 
@@ -289,4 +295,11 @@ impl AdminOps for MemoryStore {
             .get_mut(key)
             .map_or(0, |state| state.refund(units, now.as_nanos())))
     }
+}
+
+/// Whether `hash` is a deny-list hash (the store's prefix-hash operations serve both).
+fn is_deny(hash: &Key) -> bool {
+    hash.as_str()
+        .strip_suffix(crate::values::DENY_HASH)
+        .is_some_and(|rest| rest.ends_with(":rate:"))
 }

@@ -11,7 +11,7 @@ use crate::key::Key;
 use crate::store::{RateAdjust, RateCheck, RateMode, RateOps, RateOutcome, Store as _};
 use crate::values::{Decision, QUOTA_SUFFIX, micros};
 
-lua!(CHECK = "rate_check.lua" after "expiry.lua", "quota.lua", "rescale.lua");
+lua!(CHECK = "rate_check.lua" after "expiry.lua", "quota.lua", "deny.lua", "rescale.lua");
 lua!(ADJUST = "rate_adjust.lua" after "expiry.lua", "quota.lua", "rescale.lua");
 
 pub(super) fn scripts() -> Vec<&'static Lua> {
@@ -201,7 +201,7 @@ impl RedisStore {
         };
         let mut cmd = evalsha(
             &CHECK,
-            checks.len() * 3 + usize::from(prefixes.is_some()),
+            checks.len() * 3 + 2 * usize::from(prefixes.is_some()),
             1 + checks.len() * 6,
         );
         for check in checks {
@@ -210,7 +210,9 @@ impl RedisStore {
                 .arg(check.key.companion(QUOTA_SUFFIX).as_str());
         }
         if let Some(prefixes) = &prefixes {
-            cmd.arg(prefixes.as_str());
+            // The deny list beside the prefix overrides: the same handle prefix, off a Cluster.
+            cmd.arg(prefixes.as_str())
+                .arg(crate::values::deny_hash(first.key).as_ref().map_or("", Key::as_str));
         }
         match phase {
             Phase::Consume => cmd.arg("0"),
