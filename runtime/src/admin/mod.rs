@@ -51,8 +51,8 @@ mod scan;
 use serde::Serialize;
 
 pub use self::address::{AdminKey, LockKindName};
-pub use self::deny::DenyEntry;
 pub use self::decode::{DecisionState, Holder, Inspection, LockState, RateState, RecordState};
+pub use self::deny::DenyEntry;
 pub use self::quota::{QuotaEntry, QuotaList};
 pub use self::scan::{DEFAULT_SCAN_LIMIT, ScanGroup, ScanReport, ScanSelect};
 pub use crate::values::{

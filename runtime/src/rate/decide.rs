@@ -90,8 +90,11 @@ pub(super) async fn decide(
             if let Error::Denied { key, .. } = err
                 && let Some(r) = limits.iter().find(|r| r.key.as_str() == key)
             {
-                crate::telemetry::counter("redguard_rate_denied_total", [("scope", r.scope.into())])
-                    .increment(1);
+                crate::telemetry::counter(
+                    "redguard_rate_denied_total",
+                    [("scope", r.scope.into())],
+                )
+                .increment(1);
             }
         }
     }

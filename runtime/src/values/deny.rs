@@ -81,7 +81,9 @@ impl DenyPattern {
                 .ok()
                 .filter(|b| *b <= max)
                 .ok_or_else(|| {
-                    Error::Config(format!("`{text}`: a prefix length of 0 to {max} is expected"))
+                    Error::Config(format!(
+                        "`{text}`: a prefix length of 0 to {max} is expected"
+                    ))
                 })?;
             return Ok(DenyPattern::Cidr {
                 net: mask(addr, bits),
@@ -179,7 +181,9 @@ pub(crate) fn denies(field: &str, value: &str, key: &str) -> Option<String> {
     let (kind, reason) = value.split_once(' ').unwrap_or((value, ""));
     let hit = match kind {
         "x" => key.strip_suffix('}') == Some(field),
-        "p" => field.strip_suffix('*').is_some_and(|prefix| key.starts_with(prefix)),
+        "p" => field
+            .strip_suffix('*')
+            .is_some_and(|prefix| key.starts_with(prefix)),
         _ => {
             let mut parts = kind.split(':');
             let family = parts.next()?;

@@ -14,8 +14,8 @@ mod replicas;
 pub use self::decision::Decision;
 #[cfg(feature = "http")]
 pub(crate) use self::decision::{render_headers, secs_ceil};
+pub(crate) use self::deny::{DENY_HASH, check_reason, denies, deny_hash};
 pub use self::deny::{DenyPattern, MAX_DENY_ENTRIES, MAX_DENY_REASON};
-pub(crate) use self::deny::{DENY_HASH, check_reason, deny_hash, denies};
 pub use self::lock::LockKind;
 pub use self::quota::{MAX_PREFIX_OVERRIDES, MAX_QUOTA_TTL, Quota, QuotaTtl};
 pub(crate) use self::quota::{QUOTA_SUFFIX, prefix_hash};

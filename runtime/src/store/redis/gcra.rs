@@ -208,8 +208,11 @@ impl RedisStore {
         }
         if let Some(prefixes) = &prefixes {
             // The deny list beside the prefix overrides: the same handle prefix, off a Cluster.
-            cmd.arg(prefixes.as_str())
-                .arg(crate::values::deny_hash(first.key).as_ref().map_or("", Key::as_str));
+            cmd.arg(prefixes.as_str()).arg(
+                crate::values::deny_hash(first.key)
+                    .as_ref()
+                    .map_or("", Key::as_str),
+            );
         }
         cmd.arg(if mode == RateMode::Peek { "1" } else { "0" });
         for item in items {

@@ -211,8 +211,11 @@ impl RedisStore {
         }
         if let Some(prefixes) = &prefixes {
             // The deny list beside the prefix overrides: the same handle prefix, off a Cluster.
-            cmd.arg(prefixes.as_str())
-                .arg(crate::values::deny_hash(first.key).as_ref().map_or("", Key::as_str));
+            cmd.arg(prefixes.as_str()).arg(
+                crate::values::deny_hash(first.key)
+                    .as_ref()
+                    .map_or("", Key::as_str),
+            );
         }
         match phase {
             Phase::Consume => cmd.arg("0"),
