@@ -3,7 +3,8 @@
 use std::fmt::Write as _;
 
 use redguard::admin::{
-    Inspection, LockState, QuotaEntry, QuotaList, RecordState, Resolve, ScanReport, Unlock,
+    DenyEntry, Inspection, LockState, QuotaEntry, QuotaList, RecordState, Resolve, ScanReport,
+    Unlock,
 };
 use serde::Serialize;
 
@@ -299,6 +300,18 @@ pub(crate) fn quota(q: &QuotaEntry) -> String {
         None => "permanent".to_owned(),
     };
     format!("{} {what} ({until})\n", q.key)
+}
+
+/// One deny entry, on one line.
+pub(crate) fn deny(e: &DenyEntry) -> String {
+    let until = match e.expires_in_ms {
+        Some(ms) => format!("expires in {}", duration(ms)),
+        None => "permanent".to_owned(),
+    };
+    match &e.reason {
+        Some(reason) => format!("{} ({until}): {reason}\n", e.entry),
+        None => format!("{} ({until})\n", e.entry),
+    }
 }
 
 /// The overrides of a scope.
