@@ -379,3 +379,65 @@ async fn deny_lists_are_refused_on_a_cluster() {
     tenant(&rg, "acme").check().await.unwrap();
     cluster.assert_every_key_has_ttl();
 }
+
+mod layer {
+    use super::*;
+
+    /// The http layer answers a denied client `403` with `"error": "denied"` (not `429`:
+    /// retrying does not help) and no `Retry-After`; IPv4 and IPv6 clients by network.
+    async fn the_layer_answers_a_denied_client_403(rg: Redguard) {
+        use axum::body::Body;
+        use http_body_util::BodyExt as _;
+        use redguard::http::{ClientIp, RateLimitLayer};
+        use tower::ServiceExt as _;
+
+        let layer = RateLimitLayer::builder(ClientIp::peer())
+            .limit("ip", "100/min")
+            .scope("web")
+            .on(&rg)
+            .build()
+            .unwrap();
+        let app = axum::Router::new()
+            .route("/", axum::routing::get(|| async { "hello" }))
+            .layer(layer);
+        let call = |peer: std::net::SocketAddr| {
+            let app = app.clone();
+            async move {
+                let request = axum::http::Request::get("/")
+                    .extension(peer)
+                    .body(Body::empty())
+                    .unwrap();
+                app.oneshot(request).await.unwrap()
+            }
+        };
+        let v4 = |last: u8| std::net::SocketAddr::from(([198, 51, 100, last], 1000));
+        let v6 = |seg: u16| std::net::SocketAddr::from(([0x2001, 0xdb8, 0, seg, 0, 0, 0, 1], 1000));
+        assert_eq!(call(v4(1)).await.status(), 200);
+        let admin = Admin::new(rg.clone());
+        admin
+            .deny_add("web.ip", "198.51.100.0/25", Some("scraper"), HOUR)
+            .await
+            .unwrap();
+        admin
+            .deny_add("web.ip", "2001:db8:0:7::/64", None, HOUR)
+            .await
+            .unwrap();
+        for peer in [v4(1), v4(127), v6(7)] {
+            let refused = call(peer).await;
+            assert_eq!(refused.status(), 403, "{peer}");
+            assert!(refused.headers().get("retry-after").is_none());
+            let body = refused.into_body().collect().await.unwrap().to_bytes();
+            let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+            assert_eq!(body["error"], "denied", "{body}");
+            assert!(
+                !body.to_string().contains("scraper"),
+                "the reason stays in logs: {body}"
+            );
+        }
+        for peer in [v4(128), v6(8)] {
+            assert_eq!(call(peer).await.status(), 200, "{peer}");
+        }
+    }
+
+    redguard_tests::on_memory_and_redis!(the_layer_answers_a_denied_client_403);
+}
