@@ -1,10 +1,10 @@
 //! Deny lists of rate limits: keys (`tenant:acme`), key prefixes (`tenant:*`) or, for IP
 //! keys, networks (`10.0.0.0/8`, `2001:db8::/32`) of one scope whose calls are refused
 //! outright ([`Error::Denied`], HTTP 403) before their limit is read, on every instance's
-//! next call. Stored in the handle's deny-list hash, which the deciding script reads in the
-//! same call as the limit (`values/deny.rs`); not available on a Redis Cluster, where that
-//! hash is in another slot than the keys. At most [`MAX_DENY_ENTRIES`] entries per handle
-//! prefix, each with a TTL (1 s to 365 days) or explicitly permanent, and a reason of at most
+//! next call. Stored in the handle's deny hashes, which the deciding script reads in the
+//! same call as the limit (`values/deny.rs`); not available on a Redis Cluster, where those
+//! hashes are in other slots than the keys. At most [`MAX_DENY_KEYS`] exact keys and
+//! [`MAX_DENY_PATTERNS`] prefixes and networks per handle prefix, each with a TTL (1 s to 365 days) or explicitly permanent, and a reason of at most
 //! [`MAX_DENY_REASON`](crate::admin::MAX_DENY_REASON) bytes.
 
 use serde::Serialize;
@@ -13,7 +13,7 @@ use super::Admin;
 use crate::error::{Error, Result};
 use crate::key::{GuardKind, Key, KeyBuilder};
 use crate::store::StoreKind;
-use crate::values::{DenyPattern, MAX_DENY_ENTRIES, QuotaTtl, deny_hash};
+use crate::values::{DenyPattern, MAX_DENY_KEYS, MAX_DENY_PATTERNS, QuotaTtl, deny_hashes};
 
 /// One deny entry as stored, for [`Admin::deny_list`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -64,19 +64,24 @@ impl Admin {
         let reason = reason.unwrap_or("");
         crate::values::check_reason(reason)?;
         let ttl = ttl.check()?;
-        let (hash, scope_prefix) = self.deny_target(scope)?;
+        let (hashes, scope_prefix) = self.deny_target(scope)?;
         self.deny_scope_in_use(scope, &scope_prefix).await?;
         let field = format!("{scope_prefix}{}", pattern.text());
         let value = format!("{} {reason}", pattern.kind(scope_prefix.len()));
+        let (hash, max) = pick(&hashes, &pattern);
         self.handle
             .store()
-            .admin_quota_prefix(&hash, &field, Some(&value), ttl, MAX_DENY_ENTRIES)
+            .admin_quota_prefix(hash, &field, Some(&value), ttl, max)
             .await
             .map_err(|err| match err {
+                Error::Config(_) if pattern.is_pattern() => Error::Config(format!(
+                    "{max} prefix and network deny entries are set already (the most a \
+                     handle's prefix holds, since every rate-limit call walks them): remove \
+                     one first, or deny a shorter prefix or a wider network"
+                )),
                 Error::Config(_) => Error::Config(format!(
-                    "{MAX_DENY_ENTRIES} deny entries are set already (the most a handle's \
-                     prefix holds, since every rate-limit call reads them all): remove one \
-                     first, or deny a prefix or a wider network"
+                    "{max} exact-key deny entries are set already (the most a handle's prefix \
+                     holds): remove one first, or deny a prefix"
                 )),
                 other => other,
             })?;
@@ -96,8 +101,9 @@ impl Admin {
 
     /// The live deny entries of `scope`, by entry.
     pub async fn deny_list(&self, scope: &str) -> Result<Vec<DenyEntry>> {
-        let (hash, scope_prefix) = self.deny_target(scope)?;
-        let (now, fields) = self.handle.store().admin_quota_prefixes(&hash).await?;
+        let ((keys, patterns), scope_prefix) = self.deny_target(scope)?;
+        let (now, mut fields) = self.handle.store().admin_quota_prefixes(&keys).await?;
+        fields.extend(self.handle.store().admin_quota_prefixes(&patterns).await?.1);
         let now_ms = u64::try_from(now.as_millis()).unwrap_or(u64::MAX);
         let mut entries: Vec<DenyEntry> = fields
             .into_iter()
@@ -121,19 +127,21 @@ impl Admin {
     /// deny list of `scope`. True when it was there. Logged at warn.
     pub async fn deny_remove(&self, scope: &str, entry: &str) -> Result<bool> {
         let pattern = DenyPattern::parse(entry)?;
-        let (hash, scope_prefix) = self.deny_target(scope)?;
+        let (hashes, scope_prefix) = self.deny_target(scope)?;
         let field = format!("{scope_prefix}{}", pattern.text());
+        let (hash, max) = pick(&hashes, &pattern);
         let removed = self
             .handle
             .store()
-            .admin_quota_prefix(&hash, &field, None, None, MAX_DENY_ENTRIES)
+            .admin_quota_prefix(hash, &field, None, None, max)
             .await?;
         tracing::warn!(scope, entry = %pattern.text(), removed, "redguard admin: rate-limit deny entry removed");
         Ok(removed)
     }
 
-    /// The handle's deny-list hash and `<prefix>:rate:{<scope>:`; refused on a Cluster.
-    fn deny_target(&self, scope: &str) -> Result<(Key, String)> {
+    /// The handle's deny hashes (exact keys, patterns) and `<prefix>:rate:{<scope>:`;
+    /// refused on a Cluster.
+    fn deny_target(&self, scope: &str) -> Result<((Key, Key), String)> {
         if self.handle.store().kind() == StoreKind::Cluster {
             return Err(Error::Config(
                 "deny lists are not available on a Redis Cluster (an entry names keys in many \
@@ -147,11 +155,11 @@ impl Admin {
             scope,
             &KeyBuilder::new().text("x").finish()?,
         )?;
-        let hash = deny_hash(&probe).ok_or_else(|| {
+        let hashes = deny_hashes(&probe).ok_or_else(|| {
             Error::Config(format!("`{probe}` is not a rate-limit key: no deny list"))
         })?;
         let full = probe.as_str();
-        Ok((hash, full[..full.len() - "x}".len()].to_owned()))
+        Ok((hashes, full[..full.len() - "x}".len()].to_owned()))
     }
 
     /// As for overrides: a scope no limit uses is a typo (and the `SCAN` keeps a service's
@@ -166,5 +174,14 @@ impl Admin {
              `{prefix}`), so no guard would read a deny entry of it; check the scope (the \
              fn's path, or its `scope = \"..\"`)"
         )))
+    }
+}
+
+/// The hash an entry is kept in, and that hash's bound.
+fn pick<'a>((keys, patterns): &'a (Key, Key), pattern: &DenyPattern) -> (&'a Key, usize) {
+    if pattern.is_pattern() {
+        (patterns, MAX_DENY_PATTERNS)
+    } else {
+        (keys, MAX_DENY_KEYS)
     }
 }

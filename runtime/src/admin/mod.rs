@@ -56,8 +56,8 @@ pub use self::deny::DenyEntry;
 pub use self::quota::{QuotaEntry, QuotaList};
 pub use self::scan::{DEFAULT_SCAN_LIMIT, ScanGroup, ScanReport, ScanSelect};
 pub use crate::values::{
-    DenyPattern, MAX_DENY_ENTRIES, MAX_DENY_REASON, MAX_PREFIX_OVERRIDES, MAX_QUOTA_TTL, Quota,
-    QuotaTtl,
+    DenyPattern, MAX_DENY_KEYS, MAX_DENY_PATTERNS, MAX_DENY_REASON, MAX_PREFIX_OVERRIDES,
+    MAX_QUOTA_TTL, Quota, QuotaTtl,
 };
 
 use self::decode::View;

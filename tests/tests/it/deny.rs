@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use redguard::admin::{Admin, MAX_DENY_ENTRIES, QuotaTtl};
+use redguard::admin::{Admin, MAX_DENY_KEYS, MAX_DENY_PATTERNS, QuotaTtl};
 use redguard::rate::{Algorithm, Limiter};
 use redguard::{Error, Redguard};
 use redguard_tests::RedisServer;
@@ -274,44 +274,63 @@ async fn an_entry_lapses_with_its_ttl(
     assert!(admin.deny_list(SCOPE).await.unwrap().is_empty());
 }
 
+/// Each hash is bounded: exact keys at `MAX_DENY_KEYS`, prefixes and networks (walked on
+/// every call) at `MAX_DENY_PATTERNS`; one more is refused with nothing written, replacing an
+/// entry is not one more, and a removal makes room.
 async fn a_full_list_refuses_one_more_entry(
     one: Redguard,
     other: Redguard,
     _server: Option<&RedisServer>,
 ) {
     let admin = Admin::new(one);
-    tenant(&other, "acme").check().await.unwrap();
-    for i in 0..MAX_DENY_ENTRIES {
+    // A state that outlives the adds: the scope stays in use.
+    redguard::limiter("anchor")
+        .scope(SCOPE)
+        .rate("1/h")
+        .on(&other)
+        .check()
+        .await
+        .unwrap();
+    for (entry, max) in [
+        (
+            &(|i: usize| format!("tenant:t{i}")) as &dyn Fn(usize) -> String,
+            MAX_DENY_KEYS,
+        ),
+        (&|i: usize| format!("tenant:p{i}:*"), MAX_DENY_PATTERNS),
+    ] {
+        for i in 0..max {
+            admin.deny_add(SCOPE, &entry(i), None, HOUR).await.unwrap();
+        }
+        let err = admin
+            .deny_add(SCOPE, &entry(max), None, HOUR)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, Error::Config(m) if m.contains("deny entries are set already")),
+            "{err}"
+        );
         admin
-            .deny_add(SCOPE, &format!("tenant:t{i}"), None, HOUR)
+            .deny_add(SCOPE, &entry(0), Some("again"), HOUR)
+            .await
+            .unwrap();
+        assert!(admin.deny_remove(SCOPE, &entry(1)).await.unwrap());
+        admin
+            .deny_add(SCOPE, &entry(max), None, HOUR)
             .await
             .unwrap();
     }
-    let err = admin
-        .deny_add(SCOPE, "tenant:one-more", None, HOUR)
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(&err, Error::Config(m) if m.contains("deny entries")),
-        "{err}"
-    );
-    // Replacing an entry is not one more.
-    admin
-        .deny_add(SCOPE, "tenant:t0", Some("again"), HOUR)
-        .await
-        .unwrap();
     assert_eq!(
         admin.deny_list(SCOPE).await.unwrap().len(),
-        MAX_DENY_ENTRIES
+        MAX_DENY_KEYS + MAX_DENY_PATTERNS
     );
     assert_denied(tenant(&other, "t0").check().await, Some("again"));
-    tenant(&other, "one-more").check().await.unwrap();
-    assert!(admin.deny_remove(SCOPE, "tenant:t1").await.unwrap());
-    admin
-        .deny_add(SCOPE, "tenant:one-more", None, HOUR)
-        .await
-        .unwrap();
-    assert_denied(tenant(&other, "one-more").check().await, None);
+    assert_denied(
+        tenant(&other, &format!("t{MAX_DENY_KEYS}")).check().await,
+        None,
+    );
+    assert_denied(tenant(&other, "p0:x").check().await, Some("again"));
+    tenant(&other, "t1").check().await.unwrap();
+    tenant(&other, "p1:x").check().await.unwrap();
 }
 
 async fn bad_entries_are_refused_and_nothing_is_written(

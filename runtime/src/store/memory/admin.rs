@@ -274,15 +274,15 @@ impl AdminOps for MemoryStore {
         max: usize,
     ) -> Result<bool> {
         // Fields are whole state-key prefixes: one table serves every handle prefix.
-        if is_deny(hash) {
-            return self.deny_put(field, value, ttl, max);
+        if let Some(patterns) = deny_kind(hash) {
+            return self.deny_put(patterns, field, value, ttl, max);
         }
         self.prefix_put(field, value, ttl, max)
     }
 
     async fn admin_quota_prefixes(&self, hash: &Key) -> Result<(Duration, Vec<(String, String)>)> {
-        if is_deny(hash) {
-            return Ok(self.deny_entries());
+        if let Some(patterns) = deny_kind(hash) {
+            return Ok(self.deny_entries(patterns));
         }
         Ok(self.prefix_list())
     }
@@ -297,9 +297,19 @@ impl AdminOps for MemoryStore {
     }
 }
 
-/// Whether `hash` is a deny-list hash (the store's prefix-hash operations serve both).
-fn is_deny(hash: &Key) -> bool {
-    hash.as_str()
-        .strip_suffix(crate::values::DENY_HASH)
-        .is_some_and(|rest| rest.ends_with(":rate:"))
+/// Whether `hash` is one of the deny hashes (the store's prefix-hash operations serve both
+/// features): `Some(true)` for prefixes and networks, `Some(false)` for exact keys.
+fn deny_kind(hash: &Key) -> Option<bool> {
+    let of = |suffix: &str| {
+        hash.as_str()
+            .strip_suffix(suffix)
+            .is_some_and(|rest| rest.ends_with(":rate:"))
+    };
+    if of(crate::values::DENY_HASH) {
+        Some(true)
+    } else if of(crate::values::DENY_KEYS_HASH) {
+        Some(false)
+    } else {
+        None
+    }
 }

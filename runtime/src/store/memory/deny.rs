@@ -1,6 +1,7 @@
-//! Deny lists in memory: the entries `redguard::admin` writes to a handle's deny-list hash
+//! Deny lists in memory: the entries `redguard::admin` writes to a handle's two deny hashes
 //! on Redis, kept in one table of the store (fields are whole state-key prefixes, so one
-//! table serves every handle prefix), read by `rate_check` before any limit as deny.lua is.
+//! table serves every handle prefix; a pattern's field ends in `*` or holds a `/`, an exact
+//! key's never), read by `rate_check` before any limit as deny.lua is.
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -46,9 +47,11 @@ impl MemoryStore {
         }
     }
 
-    /// Sets or (`None`) removes the entry at `field`; whether one was there.
+    /// Sets or (`None`) removes the entry at `field` (of the patterns' hash, or of the exact
+    /// keys'); whether one was there.
     pub(super) fn deny_put(
         &self,
+        patterns: bool,
         field: &str,
         value: Option<&str>,
         ttl: Option<Duration>,
@@ -61,7 +64,7 @@ impl MemoryStore {
         let had = live.get(&field).is_some();
         match value {
             Some(value) => {
-                if !had && live.keys().count() >= max {
+                if !had && live.keys().filter(|f| is_pattern(f) == patterns).count() >= max {
                     return Err(crate::store::admin::prefixes_full(max));
                 }
                 let at = ttl.map_or(PERMANENT, |ttl| now.saturating_add(ttl));
@@ -76,13 +79,14 @@ impl MemoryStore {
         Ok(had)
     }
 
-    /// The live entries, in the scripts' listing form.
-    pub(super) fn deny_entries(&self) -> (Duration, Vec<(String, String)>) {
+    /// The live entries of one hash, in the scripts' listing form.
+    pub(super) fn deny_entries(&self, patterns: bool) -> (Duration, Vec<(String, String)>) {
         let now = self.clock.now();
         let mut table = self.deny_table();
         let live = table.at(now);
         let fields = live
             .keys()
+            .filter(|field| is_pattern(field) == patterns)
             .filter_map(|field| {
                 let key = Key::stored(field);
                 let at = live.expires_at(&key).filter(|at| *at != PERMANENT);
@@ -92,4 +96,9 @@ impl MemoryStore {
             .collect();
         (now, fields)
     }
+}
+
+/// Whether a field is a prefix's or a network's: a key never holds `*` or `/`.
+fn is_pattern(field: &str) -> bool {
+    field.ends_with('*') || field.contains('/')
 }

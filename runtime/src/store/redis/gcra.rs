@@ -199,7 +199,7 @@ impl RedisStore {
         };
         let mut cmd = super::evalsha(
             &GCRA,
-            2 * items.len() + 2 * usize::from(prefixes.is_some()),
+            2 * items.len() + 3 * usize::from(prefixes.is_some()),
             1 + 3 * items.len(),
         );
         for item in items {
@@ -207,12 +207,12 @@ impl RedisStore {
                 .arg(item.key.companion(QUOTA_SUFFIX).as_str());
         }
         if let Some(prefixes) = &prefixes {
-            // The deny list beside the prefix overrides: the same handle prefix, off a Cluster.
-            cmd.arg(prefixes.as_str()).arg(
-                crate::values::deny_hash(first.key)
-                    .as_ref()
-                    .map_or("", Key::as_str),
-            );
+            cmd.arg(prefixes.as_str());
+            // The deny lists beside the prefix overrides: the same handle prefix, off a Cluster.
+            match crate::values::deny_hashes(first.key) {
+                Some((keys, patterns)) => cmd.arg(keys.as_str()).arg(patterns.as_str()),
+                None => cmd.arg("").arg(""),
+            };
         }
         cmd.arg(if mode == RateMode::Peek { "1" } else { "0" });
         for item in items {

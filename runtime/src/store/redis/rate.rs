@@ -201,7 +201,7 @@ impl RedisStore {
         };
         let mut cmd = evalsha(
             &CHECK,
-            checks.len() * 3 + 2 * usize::from(prefixes.is_some()),
+            checks.len() * 3 + 3 * usize::from(prefixes.is_some()),
             1 + checks.len() * 6,
         );
         for check in checks {
@@ -210,12 +210,12 @@ impl RedisStore {
                 .arg(check.key.companion(QUOTA_SUFFIX).as_str());
         }
         if let Some(prefixes) = &prefixes {
-            // The deny list beside the prefix overrides: the same handle prefix, off a Cluster.
-            cmd.arg(prefixes.as_str()).arg(
-                crate::values::deny_hash(first.key)
-                    .as_ref()
-                    .map_or("", Key::as_str),
-            );
+            cmd.arg(prefixes.as_str());
+            // The deny lists beside the prefix overrides: the same handle prefix, off a Cluster.
+            match crate::values::deny_hashes(first.key) {
+                Some((keys, patterns)) => cmd.arg(keys.as_str()).arg(patterns.as_str()),
+                None => cmd.arg("").arg(""),
+            };
         }
         match phase {
             Phase::Consume => cmd.arg("0"),

@@ -1,12 +1,13 @@
--- Deny lists (values/deny.rs): the handle's deny-list hash at `dkey`, passed off a Cluster
--- only (there it is in another slot than the keys). Read once per call into a list (nil when
--- absent: the whole cost to a call without one is that HGETALL of an absent key); something
--- that is not a hash denies nothing, as a malformed entry does not.
-local deny_list
-local function denies(dkey)
-  deny_list = nil
-  if not dkey then return end
-  local h = redis.pcall('HGETALL', dkey)
+-- Deny lists (values/deny.rs): the handle's hashes of denied exact keys (`kkey`, one HGET
+-- per check) and of prefixes and networks (`pkey`, read once per call into a list, nil when
+-- absent), passed off a Cluster only (there they are in other slots than the keys). The whole
+-- cost to a call without deny lists: one HGET per check and one HGETALL, of absent keys.
+-- Something that is not a hash, or a malformed entry, denies nothing.
+local deny_keys, deny_list
+local function denies(kkey, pkey)
+  deny_keys, deny_list = kkey, nil
+  if not pkey then return end
+  local h = redis.pcall('HGETALL', pkey)
   if type(h) ~= 'table' or h.err or #h == 0 then return end
   deny_list = {}
   for j = 1, #h, 2 do
@@ -77,21 +78,31 @@ end
 -- The reason of the first live entry that denies the state key `key` ("<prefix>:rate:{<scope>:
 -- <body>}"), or nil.
 local function denied(key, now_us)
+  if not deny_keys then return nil end
+  local v = redis.pcall('HGET', deny_keys, string.sub(key, 1, -2))
+  if type(v) == 'string' then
+    local at, reason = string.match(v, '^(%d+) x ?(.*)$')
+    if at and (at == '0' or tonumber(at) * 1000 > now_us) then return reason end
+  end
   if not deny_list then return nil end
+  -- The key's address, parsed once per check and only when a network entry needs it.
+  local parsed, kf, bits, own = false
   for _, e in ipairs(deny_list) do
     local f, kind = e[1], e[3]
     if e[2] == 0 or e[2] * 1000 > now_us then
-      if kind == 'x' then
-        if key == f .. '}' then return e[4] end
-      elseif kind == 'p' then
+      if kind == 'p' then
         -- The field ends in the entry's '*'.
         if string.sub(key, 1, #f - 1) == string.sub(f, 1, -2) then return e[4] end
       else
         local family, slen, net = string.match(kind, '^c([46]):(%d+):([01]*)$')
         slen = tonumber(slen)
-        if family and string.sub(key, 1, slen) == string.sub(f, 1, slen)
-            and string.sub(key, -1) == '}' then
-          local kf, bits, own = key_address(string.sub(key, slen + 1, -2))
+        if family and string.sub(key, 1, slen) == string.sub(f, 1, slen) then
+          if not parsed then
+            parsed = true
+            if string.sub(key, -1) == '}' then
+              kf, bits, own = key_address(string.sub(key, slen + 1, -2))
+            end
+          end
           if kf == family and own >= #net and string.sub(bits, 1, #net) == net then
             return e[4]
           end

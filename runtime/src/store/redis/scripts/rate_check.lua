@@ -1,7 +1,7 @@
 -- Check several rate limits all-or-nothing at Redis's time.
 -- KEYS: per limit i, KEYS[3i-2] its state key, KEYS[3i-1] its block (penalty) key and
 -- KEYS[3i] its quota override (quota.lua); then, off a Cluster, the handle's prefix-override
--- hash (quota.lua's prefixes()) and its deny-list hash (deny.lua): a denied key's call is
+-- hash (quota.lua's prefixes()) and its two deny hashes (deny.lua): a denied key's call is
 -- refused with `DENIED <key> <reason>`, nothing written.
 -- ARGV[1] '0' to charge every limit when all admit, '1' to peek (write nothing), '2' to
 -- judge (charge nothing, but write the penalties of limits that reject: phase one of a call
@@ -32,7 +32,7 @@ local charge = ARGV[1] == '0' or reserving ~= nil
 local n = (#ARGV - 1) / 6
 if #KEYS > 3 * n then
   prefixes(KEYS[3 * n + 1])
-  denies(KEYS[3 * n + 2])
+  denies(KEYS[3 * n + 2], KEYS[3 * n + 3])
 end
 -- A denied key refuses the whole call before any limit is read (deny.lua): it consumes and
 -- writes nothing. A peek only looks, so it is not refused.
