@@ -53,6 +53,10 @@ pub(crate) enum Command {
     /// key's override, the longest prefix's, or the limit in the code given with --rate),
     /// used, remaining and reset of the next call (peeked: nothing charged).
     Usage(UsageArgs),
+    /// Deny lists: rate-limit keys, key prefixes or IP networks of a scope whose calls are
+    /// refused outright (HTTP 403), read by every instance's next call.
+    #[command(subcommand)]
+    Deny(DenyCommand),
 }
 
 /// `redguard usage SCOPE KEY --rate R`.
@@ -74,6 +78,54 @@ pub(crate) struct UsageArgs {
     /// The cost of one call.
     #[arg(long, default_value_t = 1)]
     pub(crate) cost: u64,
+}
+
+/// `redguard deny ...`.
+#[derive(Debug, Subcommand)]
+pub(crate) enum DenyCommand {
+    /// Deny a key (`tenant:acme`), a key prefix (`tenant:*`) or, for IP keys, a network
+    /// (`10.0.0.0/8`, `2001:db8::/32`) in the rate limits of SCOPE: `deny add SCOPE ENTRY
+    /// [--ttl 24h | --permanent] [--reason TEXT]`. Without --ttl the entry lasts 24h. `*`
+    /// alone (every key of the scope) needs --force. Refused (nothing written) for an entry
+    /// the guards would not render, a reason or TTL out of bounds, a full list, a scope with
+    /// no rate limit in the store, or a Redis Cluster.
+    Add(DenyAdd),
+    /// List the live entries of a scope.
+    List(DenyScope),
+    /// Remove an entry, as added or as listed.
+    Remove(DenyEntryArg),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct DenyEntryArg {
+    /// The limits' scope: the fn's path or its `scope = ".."`.
+    pub(crate) scope: String,
+    /// A rendered key, a prefix ending in `*`, or a CIDR.
+    pub(crate) entry: String,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct DenyAdd {
+    #[command(flatten)]
+    pub(crate) target: DenyEntryArg,
+    /// How long the entry lasts (`24h`, `30d`; 1s to 365d). Default 24h.
+    #[arg(long, conflicts_with = "permanent")]
+    pub(crate) ttl: Option<String>,
+    /// Keep the entry until removed.
+    #[arg(long)]
+    pub(crate) permanent: bool,
+    /// Why (shown by `deny list` and in the services' logs, never to the client).
+    #[arg(long)]
+    pub(crate) reason: Option<String>,
+    /// Allow `*` alone: deny every key of the scope.
+    #[arg(long)]
+    pub(crate) force: bool,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct DenyScope {
+    /// The limits' scope.
+    pub(crate) scope: String,
 }
 
 /// `redguard quota ...`.

@@ -3,8 +3,8 @@
 use std::fmt::Write as _;
 
 use redguard::admin::{
-    Inspection, LimitSource, LockState, QuotaEntry, QuotaList, RecordState, Resolve, ScanReport,
-    Unlock, Usage,
+    DenyEntry, Inspection, LimitSource, LockState, QuotaEntry, QuotaList, RecordState, Resolve,
+    ScanReport, Unlock, Usage,
 };
 use serde::Serialize;
 
@@ -329,6 +329,18 @@ pub(crate) fn usage(u: &Usage) -> String {
         out.add("ignored override", quota(q).trim_end());
     }
     out.0
+}
+
+/// One deny entry, on one line.
+pub(crate) fn deny(e: &DenyEntry) -> String {
+    let until = match e.expires_in_ms {
+        Some(ms) => format!("expires in {}", duration(ms)),
+        None => "permanent".to_owned(),
+    };
+    match &e.reason {
+        Some(reason) => format!("{} ({until}): {reason}\n", e.entry),
+        None => format!("{} ({until})\n", e.entry),
+    }
 }
 
 /// The overrides of a scope.

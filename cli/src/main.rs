@@ -12,7 +12,7 @@ use redguard::handle::StoreKind;
 use redguard::{Redguard, key::GuardKind, rate::Algorithm, rate::Limit, rate::Rate};
 use serde::Serialize;
 
-use crate::args::{Cli, Command, Guard, QuotaCommand, Target};
+use crate::args::{Cli, Command, DenyCommand, Guard, QuotaCommand, Target};
 
 /// Any failure: printed as `redguard: <message>`, exit status 1.
 type Failure = Box<dyn std::error::Error>;
@@ -188,6 +188,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             let usage = admin.usage(&args.scope, &args.key, &limit).await?;
             print(json, &usage, human::usage);
         }
+        Command::Deny(command) => deny(&admin, json, command).await?,
     }
     Ok(())
 }
@@ -227,6 +228,60 @@ async fn quota(admin: &Admin, json: bool, command: QuotaCommand) -> Result<(), F
                     "cleared: the limit in the code decides\n".to_owned()
                 } else {
                     "no override was set\n".to_owned()
+                }
+            });
+        }
+    }
+    Ok(())
+}
+
+/// How long `deny add` keeps an entry without `--ttl`: an incident's day, not for ever.
+const DEFAULT_DENY_TTL: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
+
+async fn deny(admin: &Admin, json: bool, command: DenyCommand) -> Result<(), Failure> {
+    match command {
+        DenyCommand::Add(args) => {
+            // Everything is checked before the store is asked anything.
+            if args.target.entry == "*" && !args.force {
+                return Err(
+                    "`*` denies every key of the scope: add --force if that is meant".into(),
+                );
+            }
+            let ttl = match (&args.ttl, args.permanent) {
+                (_, true) => QuotaTtl::Permanent,
+                (Some(ttl), false) => QuotaTtl::For(
+                    redguard_grammar::duration::parse(ttl)
+                        .map_err(|err| format!("--ttl: {err}"))?,
+                ),
+                (None, false) => QuotaTtl::For(DEFAULT_DENY_TTL),
+            };
+            let added = admin
+                .deny_add(
+                    &args.target.scope,
+                    &args.target.entry,
+                    args.reason.as_deref(),
+                    ttl,
+                )
+                .await?;
+            print(json, &added, |e| format!("denied {}", human::deny(e)));
+        }
+        DenyCommand::List(args) => {
+            let list = admin.deny_list(&args.scope).await?;
+            print(json, &list, |list| {
+                if list.is_empty() {
+                    "no deny entries\n".to_owned()
+                } else {
+                    list.iter().map(human::deny).collect()
+                }
+            });
+        }
+        DenyCommand::Remove(target) => {
+            let removed = admin.deny_remove(&target.scope, &target.entry).await?;
+            print(json, &removed, |r| {
+                if *r {
+                    "removed\n".to_owned()
+                } else {
+                    "no such entry\n".to_owned()
                 }
             });
         }

@@ -137,6 +137,22 @@ pub enum Error {
     )]
     RateLimited(crate::values::Decision),
 
+    /// The rate-limit key is on its scope's deny list (`redguard deny add`,
+    /// [`Admin::deny_add`](crate::admin::Admin::deny_add)): refused before its limit was
+    /// read, so it consumed nothing. HTTP 403 (`"code": "denied"`): retrying does not help.
+    ///
+    /// ```
+    /// let err = redguard::Error::Denied { key: "rg:rate:{api:tenant:acme}".into(), reason: Some("abuse".into()) };
+    /// assert_eq!(err.to_string(), "denied: `rg:rate:{api:tenant:acme}` is on its deny list (abuse)");
+    /// ```
+    #[error("denied: `{key}` is on its deny list{}", reason.as_ref().map(|r| format!(" ({r})")).unwrap_or_default())]
+    Denied {
+        /// The full store key of the denied limit.
+        key: String,
+        /// The reason the operator gave, if any.
+        reason: Option<String>,
+    },
+
     /// A rate, burst, cost or block given at runtime (from configuration or an expression) is
     /// unusable; nothing was sent to the store.
     #[error("invalid rate limit: {0}")]

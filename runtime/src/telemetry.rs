@@ -131,6 +131,12 @@ pub const METRICS: &[Metric] = &[
          store failed): the units charged so far stand, the call's value was returned.",
     ),
     counter_metric(
+        "redguard_rate_denied_total",
+        &["scope"],
+        "Rate-limited calls refused because their key is on the scope's deny list \
+         (`redguard deny add`): nothing was charged.",
+    ),
+    counter_metric(
         "redguard_rate_quota_invalid_total",
         &[],
         "Rate decisions that found a value at the key's quota override (`<key>:quota`) that \

@@ -131,6 +131,7 @@ pub(crate) fn error_name(err: &Error) -> &'static str {
         Error::LockLost { .. } => "lost",
         Error::LockTooDeep { .. } => "too_deep",
         Error::RateLimited(_) => "rejected",
+        Error::Denied { .. } => "denied",
         Error::Backend(_) => "backend_error",
         Error::InvalidKey { .. } | Error::MissingKey { .. } => "invalid_key",
         _ => "error",

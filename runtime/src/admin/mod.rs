@@ -44,6 +44,7 @@
 
 mod address;
 mod decode;
+mod deny;
 mod quota;
 mod scan;
 mod usage;
@@ -52,10 +53,14 @@ use serde::Serialize;
 
 pub use self::address::{AdminKey, LockKindName};
 pub use self::decode::{DecisionState, Holder, Inspection, LockState, RateState, RecordState};
+pub use self::deny::DenyEntry;
 pub use self::quota::{QuotaEntry, QuotaList};
 pub use self::scan::{DEFAULT_SCAN_LIMIT, ScanGroup, ScanReport, ScanSelect};
 pub use self::usage::{LimitSource, Usage};
-pub use crate::values::{MAX_PREFIX_OVERRIDES, MAX_QUOTA_TTL, Quota, QuotaTtl};
+pub use crate::values::{
+    DenyPattern, MAX_DENY_KEYS, MAX_DENY_PATTERNS, MAX_DENY_REASON, MAX_PREFIX_OVERRIDES,
+    MAX_QUOTA_TTL, Quota, QuotaTtl,
+};
 
 use self::decode::View;
 use crate::error::{Error, Result};

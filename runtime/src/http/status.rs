@@ -22,6 +22,7 @@ impl Error {
     /// | [`OutcomeUnknown`](Error::OutcomeUnknown) | 409 | `outcome_unknown` |
     /// | [`TokenUsed`](Error::TokenUsed) | 409 | `token_used` |
     /// | [`KeyReuse`](Error::KeyReuse) | 422 | `key_reuse` |
+    /// | [`Denied`](Error::Denied) | 403 (no `Retry-After`: retrying does not help) | `denied` |
     /// | [`RateLimited`](Error::RateLimited) | 429 + `Retry-After`, `RateLimit`, `RateLimit-Policy` | `rate_limited` |
     /// | [`LockTimeout`](Error::LockTimeout), [`LockHeld`](Error::LockHeld) | 503 + `Retry-After` | `busy` |
     /// | [`Backend`](Error::Backend), [`Timeout`](Error::Timeout), [`LockLost`](Error::LockLost), [`Cancelled`](Error::Cancelled) | 503 + `Retry-After` | `unavailable` |
@@ -43,6 +44,7 @@ impl Error {
             | Error::TokenMismatch => StatusCode::BAD_REQUEST,
             Error::InProgress | Error::OutcomeUnknown | Error::TokenUsed => StatusCode::CONFLICT,
             Error::KeyReuse => StatusCode::UNPROCESSABLE_ENTITY,
+            Error::Denied { .. } => StatusCode::FORBIDDEN,
             Error::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
             Error::LockTimeout { .. }
             | Error::LockHeld { .. }
@@ -73,6 +75,7 @@ impl Error {
             Error::OutcomeUnknown => "outcome_unknown",
             Error::TokenUsed => "token_used",
             Error::KeyReuse => "key_reuse",
+            Error::Denied { .. } => "denied",
             Error::RateLimited(_) => "rate_limited",
             Error::LockTimeout { .. } | Error::LockHeld { .. } => "busy",
             Error::Backend(_)
@@ -126,6 +129,8 @@ impl Error {
                     secs_ceil(decision.retry_after)
                 );
             }
+            // The operator's reason stays in logs: it may name what the client must not see.
+            Error::Denied { .. } => "this client is not allowed to make this request",
             Error::LockTimeout { .. } | Error::LockHeld { .. } => {
                 "the resource is busy with another request; retry shortly"
             }

@@ -87,6 +87,15 @@ pub(super) async fn decide(
         }
         Err(err) => {
             span.record("decision", crate::trace::error_name(err));
+            if let Error::Denied { key, .. } = err
+                && let Some(r) = limits.iter().find(|r| r.key.as_str() == key)
+            {
+                crate::telemetry::counter(
+                    "redguard_rate_denied_total",
+                    [("scope", r.scope.into())],
+                )
+                .increment(1);
+            }
         }
     }
     result

@@ -5,6 +5,7 @@
 //! guard, the handle or a store, so a store depends on these values and never on a guard.
 
 mod decision;
+mod deny;
 mod lock;
 mod quota;
 mod rate;
@@ -13,6 +14,8 @@ mod replicas;
 pub use self::decision::Decision;
 #[cfg(feature = "http")]
 pub(crate) use self::decision::{render_headers, secs_ceil};
+pub(crate) use self::deny::{DENY_HASH, DENY_KEYS_HASH, check_reason, denies, deny_hashes};
+pub use self::deny::{DenyPattern, MAX_DENY_KEYS, MAX_DENY_PATTERNS, MAX_DENY_REASON};
 pub use self::lock::LockKind;
 pub use self::quota::{MAX_PREFIX_OVERRIDES, MAX_QUOTA_TTL, Quota, QuotaTtl};
 pub(crate) use self::quota::{QUOTA_SUFFIX, prefix_hash};

@@ -14,6 +14,7 @@ mod conformance;
 mod conformance_idem;
 mod conformance_lock;
 mod conformance_rate;
+mod deny;
 mod eviction;
 mod faults;
 mod handle;

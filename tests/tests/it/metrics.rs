@@ -254,6 +254,14 @@ async fn workload(url: String, mut server: RedisServer) {
         .query(&mut server.connection())
         .unwrap();
     let _ = limiter().decide().await.unwrap();
+    // A denied key: refused, counted.
+    let denied = redguard::admin::QuotaTtl::For(std::time::Duration::from_secs(60));
+    admin
+        .deny_add("w::rate", "w:4", None, denied)
+        .await
+        .unwrap();
+    assert!(limiter().decide().await.is_err());
+    admin.deny_remove("w::rate", "w:4").await.unwrap();
     // Units charged and given back after the call.
     let mut charge = redguard::limiter("w:5")
         .scope("w::rate")

@@ -267,17 +267,23 @@ impl AdminOps for MemoryStore {
 
     async fn admin_quota_prefix(
         &self,
-        _hash: &Key,
+        hash: &Key,
         field: &str,
         value: Option<&str>,
         ttl: Option<Duration>,
         max: usize,
     ) -> Result<bool> {
         // Fields are whole state-key prefixes: one table serves every handle prefix.
+        if let Some(patterns) = deny_kind(hash) {
+            return self.deny_put(patterns, field, value, ttl, max);
+        }
         self.prefix_put(field, value, ttl, max)
     }
 
-    async fn admin_quota_prefixes(&self, _hash: &Key) -> Result<(Duration, Vec<(String, String)>)> {
+    async fn admin_quota_prefixes(&self, hash: &Key) -> Result<(Duration, Vec<(String, String)>)> {
+        if let Some(patterns) = deny_kind(hash) {
+            return Ok(self.deny_entries(patterns));
+        }
         Ok(self.prefix_list())
     }
 
@@ -288,5 +294,22 @@ impl AdminOps for MemoryStore {
             .at(now)
             .get_mut(key)
             .map_or(0, |state| state.refund(units, now.as_nanos())))
+    }
+}
+
+/// Whether `hash` is one of the deny hashes (the store's prefix-hash operations serve both
+/// features): `Some(true)` for prefixes and networks, `Some(false)` for exact keys.
+fn deny_kind(hash: &Key) -> Option<bool> {
+    let of = |suffix: &str| {
+        hash.as_str()
+            .strip_suffix(suffix)
+            .is_some_and(|rest| rest.ends_with(":rate:"))
+    };
+    if of(crate::values::DENY_HASH) {
+        Some(true)
+    } else if of(crate::values::DENY_KEYS_HASH) {
+        Some(false)
+    } else {
+        None
     }
 }

@@ -13,6 +13,7 @@
 //! replicated Redis runs unchanged in its tests).
 
 mod admin;
+mod deny;
 mod idem;
 mod lock;
 mod quota;
@@ -71,6 +72,10 @@ struct Tables {
     /// Whether `quota_prefixes` holds an entry (live or expired), so that a check without
     /// one takes no lock shared by every shard.
     has_prefixes: AtomicBool,
+    /// Deny lists (`deny.rs`), every handle prefix's in one table, by field.
+    deny: Mutex<quota::Quotas>,
+    /// Whether `deny` holds an entry: a check without one takes no shared lock.
+    has_deny: AtomicBool,
 }
 
 impl Default for Tables {
@@ -81,6 +86,8 @@ impl Default for Tables {
             lock_waiters: Waiters::default(),
             quota_prefixes: Mutex::default(),
             has_prefixes: AtomicBool::new(false),
+            deny: Mutex::default(),
+            has_deny: AtomicBool::new(false),
         }
     }
 }

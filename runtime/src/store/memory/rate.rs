@@ -329,6 +329,13 @@ impl MemoryStore {
 #[async_trait]
 impl RateOps for MemoryStore {
     async fn rate_check(&self, checks: &[RateCheck<'_>], mode: RateMode) -> Result<RateOutcome> {
+        let now_d = self.clock.now();
+        // As deny.lua: a denied key refuses the call before any limit is read; a peek looks.
+        if mode != RateMode::Peek {
+            for check in checks {
+                self.check_denied(now_d, check.key)?;
+            }
+        }
         let mut shards = self.lock_shards(checks);
         let now_d = self.clock.now();
         let now = micros(now_d) as f64;

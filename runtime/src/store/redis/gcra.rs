@@ -28,7 +28,7 @@ use crate::key::Key;
 use crate::store::{RateCheck, RateMode, RateOutcome};
 use crate::values::QUOTA_SUFFIX;
 
-lua!(GCRA = "rate_gcra.lua" after "expiry.lua", "quota.lua");
+lua!(GCRA = "rate_gcra.lua" after "expiry.lua", "quota.lua", "deny.lua");
 
 pub(super) fn scripts() -> Vec<&'static Lua> {
     vec![&GCRA]
@@ -199,7 +199,7 @@ impl RedisStore {
         };
         let mut cmd = super::evalsha(
             &GCRA,
-            2 * items.len() + usize::from(prefixes.is_some()),
+            2 * items.len() + 3 * usize::from(prefixes.is_some()),
             1 + 3 * items.len(),
         );
         for item in items {
@@ -208,6 +208,11 @@ impl RedisStore {
         }
         if let Some(prefixes) = &prefixes {
             cmd.arg(prefixes.as_str());
+            // The deny lists beside the prefix overrides: the same handle prefix, off a Cluster.
+            match crate::values::deny_hashes(first.key) {
+                Some((keys, patterns)) => cmd.arg(keys.as_str()).arg(patterns.as_str()),
+                None => cmd.arg("").arg(""),
+            };
         }
         cmd.arg(if mode == RateMode::Peek { "1" } else { "0" });
         for item in items {

@@ -552,6 +552,16 @@ pub(crate) fn corrupt_or(err: Error, key: &Key) -> Error {
                 detail: what.to_owned(),
             }
         }
+        Error::Backend(BackendError::Failed { source, .. }) if source.code() == Some("DENIED") => {
+            let detail = source.detail().unwrap_or_default();
+            let (at, why) = detail.split_once(' ').unwrap_or((detail, ""));
+            // Redis 7 appends ` script: <sha>, on @user_script:<line>.` to a script's error.
+            let why = why.split_once(" script: ").map_or(why, |(why, _)| why);
+            Error::Denied {
+                key: at.to_owned(),
+                reason: (!why.is_empty()).then(|| why.to_owned()),
+            }
+        }
         Error::Backend(BackendError::Failed { source, .. })
             if source.code() == Some("WRONGTYPE") =>
         {

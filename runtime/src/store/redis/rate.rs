@@ -11,7 +11,7 @@ use crate::key::Key;
 use crate::store::{RateAdjust, RateCheck, RateMode, RateOps, RateOutcome, Store as _};
 use crate::values::{Decision, QUOTA_SUFFIX, micros};
 
-lua!(CHECK = "rate_check.lua" after "expiry.lua", "quota.lua", "rescale.lua");
+lua!(CHECK = "rate_check.lua" after "expiry.lua", "quota.lua", "deny.lua", "rescale.lua");
 lua!(ADJUST = "rate_adjust.lua" after "expiry.lua", "quota.lua", "rescale.lua");
 
 pub(super) fn scripts() -> Vec<&'static Lua> {
@@ -201,7 +201,7 @@ impl RedisStore {
         };
         let mut cmd = evalsha(
             &CHECK,
-            checks.len() * 3 + usize::from(prefixes.is_some()),
+            checks.len() * 3 + 3 * usize::from(prefixes.is_some()),
             1 + checks.len() * 6,
         );
         for check in checks {
@@ -211,6 +211,11 @@ impl RedisStore {
         }
         if let Some(prefixes) = &prefixes {
             cmd.arg(prefixes.as_str());
+            // The deny lists beside the prefix overrides: the same handle prefix, off a Cluster.
+            match crate::values::deny_hashes(first.key) {
+                Some((keys, patterns)) => cmd.arg(keys.as_str()).arg(patterns.as_str()),
+                None => cmd.arg("").arg(""),
+            };
         }
         match phase {
             Phase::Consume => cmd.arg("0"),

@@ -1,7 +1,8 @@
 -- Check several rate limits all-or-nothing at Redis's time.
 -- KEYS: per limit i, KEYS[3i-2] its state key, KEYS[3i-1] its block (penalty) key and
 -- KEYS[3i] its quota override (quota.lua); then, off a Cluster, the handle's prefix-override
--- hash (quota.lua's prefixes()).
+-- hash (quota.lua's prefixes()) and its two deny hashes (deny.lua): a denied key's call is
+-- refused with `DENIED <key> <reason>`, nothing written.
 -- ARGV[1] '0' to charge every limit when all admit, '1' to peek (write nothing), '2' to
 -- judge (charge nothing, but write the penalties of limits that reject: phase one of a call
 -- whose limits are in several Cluster slots), 'r<us>' to charge as '0' with a GCRA limit
@@ -29,7 +30,18 @@ local reserving = string.match(ARGV[1], '^r(%d+)$')
 local reserve = reserving and tonumber(reserving) or 0
 local charge = ARGV[1] == '0' or reserving ~= nil
 local n = (#ARGV - 1) / 6
-if #KEYS > 3 * n then prefixes(KEYS[#KEYS]) end
+if #KEYS > 3 * n then
+  prefixes(KEYS[3 * n + 1])
+  denies(KEYS[3 * n + 2], KEYS[3 * n + 3])
+end
+-- A denied key refuses the whole call before any limit is read (deny.lua): it consumes and
+-- writes nothing. A peek only looks, so it is not refused.
+if not peek then
+  for i = 1, n do
+    local why = denied(KEYS[3 * i - 2], now)
+    if why then return redis.error_reply('DENIED ' .. KEYS[3 * i - 2] .. ' ' .. why) end
+  end
+end
 
 local function int(x) return string.format('%.0f', x) end
 local function num(x) return string.format('%.17g', x) end

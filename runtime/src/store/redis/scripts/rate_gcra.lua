@@ -3,7 +3,8 @@
 -- path with only what such a check needs, so one decision costs Redis a GET, a PEXPIRETIME
 -- and a SET and no closures or tables beyond the reply.
 -- KEYS: per check i, KEYS[2i-1] its state key and KEYS[2i] its quota override (quota.lua);
--- then, off a Cluster, the handle's prefix-override hash (quota.lua's prefixes()).
+-- then, off a Cluster, the handle's prefix-override hash (quota.lua's prefixes()) and its
+-- two deny hashes (deny.lua).
 -- ARGV[1] '0' to charge each check that admits, '1' to peek (write nothing); then per check
 -- 3 values: interval_ns, burst, cost (the code's; an override replaces the first two).
 -- Returns one string of integers separated by spaces: now_us, then per check allowed (0/1),
@@ -24,7 +25,10 @@ local ms_now = math.floor(now / 1000)
 local out = { string.format('%.0f', now) }
 
 local n = (#ARGV - 1) / 3
-if #KEYS > 2 * n then prefixes(KEYS[#KEYS]) end
+if #KEYS > 2 * n then
+  prefixes(KEYS[2 * n + 1])
+  denies(KEYS[2 * n + 2], KEYS[2 * n + 3])
+end
 for i = 1, n do
   local key = KEYS[2 * i - 1]
   local interval = tonumber(ARGV[3 * i - 1])
@@ -43,6 +47,8 @@ for i = 1, n do
   local v = redis.pcall('GET', key)
   local debt = 0
   local known = type(v) ~= 'table'
+  -- A denied key is left to rate_check.lua, which refuses it alone (deny.lua).
+  if charge and denied(key, now) then known = false end
   if known and v then
     local d
     if fine then

@@ -1,0 +1,114 @@
+-- Deny lists (values/deny.rs): the handle's hashes of denied exact keys (`kkey`, one HGET
+-- per check) and of prefixes and networks (`pkey`, read once per call into a list, nil when
+-- absent), passed off a Cluster only (there they are in other slots than the keys). The whole
+-- cost to a call without deny lists: one HGET per check and one HGETALL, of absent keys.
+-- Something that is not a hash, or a malformed entry, denies nothing.
+local deny_keys, deny_list
+local function denies(kkey, pkey)
+  deny_keys, deny_list = kkey, nil
+  if not pkey then return end
+  local h = redis.pcall('HGETALL', pkey)
+  if type(h) ~= 'table' or h.err or #h == 0 then return end
+  deny_list = {}
+  for j = 1, #h, 2 do
+    local at, kind, reason = string.match(h[j + 1], '^(%d+) (%S+) ?(.*)$')
+    if at then deny_list[#deny_list + 1] = { h[j], tonumber(at), kind, reason } end
+  end
+end
+
+-- `n` (0..2^width-1) as `width` characters of '0'/'1'.
+local function bin(n, width)
+  local s = {}
+  for b = width - 1, 0, -1 do
+    if math.floor(n / 2 ^ b) % 2 == 1 then s[#s + 1] = '1' else s[#s + 1] = '0' end
+  end
+  return table.concat(s)
+end
+
+local function hex_groups(s)
+  local g = {}
+  if s == '' then return g end
+  for x in string.gmatch(s .. ':', '([^:]*):') do g[#g + 1] = x end
+  return g
+end
+
+-- The address of a key body's last ':'-separated part: its family ('4'/'6'), its bits as
+-- '0'/'1' text and its own prefix length (the http layer's IPv6 keys are blocks,
+-- `2001-db8--_64`); nil when it is not one.
+local function key_address(body)
+  local last = string.match(body, '([^:]*)$')
+  local a, b, c, d = string.match(last, '^(%d+)%.(%d+)%.(%d+)%.(%d+)$')
+  if a then
+    local out = {}
+    for _, x in ipairs({ a, b, c, d }) do
+      -- As Rust's parser: no leading zeros.
+      if #x > 3 or (#x > 1 and string.sub(x, 1, 1) == '0') or tonumber(x) > 255 then
+        return nil
+      end
+      out[#out + 1] = bin(tonumber(x), 8)
+    end
+    return '4', table.concat(out), 32
+  end
+  local addr, own = string.match(last, '^([%x%-]+)_(%d+)$')
+  if not addr then addr, own = string.match(last, '^([%x%-]+)$'), '128' end
+  if not addr then return nil end
+  own = tonumber(own)
+  if own > 128 then return nil end
+  addr = string.gsub(addr, '%-', ':')
+  local l, r = string.match(addr, '^(.-)::(.*)$')
+  local gs
+  if l then
+    local lg, rg = hex_groups(l), hex_groups(r)
+    if #lg + #rg > 7 then return nil end
+    gs = lg
+    for _ = 1, 8 - #lg - #rg do gs[#gs + 1] = '0' end
+    for _, x in ipairs(rg) do gs[#gs + 1] = x end
+  else
+    gs = hex_groups(addr)
+    if #gs ~= 8 then return nil end
+  end
+  local out = {}
+  for _, x in ipairs(gs) do
+    if not string.match(x, '^%x%x?%x?%x?$') then return nil end
+    out[#out + 1] = bin(tonumber(x, 16), 16)
+  end
+  return '6', table.concat(out), own
+end
+
+-- The reason of the first live entry that denies the state key `key` ("<prefix>:rate:{<scope>:
+-- <body>}"), or nil.
+local function denied(key, now_us)
+  if not deny_keys then return nil end
+  local v = redis.pcall('HGET', deny_keys, string.sub(key, 1, -2))
+  if type(v) == 'string' then
+    local at, reason = string.match(v, '^(%d+) x ?(.*)$')
+    if at and (at == '0' or tonumber(at) * 1000 > now_us) then return reason end
+  end
+  if not deny_list then return nil end
+  -- The key's address, parsed once per check and only when a network entry needs it.
+  local parsed, kf, bits, own = false
+  for _, e in ipairs(deny_list) do
+    local f, kind = e[1], e[3]
+    if e[2] == 0 or e[2] * 1000 > now_us then
+      if kind == 'p' then
+        -- The field ends in the entry's '*'.
+        if string.sub(key, 1, #f - 1) == string.sub(f, 1, -2) then return e[4] end
+      else
+        local family, slen, net = string.match(kind, '^c([46]):(%d+):([01]*)$')
+        slen = tonumber(slen)
+        if family and string.sub(key, 1, slen) == string.sub(f, 1, slen) then
+          if not parsed then
+            parsed = true
+            if string.sub(key, -1) == '}' then
+              kf, bits, own = key_address(string.sub(key, slen + 1, -2))
+            end
+          end
+          if kf == family and own >= #net and string.sub(bits, 1, #net) == net then
+            return e[4]
+          end
+        end
+      end
+    end
+  end
+  return nil
+end
