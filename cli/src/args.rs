@@ -57,6 +57,25 @@ pub(crate) enum Command {
     /// refused outright (HTTP 403), read by every instance's next call.
     #[command(subcommand)]
     Deny(DenyCommand),
+    /// The keys of a scope's rate limits refused (or, with --admitted, admitted) most over
+    /// the last minutes, across every instance: who is being limited.
+    Top(TopArgs),
+}
+
+/// `redguard top SCOPE [--admitted] [-n N] [--window D]`.
+#[derive(Debug, Args)]
+pub(crate) struct TopArgs {
+    /// The limits' scope: the fn's path or its `scope = ".."`.
+    pub(crate) scope: String,
+    /// The keys admitted most, instead of those refused most.
+    #[arg(long)]
+    pub(crate) admitted: bool,
+    /// How many keys (1 to 256).
+    #[arg(short, long, default_value_t = 20, value_parser = clap::value_parser!(u16).range(1..=256))]
+    pub(crate) n: u16,
+    /// How far back (`5m`; whole minutes, the current one included; at most 15m).
+    #[arg(long, default_value = "5m")]
+    pub(crate) window: String,
 }
 
 /// `redguard usage SCOPE KEY --rate R`.

@@ -4,7 +4,7 @@ use std::fmt::Write as _;
 
 use redguard::admin::{
     DenyEntry, Inspection, LimitSource, LockState, QuotaEntry, QuotaList, RecordState, Resolve,
-    ScanReport, Unlock, Usage,
+    ScanReport, TopList, Unlock, Usage,
 };
 use serde::Serialize;
 
@@ -341,6 +341,22 @@ pub(crate) fn deny(e: &DenyEntry) -> String {
         Some(reason) => format!("{} ({until}): {reason}\n", e.entry),
         None => format!("{} ({until})\n", e.entry),
     }
+}
+
+/// The keys a scope refused or admitted most.
+pub(crate) fn top(list: &TopList) -> String {
+    let mut out = format!(
+        "{} most in {} over the last {} min\n",
+        list.outcome, list.scope, list.window_minutes
+    );
+    if list.entries.is_empty() {
+        out.push_str("no calls counted\n");
+    }
+    let width = list.entries.iter().map(|e| e.key.len()).max().unwrap_or(0);
+    for entry in &list.entries {
+        let _ = writeln!(out, "{:<width$}  {}", entry.key, entry.calls);
+    }
+    out
 }
 
 /// The overrides of a scope.

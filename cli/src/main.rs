@@ -189,6 +189,14 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             print(json, &usage, human::usage);
         }
         Command::Deny(command) => deny(&admin, json, command).await?,
+        Command::Top(args) => {
+            let window = redguard_grammar::duration::parse(&args.window)
+                .map_err(|err| format!("--window: {err}"))?;
+            let top = admin
+                .top(&args.scope, !args.admitted, usize::from(args.n), window)
+                .await?;
+            print(json, &top, human::top);
+        }
     }
     Ok(())
 }

@@ -26,6 +26,8 @@ pub(crate) struct State {
     pub(crate) fallback: crate::rate::FallbackTable,
     /// Lock renewal tasks alive.
     pub(crate) watchdogs: AtomicUsize,
+    /// The keys rate limits admitted and refused, on their way to the store (`rate/top.rs`).
+    pub(crate) tally: crate::rate::Tally,
 }
 
 /// One async mutex per lock key (or set of rate-limit keys) that local waiters are queued on,

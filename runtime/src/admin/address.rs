@@ -158,6 +158,8 @@ pub(crate) fn raw(handle: &Redguard, raw: &str) -> Result<AdminKey> {
     let lock_kind = match (guard, suffix.strip_prefix(':')) {
         (_, None) if suffix.is_empty() => None,
         (GuardKind::RateLimit, Some("block" | "quota")) => None,
+        // A scope's tally of the keys it admitted and refused most (`rate/top.rs`).
+        (GuardKind::RateLimit, Some(tally)) if tally.starts_with("top:") => None,
         (GuardKind::Lock, Some(suffix)) => {
             let (first, rest) = suffix.split_once(':').unwrap_or((suffix, ""));
             let kind = LockKindName::ALL

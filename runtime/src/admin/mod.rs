@@ -47,6 +47,7 @@ mod decode;
 mod deny;
 mod quota;
 mod scan;
+mod top;
 mod usage;
 
 use serde::Serialize;
@@ -56,6 +57,7 @@ pub use self::decode::{DecisionState, Holder, Inspection, LockState, RateState, 
 pub use self::deny::DenyEntry;
 pub use self::quota::{QuotaEntry, QuotaList};
 pub use self::scan::{DEFAULT_SCAN_LIMIT, ScanGroup, ScanReport, ScanSelect};
+pub use self::top::{TopEntry, TopList};
 pub use self::usage::{LimitSource, Usage};
 pub use crate::values::{
     DenyPattern, MAX_DENY_KEYS, MAX_DENY_PATTERNS, MAX_DENY_REASON, MAX_PREFIX_OVERRIDES,

@@ -162,6 +162,9 @@ pub(crate) async fn scan(handle: &Redguard, select: &ScanSelect) -> Result<ScanR
                     }
                 }
                 (_, "") => ("state".to_owned(), None),
+                (GuardKind::RateLimit, tally) if tally.starts_with("top:") => {
+                    ("top".to_owned(), None)
+                }
                 (_, suffix) => (suffix.to_owned(), None),
             };
             problems.append(&mut view.problems);

@@ -54,6 +54,17 @@ pub struct Redguard {
     inner: Arc<Inner>,
 }
 
+/// A [`Redguard`] that does not keep its handle alive: a background task's reference, which
+/// ends when the application drops the handle.
+#[derive(Clone)]
+pub(crate) struct WeakRedguard(std::sync::Weak<Inner>);
+
+impl WeakRedguard {
+    pub(crate) fn upgrade(&self) -> Option<Redguard> {
+        self.0.upgrade().map(|inner| Redguard { inner })
+    }
+}
+
 struct Inner {
     store: Arc<dyn Store>,
     settings: Settings,
@@ -205,6 +216,10 @@ impl Redguard {
     /// In-process state of this handle's guards (local queues, the local rate tier).
     pub(crate) fn state(&self) -> &State {
         &self.inner.state
+    }
+
+    pub(crate) fn downgrade(&self) -> WeakRedguard {
+        WeakRedguard(Arc::downgrade(&self.inner))
     }
 
     /// The handle a guard with [`Replicas`](crate::Replicas) runs on, every call of it (so

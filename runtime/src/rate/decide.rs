@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use tracing::Instrument;
 
-use super::{fallback, local};
+use super::{fallback, local, top};
 use crate::degrade::Degrade;
 use crate::error::{Error, Result};
 use crate::handle::Redguard;
@@ -211,6 +211,14 @@ async fn decide_traced<'a>(
                 ],
             )
             .increment(1);
+            let tallied = match result {
+                "allowed" => Some(top::Outcome::Admitted),
+                "rejected" => Some(top::Outcome::Refused),
+                _ => None,
+            };
+            if let Some(outcome) = tallied {
+                top::record(handle, scope, key, outcome);
+            }
             if allowed && decision.allowed && decision.remaining < r.near_limit {
                 crate::telemetry::counter(
                     "redguard_rate_near_limit_total",
@@ -281,6 +289,7 @@ fn local_rejection(handle: &Redguard, limits: &[Resolved<'_>]) -> Option<Vec<Dec
             .enumerate()
             .map(|(i, (r, known))| {
                 let outcome = if known.is_some() {
+                    top::record(handle, r.scope, &r.key, top::Outcome::Refused);
                     "rejected_local"
                 } else {
                     "not_charged"

@@ -10,7 +10,8 @@
 //! Code map: `limiter.rs` the API ([`Limiter`], [`RateLimits`]); `decide.rs` asking the store
 //! (or the local tier), metrics; `pace.rs` the wait, in arrival order; `local.rs` the
 //! in-process first tier; `fallback.rs` the local limiter of [`FailMode::Local`](crate::handle::FailMode::Local);
-//! `charge.rs` cost charged after the call ([`Charge`], [`Cost`]).
+//! `charge.rs` cost charged after the call ([`Charge`], [`Cost`]); `top.rs` the tally of the
+//! keys each scope admits and refuses most (`redguard top`).
 
 mod charge;
 mod decide;
@@ -18,9 +19,12 @@ mod fallback;
 mod limiter;
 mod local;
 mod pace;
+mod top;
 
 pub use self::charge::{Charge, Cost};
 pub(crate) use self::fallback::Table as FallbackTable;
+pub use self::top::{KEEP as TOP_KEEP, MAX_MEMBERS as TOP_MAX_MEMBERS};
+pub(crate) use self::top::{Outcome as TallyOutcome, Tally, minute, tally_key};
 
 pub use self::limiter::{Limiter, RateLimits};
 pub use crate::values::{

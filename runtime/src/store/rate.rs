@@ -33,6 +33,24 @@ pub trait RateOps {
     /// next admission waits until it is repaid. A refund gives back at most what the key
     /// holds. Returns the units charged or given back.
     async fn rate_adjust(&self, check: &RateCheck<'_>, adjust: RateAdjust) -> Result<u64>;
+
+    /// Adds `counts` (key, calls) to the tally at `tally` (a sorted set of one scope, outcome
+    /// and minute, `rate/top.rs`), keeps its `max` highest members and its TTL at `keep`.
+    /// A store that keeps no tally takes nothing.
+    async fn rate_top_merge(
+        &self,
+        _tally: &Key,
+        _counts: &[(String, u64)],
+        _keep: Duration,
+        _max: usize,
+    ) -> Result<()> {
+        Ok(())
+    }
+
+    /// The members of each tally in `tallies`, with their counts (empty when absent).
+    async fn rate_top_read(&self, tallies: &[Key]) -> Result<Vec<Vec<(String, u64)>>> {
+        Ok(vec![Vec::new(); tallies.len()])
+    }
 }
 
 /// What [`RateOps::rate_adjust`] does.

@@ -665,6 +665,21 @@ impl RateOps for FaultyStore {
         })
         .await
     }
+
+    // The tally is analytics, beside the decisions: no fault point of its own.
+    async fn rate_top_merge(
+        &self,
+        tally: &Key,
+        counts: &[(String, u64)],
+        keep: Duration,
+        max: usize,
+    ) -> Result<()> {
+        self.inner.rate_top_merge(tally, counts, keep, max).await
+    }
+
+    async fn rate_top_read(&self, tallies: &[Key]) -> Result<Vec<Vec<(String, u64)>>> {
+        self.inner.rate_top_read(tallies).await
+    }
 }
 
 #[async_trait]

@@ -64,3 +64,4 @@ mod servers;
 mod shadow;
 mod stack;
 mod stacking;
+mod top;

@@ -115,6 +115,8 @@ pub(super) struct Shard {
     fair_queues: Table<lock::FairQueue>,
     /// Fencing counters of locks, kept apart so they outlive the locks.
     fences: Table<u64>,
+    /// Rate-limit tallies (`rate/top.rs`): key -> calls, per scope, outcome and minute.
+    tallies: Table<std::collections::HashMap<String, u64>>,
 }
 
 /// A seeded hash of `bytes`, a word at a time: the shard pick needs spread, not the flood

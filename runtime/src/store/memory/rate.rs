@@ -328,6 +328,53 @@ impl MemoryStore {
 
 #[async_trait]
 impl RateOps for MemoryStore {
+    async fn rate_top_merge(
+        &self,
+        tally: &Key,
+        counts: &[(String, u64)],
+        keep: Duration,
+        max: usize,
+    ) -> Result<()> {
+        let (mut shard, now) = self.shard(tally);
+        let mut tallies = shard.tallies.at(now);
+        let mut members = tallies.remove(tally).unwrap_or_default();
+        for (key, count) in counts {
+            *members.entry(key.clone()).or_default() += count;
+        }
+        // As the Redis script: only the `max` highest stay.
+        if members.len() > max {
+            let mut by_count: Vec<u64> = members.values().copied().collect();
+            by_count.sort_unstable_by(|a, b| b.cmp(a));
+            let floor = by_count[max - 1];
+            let mut above = by_count.iter().filter(|&&c| c > floor).count();
+            members.retain(|_, count| {
+                if *count > floor {
+                    true
+                } else if *count == floor && above < max {
+                    above += 1;
+                    true
+                } else {
+                    false
+                }
+            });
+        }
+        tallies.put(tally, members, now + keep);
+        Ok(())
+    }
+
+    async fn rate_top_read(&self, tallies: &[Key]) -> Result<Vec<Vec<(String, u64)>>> {
+        Ok(tallies
+            .iter()
+            .map(|tally| {
+                let (mut shard, now) = self.shard(tally);
+                let live = shard.tallies.at(now);
+                live.get(tally)
+                    .map(|members| members.iter().map(|(k, c)| (k.clone(), *c)).collect())
+                    .unwrap_or_default()
+            })
+            .collect())
+    }
+
     async fn rate_check(&self, checks: &[RateCheck<'_>], mode: RateMode) -> Result<RateOutcome> {
         let now_d = self.clock.now();
         // As deny.lua: a denied key refuses the call before any limit is read; a peek looks.

@@ -13,9 +13,10 @@ use crate::values::{Decision, QUOTA_SUFFIX, micros};
 
 lua!(CHECK = "rate_check.lua" after "expiry.lua", "quota.lua", "deny.lua", "rescale.lua");
 lua!(ADJUST = "rate_adjust.lua" after "expiry.lua", "quota.lua", "rescale.lua");
+lua!(TOP = "rate_top.lua");
 
 pub(super) fn scripts() -> Vec<&'static Lua> {
-    vec![&CHECK, &ADJUST]
+    vec![&CHECK, &ADJUST, &TOP]
 }
 
 /// Suffix of a limit's penalty key. It sits after the `{..}` hash tag, so the block key lands
@@ -106,6 +107,53 @@ impl RateOps for RedisStore {
 
     /// One script on the state key and its override, which share a slot: atomic on a
     /// Cluster too.
+    async fn rate_top_merge(
+        &self,
+        tally: &Key,
+        counts: &[(String, u64)],
+        keep: Duration,
+        max: usize,
+    ) -> Result<()> {
+        if counts.is_empty() {
+            return Ok(());
+        }
+        let mut cmd = evalsha(&TOP, 1, 2 + 2 * counts.len());
+        cmd.arg(tally.as_str())
+            .arg(u64::try_from(keep.as_millis()).unwrap_or(u64::MAX))
+            .arg(max);
+        for (key, count) in counts {
+            cmd.arg(key).arg(count);
+        }
+        let _: i64 = self
+            .run_script("rate_top_merge", &TOP, cmd, Some(tally))
+            .await?;
+        Ok(())
+    }
+
+    async fn rate_top_read(&self, tallies: &[Key]) -> Result<Vec<Vec<(String, u64)>>> {
+        let mut read = Vec::with_capacity(tallies.len());
+        // One key per command: a Cluster holds a scope's tallies in one slot, but reading
+        // them one by one keeps this free of routing rules.
+        for tally in tallies {
+            let mut cmd = redis::cmd("ZRANGE");
+            cmd.arg(tally.as_str()).arg(0).arg(-1).arg("WITHSCORES");
+            let mut conn = self.conn();
+            let members: Vec<(String, f64)> = self
+                .bounded(
+                    "rate_top_read",
+                    async move { cmd.query_async(&mut conn).await },
+                )
+                .await?;
+            read.push(
+                members
+                    .into_iter()
+                    .map(|(key, count)| (key, count.max(0.0) as u64))
+                    .collect(),
+            );
+        }
+        Ok(read)
+    }
+
     async fn rate_adjust(&self, check: &RateCheck<'_>, adjust: RateAdjust) -> Result<u64> {
         let (op, units) = match adjust {
             RateAdjust::Charge(units) => ("c", units),
