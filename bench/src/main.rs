@@ -20,6 +20,7 @@ mod inproc;
 mod lock;
 mod lock_designs;
 mod measure;
+mod operators;
 mod pace;
 mod peers;
 mod quota;
@@ -537,6 +538,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     txn::cases(&mut bench, &rg).await;
     rate::cases(&mut bench, &rg, &memory).await;
     quota::cases(&mut bench, &rg).await;
+    operators::cases(&mut bench, &rg).await;
     pace::cases(&mut bench, &rg).await;
     inproc::cases(&mut bench).await;
     lock::cases(&mut bench, &rg, &memory).await;

@@ -308,7 +308,7 @@ pub(crate) fn usage(u: &Usage) -> String {
     let rule = match &u.source {
         LimitSource::Key => "the key's override".to_owned(),
         LimitSource::Prefix { prefix } => format!("the prefix override {prefix}"),
-        _ => "the limit in the code (--rate)".to_owned(),
+        _ => "the code's limit, --rate".to_owned(),
     };
     out.add(
         "limit",

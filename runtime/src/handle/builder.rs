@@ -81,6 +81,7 @@ pub(super) struct Settings {
     pub(super) idempotency: FailMode,
     pub(super) lock: FailMode,
     pub(super) rate_limit: FailMode,
+    pub(super) top_tally: bool,
 }
 
 impl Default for Settings {
@@ -92,6 +93,7 @@ impl Default for Settings {
             idempotency: FailMode::Closed,
             lock: FailMode::Closed,
             rate_limit: FailMode::Open,
+            top_tally: true,
         }
     }
 }
@@ -182,6 +184,21 @@ impl<T: Topology> Builder<T> {
             GuardKind::Lock => self.settings.lock = mode,
             GuardKind::RateLimit => self.settings.rate_limit = mode,
         }
+        self
+    }
+
+    /// Whether this handle tallies the keys its rate limits admit and refuse most, for
+    /// [`Admin::top`](crate::admin::Admin::top) and `redguard top` (default on): a map update
+    /// in process per decision, and one store call per scope and outcome per second while
+    /// decisions are made. Off, `top` counts nothing of this instance.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> redguard::Result<()> {
+    /// let rg = redguard::Redguard::memory_builder().top_tally(false).connect().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn top_tally(mut self, on: bool) -> Self {
+        self.settings.top_tally = on;
         self
     }
 

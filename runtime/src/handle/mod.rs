@@ -218,6 +218,11 @@ impl Redguard {
         &self.inner.state
     }
 
+    /// Whether decisions are tallied for `top` ([`Builder::top_tally`]).
+    pub(crate) fn top_tally(&self) -> bool {
+        self.inner.settings.top_tally
+    }
+
     pub(crate) fn downgrade(&self) -> WeakRedguard {
         WeakRedguard(Arc::downgrade(&self.inner))
     }

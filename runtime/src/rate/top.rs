@@ -90,6 +90,9 @@ impl Sketch {
 
 /// Counts one decision of `key` (a rate-limit state key) in `scope`.
 pub(crate) fn record(handle: &Redguard, scope: &SharedString, key: &Key, outcome: Outcome) {
+    if !handle.top_tally() {
+        return;
+    }
     let Some(body) = body(key, scope) else {
         return;
     };

@@ -1,0 +1,85 @@
+//! What the operators' tools cost a rate check (issue 47): GCRA on random keys with the
+//! `top` tally off and on (the default), with deny patterns set that match nothing, and a
+//! call refused by a deny entry beside one refused by its limit. Same run, same Redis; the
+//! ratios are printed under the table.
+
+use std::time::Duration;
+
+use redguard::Redguard;
+use redguard::admin::{Admin, QuotaTtl};
+
+use crate::Bench;
+use crate::rate::{gcra_check, limiter};
+
+const OFF: &str = "operators: gcra random keys, top tally off";
+const ON: &str = "operators: gcra random keys, top tally on (default)";
+const PATTERNS: &str = "operators: gcra random keys, tally on, 16 deny patterns";
+const DENIED: &str = "operators: gcra one key denied by a deny entry";
+const LIMITED: &str = "operators: gcra one key refused by its limit";
+
+pub(crate) async fn cases(bench: &mut Bench, rg: &Redguard) {
+    if ![OFF, ON, PATTERNS, DENIED, LIMITED]
+        .iter()
+        .any(|case| bench.selected(case, "redis"))
+    {
+        return;
+    }
+    let untallied = Redguard::redis(bench.url())
+        .top_tally(false)
+        .connect()
+        .await
+        .expect("a second handle on the bench's Redis");
+    for (case, handle) in [(OFF, &untallied), (ON, rg)] {
+        let built = limiter(redguard::rate::Algorithm::Gcra, 0).on(handle);
+        bench
+            .run(case, "redis", None, None, &[], move |i| {
+                gcra_check(&built, i)
+            })
+            .await;
+    }
+    // Prefixes no bench key starts with: walked by every call, matching none.
+    let admin = Admin::new(rg.clone());
+    let day = QuotaTtl::For(Duration::from_secs(86_400));
+    for n in 0..16 {
+        admin
+            .deny_add("bench", &format!("nobody-{n}:*"), None, day)
+            .await
+            .expect("a deny pattern");
+    }
+    let built = limiter(redguard::rate::Algorithm::Gcra, 0).on(rg);
+    bench
+        .run(PATTERNS, "redis", None, None, &[], move |i| {
+            gcra_check(&built, i)
+        })
+        .await;
+    for n in 0..16 {
+        admin
+            .deny_remove("bench", &format!("nobody-{n}:*"))
+            .await
+            .expect("removing a deny pattern");
+    }
+    // One key denied by an exact entry, one refused by its limit (1/h): what a refusal costs
+    // either way.
+    admin
+        .deny_add("bench", "r:denied", Some("bench"), day)
+        .await
+        .expect("a deny entry");
+    for (case, key, rate) in [
+        (DENIED, "r:denied", "1000000/s"),
+        (LIMITED, "r:limited", "1/h"),
+    ] {
+        let rg = rg.clone();
+        bench
+            .run(case, "redis", None, None, &[], move |_| {
+                let limiter = redguard::limiter(key).scope("bench").rate(rate).on(&rg);
+                async move {
+                    // Refused either way: an `Err` (denied) or a decision that does not allow.
+                    let _ = limiter.decide().await;
+                }
+            })
+            .await;
+    }
+    bench.compare(ON, "redis", OFF);
+    bench.compare(PATTERNS, "redis", OFF);
+    bench.compare(DENIED, "redis", LIMITED);
+}
