@@ -37,6 +37,15 @@ pub(crate) async fn cases(bench: &mut Bench, rg: &Redguard) {
             })
             .await;
     }
+    // The scope must hold a rate-limit key for a deny entry to be taken: one that stays (the
+    // random keys' states drain within microseconds).
+    redguard::limiter("anchor")
+        .scope("bench")
+        .rate("1/h")
+        .on(rg)
+        .decide()
+        .await
+        .expect("a check of the scope");
     // Prefixes no bench key starts with: walked by every call, matching none.
     let admin = Admin::new(rg.clone());
     let day = QuotaTtl::For(Duration::from_secs(86_400));

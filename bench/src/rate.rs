@@ -56,6 +56,8 @@ fn script_args(sha: &str, algorithm: Algorithm, key: &str) -> Vec<String> {
             &format!("{key}:block"),
             &format!("{key}:quota"),
             PREFIXES,
+            DENY_KEYS,
+            DENY_LIST,
         ],
         // Mode, then algorithm, interval (ns), period (µs), burst, cost, block.
         &[
@@ -77,7 +79,7 @@ fn gcra_args(sha: &str, key: &str) -> Vec<String> {
     // (ns), burst, cost.
     raw::evalsha(
         sha,
-        &[key, &format!("{key}:quota"), PREFIXES],
+        &[key, &format!("{key}:quota"), PREFIXES, DENY_KEYS, DENY_LIST],
         &["0", "1000", "1000", "1"],
     )
 }
@@ -85,6 +87,11 @@ fn gcra_args(sha: &str, key: &str) -> Vec<String> {
 /// The handle's prefix-override hash, the last key the runtime sends off a Cluster (the
 /// rate scripts' `quota.lua` reads it with one `HGETALL` per call).
 const PREFIXES: &str = "redguard:rate:quota-prefixes";
+
+/// The handle's deny lists, after the prefix overrides (`deny.lua`: one `HGET` of the exact
+/// keys per check, one `HGETALL` of the patterns per call).
+const DENY_KEYS: &str = "redguard:rate:deny-keys";
+const DENY_LIST: &str = "redguard:rate:deny-list";
 
 fn key(i: impl std::fmt::Display) -> String {
     format!("redguard:rate:{{bench:r:i={i}}}")
@@ -95,6 +102,7 @@ pub(crate) fn gcra_sha() -> String {
     raw::sha(concat!(
         include_str!("../../runtime/src/store/redis/scripts/expiry.lua"),
         include_str!("../../runtime/src/store/redis/scripts/quota.lua"),
+        include_str!("../../runtime/src/store/redis/scripts/deny.lua"),
         include_str!("../../runtime/src/store/redis/scripts/rate_gcra.lua")
     ))
 }
@@ -108,7 +116,11 @@ pub(crate) fn gcra_check(built: &Limiter, i: u64) -> impl std::future::Future<Ou
 pub(crate) async fn raw_gcra(conn: ConnectionManager, sha: String, i: u64) {
     let key = key(i);
     let quota = format!("{key}:quota");
-    let cmd = raw::command(&sha, &[&key, &quota, PREFIXES], &["0", "1000", "1000", "1"]);
+    let cmd = raw::command(
+        &sha,
+        &[&key, &quota, PREFIXES, DENY_KEYS, DENY_LIST],
+        &["0", "1000", "1000", "1"],
+    );
     raw::send(conn, vec![cmd]).await;
 }
 
@@ -121,6 +133,8 @@ pub(crate) async fn cases(bench: &mut Bench, rg: &Redguard, memory: &Redguard) {
     let sha = raw::sha(concat!(
         include_str!("../../runtime/src/store/redis/scripts/expiry.lua"),
         include_str!("../../runtime/src/store/redis/scripts/quota.lua"),
+        include_str!("../../runtime/src/store/redis/scripts/deny.lua"),
+        include_str!("../../runtime/src/store/redis/scripts/rescale.lua"),
         include_str!("../../runtime/src/store/redis/scripts/rate_check.lua")
     ));
     let gcra_sha = gcra_sha();
