@@ -55,8 +55,8 @@ fn script_args(sha: &str, algorithm: Algorithm, key: &str) -> Vec<String> {
             key,
             &format!("{key}:block"),
             &format!("{key}:quota"),
+            &format!("{key}:deny"),
             PREFIXES,
-            DENY_KEYS,
             DENY_LIST,
         ],
         // Mode, then algorithm, interval (ns), period (µs), burst, cost, block.
@@ -79,7 +79,13 @@ fn gcra_args(sha: &str, key: &str) -> Vec<String> {
     // (ns), burst, cost.
     raw::evalsha(
         sha,
-        &[key, &format!("{key}:quota"), PREFIXES, DENY_KEYS, DENY_LIST],
+        &[
+            key,
+            &format!("{key}:quota"),
+            &format!("{key}:deny"),
+            PREFIXES,
+            DENY_LIST,
+        ],
         &["0", "1000", "1000", "1"],
     )
 }
@@ -88,9 +94,8 @@ fn gcra_args(sha: &str, key: &str) -> Vec<String> {
 /// rate scripts' `quota.lua` reads it with one `HGETALL` per call).
 const PREFIXES: &str = "redguard:rate:quota-prefixes";
 
-/// The handle's deny lists, after the prefix overrides (`deny.lua`: one `HGET` of the exact
-/// keys per check, one `HGETALL` of the patterns per call).
-const DENY_KEYS: &str = "redguard:rate:deny-keys";
+/// The handle's pattern deny list, after the prefix overrides (`deny.lua`: one `HGETALL` per
+/// call; an exact key's entry is its `:deny` companion, one `GET` per check).
 const DENY_LIST: &str = "redguard:rate:deny-list";
 
 fn key(i: impl std::fmt::Display) -> String {
@@ -116,9 +121,10 @@ pub(crate) fn gcra_check(built: &Limiter, i: u64) -> impl std::future::Future<Ou
 pub(crate) async fn raw_gcra(conn: ConnectionManager, sha: String, i: u64) {
     let key = key(i);
     let quota = format!("{key}:quota");
+    let deny = format!("{key}:deny");
     let cmd = raw::command(
         &sha,
-        &[&key, &quota, PREFIXES, DENY_KEYS, DENY_LIST],
+        &[&key, &quota, &deny, PREFIXES, DENY_LIST],
         &["0", "1000", "1000", "1"],
     );
     raw::send(conn, vec![cmd]).await;

@@ -107,7 +107,7 @@ pub(crate) enum DenyCommand {
     /// [--ttl 24h | --permanent] [--reason TEXT]`. Without --ttl the entry lasts 24h. `*`
     /// alone (every key of the scope) needs --force. Refused (nothing written) for an entry
     /// the guards would not render, a reason or TTL out of bounds, a full list, a scope with
-    /// no rate limit in the store, or a Redis Cluster.
+    /// no rate limit in the store, or a prefix or network on a Redis Cluster.
     Add(DenyAdd),
     /// List the live entries of a scope.
     List(DenyScope),
@@ -130,7 +130,7 @@ pub(crate) struct DenyAdd {
     /// How long the entry lasts (`24h`, `30d`; 1s to 365d). Default 24h.
     #[arg(long, conflicts_with = "permanent")]
     pub(crate) ttl: Option<String>,
-    /// Keep the entry until removed.
+    /// Keep the entry until removed (an exact key's: 365 days, the longest TTL).
     #[arg(long)]
     pub(crate) permanent: bool,
     /// Why (shown by `deny list` and in the services' logs, never to the client).

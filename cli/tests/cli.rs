@@ -634,35 +634,7 @@ async fn garbage_is_shown_not_fatal() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_operator_acl_user_is_enough() {
     let server = RedisServer::start();
-    let guide = |page: &str| {
-        std::fs::read_to_string(format!(
-            "{}/../runtime/docs/{page}",
-            env!("CARGO_MANIFEST_DIR")
-        ))
-        .unwrap()
-    };
-    let (servers, operations) = (guide("servers.md"), guide("operations.md"));
-    let service = servers
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("ACL SETUSER redguard "))
-        .expect("the guide's ACL line");
-    let extra = operations
-        .lines()
-        .find_map(|l| {
-            l.split_once("operator's user needs `")
-                .map(|(_, rest)| rest)
-        })
-        .and_then(|rest| rest.split('`').next())
-        .expect("the guide's operator grants")
-        .to_owned();
-    let mut conn = server.connection();
-    let mut cmd = redis::cmd("ACL");
-    cmd.arg("SETUSER").arg("operator");
-    for rule in service.split_whitespace().chain(extra.split_whitespace()) {
-        cmd.arg(rule);
-    }
-    let _: () = cmd.query(&mut conn).unwrap();
-    let url = format!("redis://operator:secret@127.0.0.1:{}", server.port());
+    let url = common::acl_users(&server)("operator");
     let rg = redguard::Redguard::redis(url.clone())
         .connect()
         .await

@@ -164,3 +164,53 @@ async fn bad_input_exits_non_zero_and_writes_nothing() {
     ok(&redguard(env.clone(), &["deny", "remove", SCOPE, "*"]).await);
     tenant(&service, "globex").check().await.unwrap();
 }
+
+/// The services' ACL user (the guide's line) cannot change a deny list: the scope check needs
+/// `SCAN`, one of the operator's grants, so Redis refuses before anything is written. The
+/// operator's user can, and the services' user is then refused by an exact entry and by a
+/// prefix (its script reads both with the grants of the guide's line).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_operator_credential_changes_a_deny_list() {
+    let server = RedisServer::start();
+    let service = redguard_tests::connect(&server).await;
+    tenant(&service, "acme").check().await.unwrap();
+    let url = common::acl_users(&server);
+    let as_svc = vec![("REDGUARD_REDIS_URL", url("svc"))];
+    let as_operator = vec![("REDGUARD_REDIS_URL", url("operator"))];
+    for args in [
+        &["deny", "add", SCOPE, "tenant:acme", "--ttl", "1h"][..],
+        &["deny", "add", SCOPE, "tenant:*", "--ttl", "1h"],
+    ] {
+        let before = snapshot(&server);
+        let out = redguard(as_svc.clone(), args).await;
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+        assert!(
+            stderr.to_lowercase().contains("noperm") || stderr.contains("permission"),
+            "{stderr}"
+        );
+        assert_eq!(snapshot(&server), before, "{args:?}");
+    }
+    let as_service = Redguard::redis(url("svc")).connect().await.unwrap();
+    tenant(&as_service, "acme").check().await.unwrap();
+
+    ok(&redguard(as_operator.clone(), &["deny", "add", SCOPE, "tenant:acme"]).await);
+    assert!(matches!(
+        tenant(&as_service, "acme").check().await,
+        Err(Error::Denied { .. })
+    ));
+    tenant(&as_service, "globex").check().await.unwrap();
+    ok(&redguard(as_operator.clone(), &["deny", "add", SCOPE, "tenant:glob*"]).await);
+    assert!(matches!(
+        tenant(&as_service, "globex").check().await,
+        Err(Error::Denied { .. })
+    ));
+    // Nor can it remove one.
+    let out = redguard(as_svc, &["deny", "remove", SCOPE, "tenant:acme"]).await;
+    assert_ne!(out.status.code(), Some(0));
+    assert!(matches!(
+        tenant(&as_service, "acme").check().await,
+        Err(Error::Denied { .. })
+    ));
+    server.assert_every_key_has_ttl();
+}

@@ -157,7 +157,7 @@ pub(crate) fn raw(handle: &Redguard, raw: &str) -> Result<AdminKey> {
     check_name("key", inside, MAX_KEY_LEN).map_err(|_| foreign(handle))?;
     let lock_kind = match (guard, suffix.strip_prefix(':')) {
         (_, None) if suffix.is_empty() => None,
-        (GuardKind::RateLimit, Some("block" | "quota")) => None,
+        (GuardKind::RateLimit, Some("block" | "quota" | "deny")) => None,
         // A scope's tally of the keys it admitted and refused most (`rate/top.rs`).
         (GuardKind::RateLimit, Some(tally)) if tally.starts_with("top:") => None,
         (GuardKind::Lock, Some(suffix)) => {

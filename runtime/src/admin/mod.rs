@@ -60,8 +60,8 @@ pub use self::scan::{DEFAULT_SCAN_LIMIT, ScanGroup, ScanReport, ScanSelect};
 pub use self::top::{TopEntry, TopList};
 pub use self::usage::{LimitSource, Usage};
 pub use crate::values::{
-    DenyPattern, MAX_DENY_KEYS, MAX_DENY_PATTERNS, MAX_DENY_REASON, MAX_PREFIX_OVERRIDES,
-    MAX_QUOTA_TTL, Quota, QuotaTtl,
+    DenyPattern, MAX_DENY_PATTERNS, MAX_DENY_REASON, MAX_PREFIX_OVERRIDES, MAX_QUOTA_TTL, Quota,
+    QuotaTtl,
 };
 
 use self::decode::View;

@@ -2,24 +2,29 @@
 //! `redguard deny add`), whatever their limit would say. A denied call is refused before its
 //! limit is read: it consumes nothing and writes nothing.
 //!
-//! Stored in two hashes per handle prefix, beside the prefix overrides and read like them by
-//! the deciding script in the same call (`deny.lua`): `<prefix>:rate:deny-keys` holds exact
-//! keys, looked up with one `HGET` per check (O(1) however many there are);
-//! `<prefix>:rate:deny-list` holds prefixes and networks, read whole (`HGETALL`) once per
-//! call and walked per check. A prefix or a network names keys in every slot, so no per-key
-//! companion could hold it; on a Cluster (where those hashes are in other slots than the
-//! keys) deny lists are refused. A field per entry: `<prefix>:rate:{<scope>:` and the entry's
-//! text as written back (a prefix with its `*`; an exact key's field is its state key less
-//! the closing `}`); its value `<expires_at_ms, 0: permanent> <kind> <reason>`, the kind `x`
-//! (exact key), `p` (prefix) or `c<4|6>:<scope prefix length>:<network bits>` (CIDR, the
-//! network as `0`/`1` text, which Lua compares with one `string.sub`).
+//! An exact key's entry is a companion of its state key, `<state key>:deny`, inside the
+//! limit's own hash tag (as a quota override's `:quota` is): the deciding script reads it
+//! with one `GET` per check, in the same slot as the limit, so exact keys are denied on a
+//! Redis Cluster too. Its value is `<expires_at_ms> x <reason>` and its TTL the entry's; an
+//! entry is never kept for good (every key the library writes has a TTL): a "permanent" one
+//! is kept the longest TTL, [`MAX_QUOTA_TTL`](crate::admin::MAX_QUOTA_TTL) (365 days),
+//! and renewed by adding it again.
+//!
+//! Prefixes and networks name keys in every slot, so no companion can hold them: they live
+//! in one hash per handle prefix, `<prefix>:rate:deny-list`, beside the prefix overrides,
+//! read whole (`HGETALL`) once per call and walked per check (`deny.lua`); on a Cluster
+//! (where that hash is in another slot than the keys) they are refused. A field per entry:
+//! `<prefix>:rate:{<scope>:` and the entry's text as written back (a prefix with its `*`);
+//! its value `<expires_at_ms, 0: permanent> <kind> <reason>`, the kind `p` (prefix) or
+//! `c<4|6>:<scope prefix length>:<network bits>` (CIDR, the network as `0`/`1` text, which
+//! Lua compares with one `string.sub`).
 //!
 //! Cost per call, measured with `INFO commandstats` (`usec_per_call` of one GCRA check,
-//! rate_gcra.lua, redis 7.0, 2 shared cores): about 11-13 µs before and after with no deny
-//! entries (an `HGET` and an `HGETALL` of absent keys, within the noise), the same with 1,024
-//! exact keys; with [`MAX_DENY_PATTERNS`] prefixes about 65 µs, with as many networks about
-//! 140 µs: patterns cost about 1 µs (prefix) or 2 µs (network) each on every call while they
-//! are set, so deny many single keys exactly and keep patterns few.
+//! rate_gcra.lua, redis 7.0, 2 shared cores): about 11-13 µs with no deny entries (a `GET`
+//! of the absent `:deny` companion and an `HGETALL` of the absent pattern hash, within the
+//! noise of the `HGET` it replaced); with [`MAX_DENY_PATTERNS`] prefixes about 65 µs, with
+//! as many networks about 140 µs: patterns cost about 1 µs (prefix) or 2 µs (network) each
+//! on every call while they are set, so deny many single keys exactly and keep patterns few.
 
 use std::net::IpAddr;
 
@@ -29,29 +34,33 @@ use crate::key::{Key, KeyBuilder};
 /// Suffix, after `<prefix>:rate:`, of a handle's hash of denied prefixes and networks.
 pub(crate) const DENY_HASH: &str = "deny-list";
 
-/// Suffix, after `<prefix>:rate:`, of a handle's hash of denied exact keys.
-pub(crate) const DENY_KEYS_HASH: &str = "deny-keys";
+/// Suffix of a rate limit's exact-key deny entry (`<state key>:deny`).
+pub(crate) const DENY_SUFFIX: &str = "deny";
 
 /// The most prefix and network entries a handle's deny lists hold together (every scope's):
 /// the deciding script walks them all on every call, so their number bounds its cost.
 pub const MAX_DENY_PATTERNS: usize = 64;
 
-/// The most exact-key entries a handle's deny lists hold together: looked up in O(1), but
-/// every add rewrites the hash (dropping lapsed entries), so their number bounds an add.
-pub const MAX_DENY_KEYS: usize = 1024;
-
 /// The longest reason text, in bytes.
 pub const MAX_DENY_REASON: usize = 200;
 
-/// The deny hashes (exact keys, patterns) of the handle a rate-limit state key `key` belongs
-/// to.
-pub(crate) fn deny_hashes(key: &Key) -> Option<(Key, Key)> {
+/// The pattern deny hash of the handle a rate-limit state key `key` belongs to.
+pub(crate) fn deny_hash(key: &Key) -> Option<Key> {
     let at = key.as_str().find(":rate:{")?;
     let base = &key.as_str()[..at];
-    Some((
-        Key::stored(crate::key::join(&[base, ":rate:", DENY_KEYS_HASH])),
-        Key::stored(crate::key::join(&[base, ":rate:", DENY_HASH])),
-    ))
+    Some(Key::stored(crate::key::join(&[base, ":rate:", DENY_HASH])))
+}
+
+/// The reason of an exact-key entry's stored value (`<expires_at_ms> x <reason>`) when it is
+/// live at `now_ms`; `None` when it lapsed or is not an entry (denies nothing, as deny.lua).
+pub(crate) fn exact_reason(value: &str, now_ms: u64) -> Option<&str> {
+    let (at, rest) = value.split_once(' ')?;
+    let at: u64 = at.parse().ok()?;
+    let reason = match rest.strip_prefix('x')? {
+        "" => "",
+        more => more.strip_prefix(' ')?,
+    };
+    (at == 0 || at > now_ms).then_some(reason)
 }
 
 /// What one deny entry matches, parsed from an operator's text.
@@ -114,11 +123,6 @@ impl DenyPattern {
         }
         KeyBuilder::new().text(text).finish()?;
         Ok(DenyPattern::Key(text.to_owned()))
-    }
-
-    /// Whether the entry is a prefix or a network (kept in the walked hash).
-    pub(crate) fn is_pattern(&self) -> bool {
-        !matches!(self, DenyPattern::Key(_))
     }
 
     /// The entry as written back (a CIDR with its host bits cleared).

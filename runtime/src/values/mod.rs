@@ -14,8 +14,10 @@ mod replicas;
 pub use self::decision::Decision;
 #[cfg(feature = "http")]
 pub(crate) use self::decision::{render_headers, secs_ceil};
-pub(crate) use self::deny::{DENY_HASH, DENY_KEYS_HASH, check_reason, denies, deny_hashes};
-pub use self::deny::{DenyPattern, MAX_DENY_KEYS, MAX_DENY_PATTERNS, MAX_DENY_REASON};
+pub(crate) use self::deny::{
+    DENY_HASH, DENY_SUFFIX, check_reason, denies, deny_hash, exact_reason,
+};
+pub use self::deny::{DenyPattern, MAX_DENY_PATTERNS, MAX_DENY_REASON};
 pub use self::lock::LockKind;
 pub use self::quota::{MAX_PREFIX_OVERRIDES, MAX_QUOTA_TTL, Quota, QuotaTtl};
 pub(crate) use self::quota::{QUOTA_SUFFIX, prefix_hash};

@@ -1,18 +1,39 @@
-//! Deny lists of rate limits (issue 47, first part): `redguard::admin`'s `deny_*` on memory,
-//! a single node (also with declared keys) and Sentinel's master, read by the deciding script
-//! in the same call, so one handle's entry refuses another handle's next call before its limit
-//! is read: nothing charged, the state key untouched (absent for a key never admitted). On a
-//! Cluster, refused.
+//! Deny lists of rate limits (issue 47): `redguard::admin`'s `deny_*` on memory, a single
+//! node (also with declared keys), Sentinel's master and, for exact keys (kept beside their
+//! limit, in its slot), a Cluster; read by the deciding script in the same call, so one
+//! handle's entry refuses another handle's next call before its limit is read: nothing
+//! charged, the state key untouched (absent for a key never admitted). Prefixes and networks
+//! are refused on a Cluster.
 
 use std::time::Duration;
 
-use redguard::admin::{Admin, MAX_DENY_KEYS, MAX_DENY_PATTERNS, QuotaTtl};
+use redguard::admin::{Admin, MAX_DENY_PATTERNS, QuotaTtl, ScanSelect};
+
 use redguard::rate::{Algorithm, Limiter};
-use redguard::{Error, Redguard};
+use redguard::{Error, Redguard, key::GuardKind};
 use redguard_tests::RedisServer;
 
 const SCOPE: &str = "api::deny";
 const HOUR: QuotaTtl = QuotaTtl::For(Duration::from_secs(3600));
+
+/// The cases of exact keys, which a Cluster serves too.
+macro_rules! on_deny_stores_and_cluster {
+    ($($case:ident),* $(,)?) => {
+        on_deny_stores!($($case),*);
+        mod cluster {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    let cluster = ::redguard_tests::RedisCluster::start();
+                    let one = cluster.connect().await;
+                    let other = cluster.connect().await;
+                    super::$case(one, other, None).await;
+                    cluster.assert_every_key_has_ttl();
+                }
+            )*
+        }
+    };
+}
 
 macro_rules! on_deny_stores {
     ($($case:ident),* $(,)?) => {
@@ -64,13 +85,21 @@ macro_rules! on_deny_stores {
     };
 }
 
-on_deny_stores!(
+on_deny_stores_and_cluster!(
     an_entry_added_on_one_handle_refuses_on_another_without_touching_the_limit,
-    prefix_and_cidr_entries_match_ipv4_and_ipv6,
     an_entry_lapses_with_its_ttl,
-    a_full_list_refuses_one_more_entry,
+    a_permanent_exact_entry_is_kept_365_days,
     bad_entries_are_refused_and_nothing_is_written,
 );
+
+mod patterns {
+    use super::*;
+
+    on_deny_stores!(
+        prefix_and_cidr_entries_match_ipv4_and_ipv6,
+        the_pattern_list_is_bounded,
+    );
+}
 
 fn limiter(rg: &Redguard, body: &str, algorithm: Algorithm) -> Limiter {
     redguard::limiter(body)
@@ -84,7 +113,8 @@ fn tenant(rg: &Redguard, id: &str) -> Limiter {
     limiter(rg, &format!("tenant:{id}"), Algorithm::Gcra)
 }
 
-/// The raw value and expiry of every key whose name contains `part`.
+/// The raw value and expiry of every key whose name contains `part`, but the deny entries
+/// (`:deny` companions): the limit's own keys.
 fn raw(server: Option<&RedisServer>, part: &str) -> Vec<(String, Option<String>, i64)> {
     let Some(server) = server else {
         return Vec::new();
@@ -93,7 +123,7 @@ fn raw(server: Option<&RedisServer>, part: &str) -> Vec<(String, Option<String>,
     let mut keys: Vec<String> = server
         .keys()
         .into_iter()
-        .filter(|k| k.contains(part))
+        .filter(|k| k.contains(part) && !k.ends_with(":deny"))
         .collect();
     keys.sort();
     keys.into_iter()
@@ -157,9 +187,9 @@ async fn an_entry_added_on_one_handle_refuses_on_another_without_touching_the_li
     // Another key of the scope is not denied.
     tenant(&other, "globex").check().await.unwrap();
 
-    // A key that was never admitted gets no state.
+    // A key that was never admitted gets no state: only its entry is written.
     admin
-        .deny_add(SCOPE, "tenant:new*", None, HOUR)
+        .deny_add(SCOPE, "tenant:newco", None, HOUR)
         .await
         .unwrap();
     assert_denied(tenant(&other, "newco").check().await, None);
@@ -167,11 +197,23 @@ async fn an_entry_added_on_one_handle_refuses_on_another_without_touching_the_li
 
     let listed = admin.deny_list(SCOPE).await.unwrap();
     let names: Vec<&str> = listed.iter().map(|e| e.entry.as_str()).collect();
-    assert_eq!(names, ["tenant:acme", "tenant:acme-w", "tenant:new*"]);
+    assert_eq!(names, ["tenant:acme", "tenant:acme-w", "tenant:newco"]);
     assert_eq!(listed[0].reason.as_deref(), Some("abuse report 17"));
     assert!(listed[0].expires_in_ms.is_some_and(|ms| ms > 3_500_000));
+    // The entries are their limits' `:deny` companions, which the admin tools name as such.
+    let state = admin
+        .key(GuardKind::RateLimit, SCOPE, "tenant:acme")
+        .unwrap();
+    let companion = format!("{}:deny", state.as_str());
+    assert_eq!(admin.raw_key(&companion).unwrap().as_str(), state.as_str());
+    let report = admin
+        .scan(&ScanSelect::guard(GuardKind::RateLimit).scope(SCOPE))
+        .await
+        .unwrap();
+    let companions = report.groups.iter().find(|g| g.role == "deny");
+    assert_eq!(companions.map(|g| g.count), Some(3), "{report:?}");
 
-    for entry in ["tenant:acme", "tenant:acme-w", "tenant:new*"] {
+    for entry in ["tenant:acme", "tenant:acme-w", "tenant:newco"] {
         assert!(admin.deny_remove(SCOPE, entry).await.unwrap(), "{entry}");
     }
     assert!(!admin.deny_remove(SCOPE, "tenant:acme").await.unwrap());
@@ -274,10 +316,37 @@ async fn an_entry_lapses_with_its_ttl(
     assert!(admin.deny_list(SCOPE).await.unwrap().is_empty());
 }
 
-/// Each hash is bounded: exact keys at `MAX_DENY_KEYS`, prefixes and networks (walked on
-/// every call) at `MAX_DENY_PATTERNS`; one more is refused with nothing written, replacing an
-/// entry is not one more, and a removal makes room.
-async fn a_full_list_refuses_one_more_entry(
+/// An exact key's entry always has a TTL (every key does): "permanent" is the longest, 365
+/// days, shown as such and renewed by adding it again. Left in place: the harness checks
+/// every key has a TTL.
+async fn a_permanent_exact_entry_is_kept_365_days(
+    one: Redguard,
+    other: Redguard,
+    _server: Option<&RedisServer>,
+) {
+    const YEAR_MS: u64 = 365 * 86_400_000;
+    let admin = Admin::new(one);
+    tenant(&other, "acme").check().await.unwrap();
+    let added = admin
+        .deny_add(SCOPE, "tenant:acme", None, QuotaTtl::Permanent)
+        .await
+        .unwrap();
+    assert_eq!(added.expires_in_ms, Some(YEAR_MS));
+    let listed = admin.deny_list(SCOPE).await.unwrap();
+    assert_eq!(listed.len(), 1);
+    assert!(
+        listed[0]
+            .expires_in_ms
+            .is_some_and(|ms| ms <= YEAR_MS && ms > YEAR_MS - 60_000),
+        "{listed:?}"
+    );
+    assert_denied(tenant(&other, "acme").check().await, None);
+}
+
+/// Prefixes and networks (walked on every call) are bounded at `MAX_DENY_PATTERNS`; one more
+/// is refused with nothing written, replacing an entry is not one more, and a removal makes
+/// room. Exact keys, kept each beside its limit, are not bounded.
+async fn the_pattern_list_is_bounded(
     one: Redguard,
     other: Redguard,
     _server: Option<&RedisServer>,
@@ -291,43 +360,36 @@ async fn a_full_list_refuses_one_more_entry(
         .check()
         .await
         .unwrap();
-    for (entry, max) in [
-        (
-            &(|i: usize| format!("tenant:t{i}")) as &dyn Fn(usize) -> String,
-            MAX_DENY_KEYS,
-        ),
-        (&|i: usize| format!("tenant:p{i}:*"), MAX_DENY_PATTERNS),
-    ] {
-        for i in 0..max {
-            admin.deny_add(SCOPE, &entry(i), None, HOUR).await.unwrap();
-        }
-        let err = admin
-            .deny_add(SCOPE, &entry(max), None, HOUR)
-            .await
-            .unwrap_err();
-        assert!(
-            matches!(&err, Error::Config(m) if m.contains("deny entries are set already")),
-            "{err}"
-        );
-        admin
-            .deny_add(SCOPE, &entry(0), Some("again"), HOUR)
-            .await
-            .unwrap();
-        assert!(admin.deny_remove(SCOPE, &entry(1)).await.unwrap());
-        admin
-            .deny_add(SCOPE, &entry(max), None, HOUR)
-            .await
-            .unwrap();
+    let entry = |i: usize| format!("tenant:p{i}:*");
+    let max = MAX_DENY_PATTERNS;
+    for i in 0..max {
+        admin.deny_add(SCOPE, &entry(i), None, HOUR).await.unwrap();
     }
-    assert_eq!(
-        admin.deny_list(SCOPE).await.unwrap().len(),
-        MAX_DENY_KEYS + MAX_DENY_PATTERNS
+    let err = admin
+        .deny_add(SCOPE, &entry(max), None, HOUR)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::Config(m) if m.contains("deny entries are set already")),
+        "{err}"
     );
-    assert_denied(tenant(&other, "t0").check().await, Some("again"));
-    assert_denied(
-        tenant(&other, &format!("t{MAX_DENY_KEYS}")).check().await,
-        None,
-    );
+    // An exact key is not one more pattern.
+    admin
+        .deny_add(SCOPE, "tenant:t0", None, HOUR)
+        .await
+        .unwrap();
+    admin
+        .deny_add(SCOPE, &entry(0), Some("again"), HOUR)
+        .await
+        .unwrap();
+    assert!(admin.deny_remove(SCOPE, &entry(1)).await.unwrap());
+    admin
+        .deny_add(SCOPE, &entry(max), None, HOUR)
+        .await
+        .unwrap();
+    assert_eq!(admin.deny_list(SCOPE).await.unwrap().len(), max + 1);
+    assert_denied(tenant(&other, "t0").check().await, None);
+    assert_denied(tenant(&other, &format!("p{max}:x")).check().await, None);
     assert_denied(tenant(&other, "p0:x").check().await, Some("again"));
     tenant(&other, "t1").check().await.unwrap();
     tenant(&other, "p1:x").check().await.unwrap();
@@ -380,21 +442,23 @@ async fn bad_entries_are_refused_and_nothing_is_written(
     tenant(&other, "acme").check().await.unwrap();
 }
 
+/// On a Cluster, prefixes and networks are refused (they name keys in every slot; the script
+/// reads the limit's), with nothing written; exact keys work there (the `cluster` cases).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deny_lists_are_refused_on_a_cluster() {
     let cluster = redguard_tests::RedisCluster::start();
     let rg = cluster.connect().await;
     tenant(&rg, "acme").check().await.unwrap();
     let admin = Admin::new(rg.clone());
-    let err = admin
-        .deny_add(SCOPE, "tenant:acme", None, HOUR)
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(&err, Error::Config(m) if m.contains("Cluster")),
-        "{err}"
-    );
-    assert!(admin.deny_list(SCOPE).await.is_err());
+    for entry in ["tenant:*", "10.0.0.0/8"] {
+        let err = admin.deny_add(SCOPE, entry, None, HOUR).await.unwrap_err();
+        assert!(
+            matches!(&err, Error::Config(m) if m.contains("Cluster")),
+            "{err}"
+        );
+        assert!(admin.deny_remove(SCOPE, entry).await.is_err());
+    }
+    assert!(admin.deny_list(SCOPE).await.unwrap().is_empty());
     tenant(&rg, "acme").check().await.unwrap();
     cluster.assert_every_key_has_ttl();
 }

@@ -18,11 +18,14 @@ const BLOCK: &str = ":block";
 /// Suffix of a rate limit's quota override (`quota.rs`).
 const QUOTA: &str = ":quota";
 
+/// Suffix of a rate limit's exact-key deny entry (`deny.rs`), kept in the overrides' table.
+const DENY: &str = ":deny";
+
 impl MemoryStore {
     /// One key as Redis would hold it, at `now`; with its expiry in ms.
     fn raw_entry(&self, key: &Key, now: Duration) -> (Raw, Option<Duration>) {
         let k = key.as_str();
-        if k.ends_with(QUOTA) {
+        if k.ends_with(QUOTA) || k.ends_with(DENY) {
             return self.quota_raw(key).unwrap_or((Raw::Absent, None));
         }
         // Every key read here shares the hash tag of `key`, so its shard.
@@ -236,7 +239,7 @@ impl AdminOps for MemoryStore {
         let mut deleted = 0;
         for key in keys {
             let k = key.as_str();
-            if k.ends_with(QUOTA) {
+            if k.ends_with(QUOTA) || k.ends_with(DENY) {
                 deleted += u64::from(self.quota_remove(key));
                 continue;
             }
@@ -274,15 +277,15 @@ impl AdminOps for MemoryStore {
         max: usize,
     ) -> Result<bool> {
         // Fields are whole state-key prefixes: one table serves every handle prefix.
-        if let Some(patterns) = deny_kind(hash) {
-            return self.deny_put(patterns, field, value, ttl, max);
+        if is_deny_hash(hash) {
+            return self.deny_put(field, value, ttl, max);
         }
         self.prefix_put(field, value, ttl, max)
     }
 
     async fn admin_quota_prefixes(&self, hash: &Key) -> Result<(Duration, Vec<(String, String)>)> {
-        if let Some(patterns) = deny_kind(hash) {
-            return Ok(self.deny_entries(patterns));
+        if is_deny_hash(hash) {
+            return Ok(self.deny_entries());
         }
         Ok(self.prefix_list())
     }
@@ -297,19 +300,10 @@ impl AdminOps for MemoryStore {
     }
 }
 
-/// Whether `hash` is one of the deny hashes (the store's prefix-hash operations serve both
-/// features): `Some(true)` for prefixes and networks, `Some(false)` for exact keys.
-fn deny_kind(hash: &Key) -> Option<bool> {
-    let of = |suffix: &str| {
-        hash.as_str()
-            .strip_suffix(suffix)
-            .is_some_and(|rest| rest.ends_with(":rate:"))
-    };
-    if of(crate::values::DENY_HASH) {
-        Some(true)
-    } else if of(crate::values::DENY_KEYS_HASH) {
-        Some(false)
-    } else {
-        None
-    }
+/// Whether `hash` is the pattern deny hash (the store's prefix-hash operations serve both
+/// features).
+fn is_deny_hash(hash: &Key) -> bool {
+    hash.as_str()
+        .strip_suffix(crate::values::DENY_HASH)
+        .is_some_and(|rest| rest.ends_with(":rate:"))
 }

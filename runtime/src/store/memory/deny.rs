@@ -1,7 +1,8 @@
-//! Deny lists in memory: the entries `redguard::admin` writes to a handle's two deny hashes
-//! on Redis, kept in one table of the store (fields are whole state-key prefixes, so one
-//! table serves every handle prefix; a pattern's field ends in `*` or holds a `/`, an exact
-//! key's never), read by `rate_check` before any limit as deny.lua is.
+//! Deny lists in memory, read by `rate_check` before any limit as deny.lua is: an exact key's
+//! entry is its `:deny` companion, kept with the `:quota` companions in the limit's shard
+//! (written by `admin_quota_set`, as on Redis); prefixes and networks, the handle's pattern
+//! hash on Redis, are one table of the store (fields are whole state-key prefixes, so one
+//! table serves every handle prefix).
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -10,6 +11,7 @@ use super::MemoryStore;
 use super::quota::Quotas;
 use crate::error::{Error, Result};
 use crate::key::Key;
+use crate::values::DENY_SUFFIX;
 
 /// The expiry a permanent entry is kept at: never reached.
 const PERMANENT: Duration = Duration::MAX;
@@ -25,9 +27,36 @@ impl MemoryStore {
 
     /// Refuses `key` when a live entry denies it.
     pub(super) fn check_denied(&self, now: Duration, key: &Key) -> Result<()> {
-        // Every check comes here: without a deny list it takes no lock.
+        let exact = {
+            let (mut shard, _) = self.shard(key);
+            // Without the empty table's test every check would render the `:deny` key.
+            (!shard.quotas.is_empty())
+                .then(|| {
+                    let live = shard.quotas.at(now);
+                    let value = live.get(&key.companion(DENY_SUFFIX))?;
+                    let now_ms = u64::try_from(now.as_millis()).unwrap_or(u64::MAX);
+                    crate::values::exact_reason(value, now_ms).map(str::to_owned)
+                })
+                .flatten()
+        };
+        let hit = match exact {
+            Some(reason) => Some(reason),
+            None => self.pattern_denies(now, key),
+        };
+        match hit {
+            Some(reason) => Err(Error::Denied {
+                key: key.to_string(),
+                reason: (!reason.is_empty()).then_some(reason),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// The reason of the first live prefix or network entry that denies `key`.
+    fn pattern_denies(&self, now: Duration, key: &Key) -> Option<String> {
+        // Every check comes here: without a pattern it takes no lock.
         if !self.tables.has_deny.load(Ordering::Acquire) {
-            return Ok(());
+            return None;
         }
         let mut table = self.deny_table();
         let live = table.at(now);
@@ -38,20 +67,12 @@ impl MemoryStore {
         if table.is_empty() {
             self.tables.has_deny.store(false, Ordering::Release);
         }
-        match hit {
-            Some(reason) => Err(Error::Denied {
-                key: key.to_string(),
-                reason: (!reason.is_empty()).then_some(reason),
-            }),
-            None => Ok(()),
-        }
+        hit
     }
 
-    /// Sets or (`None`) removes the entry at `field` (of the patterns' hash, or of the exact
-    /// keys'); whether one was there.
+    /// Sets or (`None`) removes the pattern entry at `field`; whether one was there.
     pub(super) fn deny_put(
         &self,
-        patterns: bool,
         field: &str,
         value: Option<&str>,
         ttl: Option<Duration>,
@@ -64,7 +85,7 @@ impl MemoryStore {
         let had = live.get(&field).is_some();
         match value {
             Some(value) => {
-                if !had && live.keys().filter(|f| is_pattern(f) == patterns).count() >= max {
+                if !had && live.keys().count() >= max {
                     return Err(crate::store::admin::prefixes_full(max));
                 }
                 let at = ttl.map_or(PERMANENT, |ttl| now.saturating_add(ttl));
@@ -79,14 +100,13 @@ impl MemoryStore {
         Ok(had)
     }
 
-    /// The live entries of one hash, in the scripts' listing form.
-    pub(super) fn deny_entries(&self, patterns: bool) -> (Duration, Vec<(String, String)>) {
+    /// The live pattern entries, in the scripts' listing form.
+    pub(super) fn deny_entries(&self) -> (Duration, Vec<(String, String)>) {
         let now = self.clock.now();
         let mut table = self.deny_table();
         let live = table.at(now);
         let fields = live
             .keys()
-            .filter(|field| is_pattern(field) == patterns)
             .filter_map(|field| {
                 let key = Key::stored(field);
                 let at = live.expires_at(&key).filter(|at| *at != PERMANENT);
@@ -96,9 +116,4 @@ impl MemoryStore {
             .collect();
         (now, fields)
     }
-}
-
-/// Whether a field is a prefix's or a network's: a key never holds `*` or `/`.
-fn is_pattern(field: &str) -> bool {
-    field.ends_with('*') || field.contains('/')
 }

@@ -72,7 +72,7 @@ struct Tables {
     /// Whether `quota_prefixes` holds an entry (live or expired), so that a check without
     /// one takes no lock shared by every shard.
     has_prefixes: AtomicBool,
-    /// Deny lists (`deny.rs`), every handle prefix's in one table, by field.
+    /// Prefix and network deny entries (`deny.rs`), every handle prefix's in one table, by field.
     deny: Mutex<quota::Quotas>,
     /// Whether `deny` holds an entry: a check without one takes no shared lock.
     has_deny: AtomicBool,

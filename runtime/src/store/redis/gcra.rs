@@ -26,7 +26,7 @@ use super::lua::{Lua, lua};
 use crate::error::{BackendError, Error, Result, StoreFailure};
 use crate::key::Key;
 use crate::store::{RateCheck, RateMode, RateOutcome};
-use crate::values::QUOTA_SUFFIX;
+use crate::values::{DENY_SUFFIX, QUOTA_SUFFIX};
 
 lua!(GCRA = "rate_gcra.lua" after "expiry.lua", "quota.lua", "deny.lua");
 
@@ -199,19 +199,21 @@ impl RedisStore {
         };
         let mut cmd = super::evalsha(
             &GCRA,
-            2 * items.len() + 3 * usize::from(prefixes.is_some()),
+            3 * items.len() + 2 * usize::from(prefixes.is_some()),
             1 + 3 * items.len(),
         );
         for item in items {
             cmd.arg(item.key.as_str())
-                .arg(item.key.companion(QUOTA_SUFFIX).as_str());
+                .arg(item.key.companion(QUOTA_SUFFIX).as_str())
+                .arg(item.key.companion(DENY_SUFFIX).as_str());
         }
         if let Some(prefixes) = &prefixes {
             cmd.arg(prefixes.as_str());
-            // The deny lists beside the prefix overrides: the same handle prefix, off a Cluster.
-            match crate::values::deny_hashes(first.key) {
-                Some((keys, patterns)) => cmd.arg(keys.as_str()).arg(patterns.as_str()),
-                None => cmd.arg("").arg(""),
+            // The pattern deny hash beside the prefix overrides: the same handle prefix, off a
+            // Cluster.
+            match crate::values::deny_hash(first.key) {
+                Some(patterns) => cmd.arg(patterns.as_str()),
+                None => cmd.arg(""),
             };
         }
         cmd.arg(if mode == RateMode::Peek { "1" } else { "0" });

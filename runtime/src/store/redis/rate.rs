@@ -9,7 +9,7 @@ use super::{RedisStore, evalsha};
 use crate::error::{Error, Result};
 use crate::key::Key;
 use crate::store::{RateAdjust, RateCheck, RateMode, RateOps, RateOutcome, Store as _};
-use crate::values::{Decision, QUOTA_SUFFIX, micros};
+use crate::values::{DENY_SUFFIX, Decision, QUOTA_SUFFIX, micros};
 
 lua!(CHECK = "rate_check.lua" after "expiry.lua", "quota.lua", "deny.lua", "rescale.lua");
 lua!(ADJUST = "rate_adjust.lua" after "expiry.lua", "quota.lua", "rescale.lua");
@@ -239,7 +239,7 @@ impl RedisStore {
                 decisions: Vec::new(),
             });
         };
-        // Every key first, then the arguments: EVALSHA's order. Each limit passes three
+        // Every key first, then the arguments: EVALSHA's order. Each limit passes four
         // keys and six arguments.
         // Off a Cluster, the prefix overrides too (one hash, in another slot on a Cluster).
         let prefixes = if self.is_cluster() {
@@ -249,20 +249,22 @@ impl RedisStore {
         };
         let mut cmd = evalsha(
             &CHECK,
-            checks.len() * 3 + 3 * usize::from(prefixes.is_some()),
+            checks.len() * 4 + 2 * usize::from(prefixes.is_some()),
             1 + checks.len() * 6,
         );
         for check in checks {
             cmd.arg(check.key.as_str())
                 .arg(format!("{}{BLOCK_SUFFIX}", check.key))
-                .arg(check.key.companion(QUOTA_SUFFIX).as_str());
+                .arg(check.key.companion(QUOTA_SUFFIX).as_str())
+                .arg(check.key.companion(DENY_SUFFIX).as_str());
         }
         if let Some(prefixes) = &prefixes {
             cmd.arg(prefixes.as_str());
-            // The deny lists beside the prefix overrides: the same handle prefix, off a Cluster.
-            match crate::values::deny_hashes(first.key) {
-                Some((keys, patterns)) => cmd.arg(keys.as_str()).arg(patterns.as_str()),
-                None => cmd.arg("").arg(""),
+            // The pattern deny hash beside the prefix overrides: the same handle prefix, off a
+            // Cluster.
+            match crate::values::deny_hash(first.key) {
+                Some(patterns) => cmd.arg(patterns.as_str()),
+                None => cmd.arg(""),
             };
         }
         match phase {

@@ -1,11 +1,12 @@
--- Deny lists (values/deny.rs): the handle's hashes of denied exact keys (`kkey`, one HGET
--- per check) and of prefixes and networks (`pkey`, read once per call into a list, nil when
--- absent), passed off a Cluster only (there they are in other slots than the keys). The whole
--- cost to a call without deny lists: one HGET per check and one HGETALL, of absent keys.
--- Something that is not a hash, or a malformed entry, denies nothing.
-local deny_keys, deny_list
-local function denies(kkey, pkey)
-  deny_keys, deny_list = kkey, nil
+-- Deny lists (values/deny.rs): an exact key's entry at its `:deny` companion (`dkey`, in the
+-- limit's slot: one GET per check, on a Cluster too), and the handle's hash of prefixes and
+-- networks (`pkey`, read once per call into a list, nil when absent), passed off a Cluster
+-- only (there it is in another slot than the keys). The whole cost to a call without deny
+-- entries: one GET per check and one HGETALL, of absent keys. Something that is not a
+-- string or a hash, or a malformed entry, denies nothing.
+local deny_list
+local function denies(pkey)
+  deny_list = nil
   if not pkey then return end
   local h = redis.pcall('HGETALL', pkey)
   if type(h) ~= 'table' or h.err or #h == 0 then return end
@@ -76,10 +77,9 @@ local function key_address(body)
 end
 
 -- The reason of the first live entry that denies the state key `key` ("<prefix>:rate:{<scope>:
--- <body>}"), or nil.
-local function denied(key, now_us)
-  if not deny_keys then return nil end
-  local v = redis.pcall('HGET', deny_keys, string.sub(key, 1, -2))
+-- <body>}", its entry at `dkey`), or nil.
+local function denied(key, dkey, now_us)
+  local v = redis.pcall('GET', dkey)
   if type(v) == 'string' then
     local at, reason = string.match(v, '^(%d+) x ?(.*)$')
     if at and (at == '0' or tonumber(at) * 1000 > now_us) then return reason end

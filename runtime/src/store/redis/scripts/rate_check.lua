@@ -1,8 +1,9 @@
 -- Check several rate limits all-or-nothing at Redis's time.
--- KEYS: per limit i, KEYS[3i-2] its state key, KEYS[3i-1] its block (penalty) key and
--- KEYS[3i] its quota override (quota.lua); then, off a Cluster, the handle's prefix-override
--- hash (quota.lua's prefixes()) and its two deny hashes (deny.lua): a denied key's call is
--- refused with `DENIED <key> <reason>`, nothing written.
+-- KEYS: per limit i, KEYS[4i-3] its state key, KEYS[4i-2] its block (penalty) key, KEYS[4i-1]
+-- its quota override (quota.lua) and KEYS[4i] its deny entry (deny.lua); then, off a
+-- Cluster, the handle's prefix-override hash (quota.lua's prefixes()) and its pattern deny
+-- hash (deny.lua): a denied key's call is refused with `DENIED <key> <reason>`, nothing
+-- written.
 -- ARGV[1] '0' to charge every limit when all admit, '1' to peek (write nothing), '2' to
 -- judge (charge nothing, but write the penalties of limits that reject: phase one of a call
 -- whose limits are in several Cluster slots), 'r<us>' to charge as '0' with a GCRA limit
@@ -30,16 +31,16 @@ local reserving = string.match(ARGV[1], '^r(%d+)$')
 local reserve = reserving and tonumber(reserving) or 0
 local charge = ARGV[1] == '0' or reserving ~= nil
 local n = (#ARGV - 1) / 6
-if #KEYS > 3 * n then
-  prefixes(KEYS[3 * n + 1])
-  denies(KEYS[3 * n + 2], KEYS[3 * n + 3])
+if #KEYS > 4 * n then
+  prefixes(KEYS[4 * n + 1])
+  denies(KEYS[4 * n + 2])
 end
 -- A denied key refuses the whole call before any limit is read (deny.lua): it consumes and
 -- writes nothing. A peek only looks, so it is not refused.
 if not peek then
   for i = 1, n do
-    local why = denied(KEYS[3 * i - 2], now)
-    if why then return redis.error_reply('DENIED ' .. KEYS[3 * i - 2] .. ' ' .. why) end
+    local why = denied(KEYS[4 * i - 3], KEYS[4 * i], now)
+    if why then return redis.error_reply('DENIED ' .. KEYS[4 * i - 3] .. ' ' .. why) end
   end
 end
 
@@ -121,7 +122,7 @@ local penalties = {}
 local all = true
 
 for i = 1, n do
-  local key, bkey = KEYS[3 * i - 2], KEYS[3 * i - 1]
+  local key, bkey = KEYS[4 * i - 3], KEYS[4 * i - 2]
   local b = 1 + (i - 1) * 6
   local algo = ARGV[b + 1]
   local interval = tonumber(ARGV[b + 2])
@@ -130,7 +131,7 @@ for i = 1, n do
   local cost = tonumber(ARGV[b + 5])
   local block = tonumber(ARGV[b + 6])
   local q_cap, q_unit = 0, 0
-  local qi, qp, qc, qb = quota(KEYS[3 * i], key, now)
+  local qi, qp, qc, qb = quota(KEYS[4 * i - 1], key, now)
   local window = algo == 'fixed_window' or algo == 'sliding_window' or algo == 'sliding_counter'
   if qi == false or (qi and algo == 'sliding_window' and qc > 10000) then
     -- Not an override, or one a sliding log cannot hold (one entry per call, 10,000 at

@@ -2,9 +2,9 @@
 -- store coalesces concurrent calls on a connection into one run): rate_check.lua's GCRA
 -- path with only what such a check needs, so one decision costs Redis a GET, a PEXPIRETIME
 -- and a SET and no closures or tables beyond the reply.
--- KEYS: per check i, KEYS[2i-1] its state key and KEYS[2i] its quota override (quota.lua);
--- then, off a Cluster, the handle's prefix-override hash (quota.lua's prefixes()) and its
--- two deny hashes (deny.lua).
+-- KEYS: per check i, KEYS[3i-2] its state key, KEYS[3i-1] its quota override (quota.lua) and
+-- KEYS[3i] its deny entry (deny.lua); then, off a Cluster, the handle's prefix-override hash
+-- (quota.lua's prefixes()) and its pattern deny hash (deny.lua).
 -- ARGV[1] '0' to charge each check that admits, '1' to peek (write nothing); then per check
 -- 3 values: interval_ns, burst, cost (the code's; an override replaces the first two).
 -- Returns one string of integers separated by spaces: now_us, then per check allowed (0/1),
@@ -25,17 +25,17 @@ local ms_now = math.floor(now / 1000)
 local out = { string.format('%.0f', now) }
 
 local n = (#ARGV - 1) / 3
-if #KEYS > 2 * n then
-  prefixes(KEYS[2 * n + 1])
-  denies(KEYS[2 * n + 2], KEYS[2 * n + 3])
+if #KEYS > 3 * n then
+  prefixes(KEYS[3 * n + 1])
+  denies(KEYS[3 * n + 2])
 end
 for i = 1, n do
-  local key = KEYS[2 * i - 1]
+  local key = KEYS[3 * i - 2]
   local interval = tonumber(ARGV[3 * i - 1])
   local burst = tonumber(ARGV[3 * i])
   local cost = tonumber(ARGV[3 * i + 1])
   local q_burst = 0
-  local qi, _, _, qb = quota(KEYS[2 * i], key, now)
+  local qi, _, _, qb = quota(KEYS[3 * i - 1], key, now)
   if qi then
     interval, burst, q_burst = qi, qb, qb
   elseif qi == false then
@@ -48,7 +48,7 @@ for i = 1, n do
   local debt = 0
   local known = type(v) ~= 'table'
   -- A denied key is left to rate_check.lua, which refuses it alone (deny.lua).
-  if charge and denied(key, now) then known = false end
+  if charge and denied(key, KEYS[3 * i], now) then known = false end
   if known and v then
     local d
     if fine then
