@@ -318,10 +318,10 @@ pub(crate) fn usage(u: &Usage) -> String {
     out.add("remaining", u.next.remaining);
     out.add(
         "next call",
-        if u.next.allowed {
-            "admitted".to_owned()
-        } else {
-            format!("refused, retry after {}", duration(u.next.retry_after_ms))
+        match (&u.denied, u.next.allowed) {
+            (Some(entry), _) => format!("DENIED by {}", deny(entry).trim_end()),
+            (None, true) => "admitted".to_owned(),
+            (None, false) => format!("refused, retry after {}", duration(u.next.retry_after_ms)),
         },
     );
     out.add("resets in", duration(u.next.reset_after_ms));

@@ -307,6 +307,21 @@ async fn usage_names_the_limit_in_force() {
     assert!(text.contains("used          2"), "{text}");
     assert!(text.contains("remaining     7"), "{text}");
     assert_eq!(tenant().decide().await.unwrap().remaining, 7);
+    assert!(seen["denied"].is_null(), "{seen}");
+
+    // A deny entry decides the next call whatever the limit says: usage names it, and the
+    // next call agrees.
+    let deny = ["deny", "add", SCOPE, "tenant:*", "--reason", "abuse 17"];
+    ok(&redguard(on(&server), &deny).await);
+    let text = ok(&usage(&[]).await);
+    assert!(text.contains("DENIED by tenant:* ("), "{text}");
+    assert!(text.contains("): abuse 17"), "{text}");
+    let seen = json(&usage(&["--json"]).await);
+    assert_eq!(seen["denied"]["entry"], "tenant:*", "{seen}");
+    assert!(matches!(
+        tenant().decide().await,
+        Err(redguard::Error::Denied { .. })
+    ));
 
     // Bad input: exit 2 from clap, nothing asked of the store.
     let out = redguard(on(&server), &["usage", SCOPE, "tenant:acme"]).await;

@@ -158,39 +158,14 @@ impl Admin {
         let mut entries = Vec::new();
         // One read per key: a Cluster holds the companions in many slots.
         for at in &companions {
-            let snapshot = store.admin_read(std::slice::from_ref(at)).await?;
-            let now_ms = u64::try_from(snapshot.now.as_millis()).unwrap_or(u64::MAX);
-            let Some(read) = snapshot.entries.into_iter().next() else {
-                continue;
-            };
-            let Raw::Text(value) = read.value else {
-                continue;
-            };
-            let Some(reason) = crate::values::exact_reason(&value, now_ms) else {
-                continue;
-            };
-            let key = &at.as_str()[scope_prefix.len()..at.as_str().len() - suffix.len()];
-            entries.push(DenyEntry {
-                entry: key.to_owned(),
-                reason: (!reason.is_empty()).then(|| reason.to_owned()),
-                expires_in_ms: read.expires_at_ms.map(|at| at.saturating_sub(now_ms)),
-            });
+            entries.extend(self.exact_entry(&scope_prefix, at).await?);
         }
-        if store.kind() != StoreKind::Cluster {
-            let (now, fields) = store.admin_quota_prefixes(&self.deny_hash(scope)?).await?;
-            let now_ms = u64::try_from(now.as_millis()).unwrap_or(u64::MAX);
-            entries.extend(fields.into_iter().filter_map(|(field, value)| {
-                let entry = field.strip_prefix(&scope_prefix)?.to_owned();
-                let (at, rest) = value.split_once(' ')?;
-                let at: u64 = at.parse().ok()?;
-                let reason = rest.split_once(' ').map_or("", |(_, r)| r);
-                Some(DenyEntry {
-                    entry,
-                    reason: (!reason.is_empty()).then(|| reason.to_owned()),
-                    expires_in_ms: (at != 0).then(|| at.saturating_sub(now_ms)),
-                })
-            }));
-        }
+        entries.extend(
+            self.pattern_entries(scope, &scope_prefix)
+                .await?
+                .into_iter()
+                .map(|(entry, ..)| entry),
+        );
         entries.sort_by(|a, b| a.entry.cmp(&b.entry));
         Ok(entries)
     }
@@ -220,6 +195,90 @@ impl Admin {
         };
         tracing::warn!(scope, entry = %pattern.text(), removed, "redguard admin: rate-limit deny entry removed");
         Ok(removed)
+    }
+
+    /// The entry that refuses the next call on the rendered key `key` of `scope`, if one
+    /// does: its own exact entry first, else the first live prefix or network that matches,
+    /// as the deciding script looks (`deny.lua`).
+    pub(super) async fn deny_applying(&self, scope: &str, key: &str) -> Result<Option<DenyEntry>> {
+        let scope_prefix = self.deny_scope(scope)?;
+        let state = self.deny_state(scope, key)?;
+        if let Some(exact) = self
+            .exact_entry(&scope_prefix, &state.companion(DENY_SUFFIX))
+            .await?
+        {
+            return Ok(Some(exact));
+        }
+        Ok(self
+            .pattern_entries(scope, &scope_prefix)
+            .await?
+            .into_iter()
+            .find(|(entry, field, kind)| {
+                entry.expires_in_ms != Some(0)
+                    && crate::values::denies(field, kind, state.as_str()).is_some()
+            })
+            .map(|(entry, ..)| entry))
+    }
+
+    /// The live exact-key entry stored at the companion `at`, if any.
+    async fn exact_entry(&self, scope_prefix: &str, at: &Key) -> Result<Option<DenyEntry>> {
+        let snapshot = self
+            .handle
+            .store()
+            .admin_read(std::slice::from_ref(at))
+            .await?;
+        let now_ms = u64::try_from(snapshot.now.as_millis()).unwrap_or(u64::MAX);
+        let Some(read) = snapshot.entries.into_iter().next() else {
+            return Ok(None);
+        };
+        let Raw::Text(value) = read.value else {
+            return Ok(None);
+        };
+        let Some(reason) = crate::values::exact_reason(&value, now_ms) else {
+            return Ok(None);
+        };
+        let suffix_len = DENY_SUFFIX.len() + "}:".len();
+        let Some(key) = at
+            .as_str()
+            .get(scope_prefix.len()..at.as_str().len() - suffix_len)
+        else {
+            return Ok(None);
+        };
+        Ok(Some(DenyEntry {
+            entry: key.to_owned(),
+            reason: (!reason.is_empty()).then(|| reason.to_owned()),
+            expires_in_ms: read.expires_at_ms.map(|at| at.saturating_sub(now_ms)),
+        }))
+    }
+
+    /// The prefix and network entries of `scope` (none on a Cluster), each with its field and
+    /// its kind and reason as `values::denies` reads them.
+    async fn pattern_entries(
+        &self,
+        scope: &str,
+        scope_prefix: &str,
+    ) -> Result<Vec<(DenyEntry, String, String)>> {
+        let store = self.handle.store();
+        if store.kind() == StoreKind::Cluster {
+            return Ok(Vec::new());
+        }
+        let (now, fields) = store.admin_quota_prefixes(&self.deny_hash(scope)?).await?;
+        let now_ms = u64::try_from(now.as_millis()).unwrap_or(u64::MAX);
+        Ok(fields
+            .into_iter()
+            .filter_map(|(field, value)| {
+                let entry = field.strip_prefix(scope_prefix)?.to_owned();
+                let (at, rest) = value.split_once(' ')?;
+                let at: u64 = at.parse().ok()?;
+                let reason = rest.split_once(' ').map_or("", |(_, r)| r);
+                let entry = DenyEntry {
+                    entry,
+                    reason: (!reason.is_empty()).then(|| reason.to_owned()),
+                    expires_in_ms: (at != 0).then(|| at.saturating_sub(now_ms)),
+                };
+                Some((entry, field, rest.to_owned()))
+            })
+            .collect())
     }
 
     /// `<prefix>:rate:{<scope>:`, the start of every state key of `scope`.

@@ -5,7 +5,7 @@
 use serde::Serialize;
 
 use super::decode::DecisionState;
-use super::{Admin, QuotaEntry};
+use super::{Admin, DenyEntry, QuotaEntry};
 use crate::error::{Error, Result};
 use crate::key::GuardKind;
 use crate::rate::Limit;
@@ -43,6 +43,9 @@ pub struct Usage {
     /// The decision the key's next call would get (peeked: nothing charged): remaining,
     /// reset and retry-after are the figures of a `429`'s headers.
     pub next: DecisionState,
+    /// The deny entry that refuses the key's next call whatever `next` says (its own, or
+    /// the first prefix or network that matches), if one does.
+    pub denied: Option<DenyEntry>,
     /// Overrides that exist for the key but decide nothing (malformed: the code's limit
     /// applies), each with its problem.
     pub ignored: Vec<QuotaEntry>,
@@ -52,7 +55,8 @@ impl Admin {
     /// Where the rate limit at the rendered key `key` in `scope` stands, for a caller whose
     /// code (or plan) gives `limit`: the limit in force and which rule set it, by the rule the
     /// deciding script follows (the key's override, else the longest prefix's, else the
-    /// code's); used, remaining and reset, from a peek of the next decision.
+    /// code's); used, remaining and reset, from a peek of the next decision; and the deny
+    /// entry that refuses it, if one does.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> redguard::Result<()> {
@@ -72,7 +76,11 @@ impl Admin {
     /// admin.quota_set("api", "tenant:*", &Quota::new("100/min", None)?, QuotaTtl::Permanent).await?;
     /// let usage = admin.usage("api", "tenant:acme", &code).await?;
     /// assert!(matches!(usage.source, LimitSource::Prefix { .. }));
-    /// assert_eq!((usage.rate.as_str(), usage.burst), ("100/min", 100));
+    /// assert_eq!((usage.rate.as_str(), usage.burst), ("100/60s", 100));
+    ///
+    /// admin.deny_add("api", "tenant:acme", Some("abuse"), QuotaTtl::For(std::time::Duration::from_secs(3600))).await?;
+    /// let usage = admin.usage("api", "tenant:acme", &code).await?;
+    /// assert_eq!(usage.denied.and_then(|d| d.reason).as_deref(), Some("abuse"));
     /// # Ok(()) }
     /// ```
     pub async fn usage(&self, scope: &str, key: &str, limit: &Limit) -> Result<Usage> {
@@ -111,6 +119,7 @@ impl Admin {
                 state.as_str()
             ))
         })?;
+        let denied = self.deny_applying(scope, key).await?;
         Ok(Usage {
             key: state.as_str().to_owned(),
             source,
@@ -118,6 +127,7 @@ impl Admin {
             burst: in_force.1,
             used: seen.rate.and_then(|r| r.used),
             next,
+            denied,
             ignored,
         })
     }

@@ -133,6 +133,18 @@ mod prefixes {
             (&LimitSource::Key, "5/3600s", 5)
         );
         agrees(&usage, &other, "t1-acme").await;
+
+        // A prefix deny entry refuses the key whatever its override says; usage names it.
+        admin
+            .deny_add(SCOPE, "tenant:t1-*", Some("fraud ring"), HOUR)
+            .await
+            .unwrap();
+        let usage = admin.usage(SCOPE, "tenant:t1-acme", &code).await.unwrap();
+        let entry = usage.denied.as_ref().expect("denied");
+        assert_eq!(entry.entry, "tenant:t1-*", "{usage:?}");
+        agrees(&usage, &other, "t1-acme").await;
+        let usage = admin.usage(SCOPE, "tenant:t2-acme", &code).await.unwrap();
+        assert_eq!(usage.denied, None, "{usage:?}");
     }
 
     async fn limit(rg: &Redguard, id: &str) -> u64 {
@@ -384,6 +396,13 @@ fn code_limit() -> Limit {
 
 /// `usage`'s peek is the next call's decision: it is made on `rg`, right after.
 async fn agrees(usage: &Usage, rg: &Redguard, id: &str) {
+    if let Some(entry) = &usage.denied {
+        match tenant(rg, id).decide().await {
+            Err(redguard::Error::Denied { reason, .. }) => assert_eq!(reason, entry.reason),
+            other => panic!("usage said denied by {entry:?}, the call got {other:?}"),
+        }
+        return;
+    }
     let d = tenant(rg, id).decide().await.unwrap();
     assert_eq!(
         (d.allowed, d.limit, d.remaining),
@@ -435,6 +454,19 @@ async fn usage_agrees_with_the_next_decision(rg: Redguard) {
     // A neighbour without an override: the code's limit.
     let usage = admin.usage(SCOPE, "tenant:globex", &code).await.unwrap();
     assert_eq!(usage.source, LimitSource::Code);
+    assert_eq!(usage.denied, None);
+    agrees(&usage, &rg, "globex").await;
+    // Denied: usage names the entry, and the next call is refused by it.
+    admin
+        .deny_add(SCOPE, "tenant:globex", Some("abuse"), HOUR)
+        .await
+        .unwrap();
+    let usage = admin.usage(SCOPE, "tenant:globex", &code).await.unwrap();
+    let entry = usage.denied.as_ref().expect("denied");
+    assert_eq!(
+        (entry.entry.as_str(), entry.reason.as_deref()),
+        ("tenant:globex", Some("abuse"))
+    );
     agrees(&usage, &rg, "globex").await;
 }
 
