@@ -1,7 +1,11 @@
 //! Every metric redguard emits, described once for the recorder, and the table the guide lists.
 //!
 //! Labels are bounded: `scope` is a fn path or a configured name, never a key; `limit` is a
-//! limit's position in a stacked call, not its key.
+//! limit's position in a stacked call, not its key. The one exception is opt-in:
+//! `redguard_rate_top_calls` names keys, at most [`Builder::top_metrics`] of them per scope
+//! and outcome at a time.
+//!
+//! [`Builder::top_metrics`]: crate::handle::Builder::top_metrics
 
 use metrics::Unit;
 
@@ -12,6 +16,8 @@ pub enum MetricKind {
     Counter,
     /// A histogram.
     Histogram,
+    /// A gauge: a value set, not added to.
+    Gauge,
 }
 
 /// One metric redguard emits.
@@ -19,7 +25,7 @@ pub enum MetricKind {
 pub struct Metric {
     /// Its name.
     pub name: &'static str,
-    /// Counter or histogram.
+    /// Counter, histogram or gauge.
     pub kind: MetricKind,
     /// Its unit.
     pub unit: Unit,
@@ -136,6 +142,16 @@ pub const METRICS: &[Metric] = &[
         "Rate-limited calls refused because their key is on the scope's deny list \
          (`redguard deny add`): nothing was charged.",
     ),
+    Metric {
+        name: "redguard_rate_top_calls",
+        kind: MetricKind::Gauge,
+        unit: Unit::Count,
+        labels: &["scope", "outcome", "key"],
+        help: "Calls in the last second of this instance's most admitted and most refused keys \
+               per scope (outcome admitted or refused), set once a second: opt-in \
+               (`Builder::top_metrics`), at most that many keys per scope and outcome; a key \
+               that left the top is set to 0 once, then left to the exporter's idle timeout.",
+    },
     counter_metric(
         "redguard_rate_quota_invalid_total",
         &[],
@@ -175,6 +191,9 @@ pub fn describe_metrics() {
             }
             MetricKind::Histogram => {
                 metrics::describe_histogram!(metric.name, metric.unit, metric.help);
+            }
+            MetricKind::Gauge => {
+                metrics::describe_gauge!(metric.name, metric.unit, metric.help);
             }
         }
     }

@@ -394,6 +394,18 @@ pub fn used_memory(server: &RedisServer) -> u64 {
         .expect("used_memory in INFO")
 }
 
+/// Redis's count of script calls (`EVALSHA`, and `EVAL` should a script be sent whole).
+pub fn script_calls(server: &RedisServer) -> u64 {
+    let info: String = redis_cmd(server, &["INFO", "commandstats"]);
+    info.lines()
+        .filter_map(|line| {
+            line.strip_prefix("cmdstat_evalsha:calls=")
+                .or_else(|| line.strip_prefix("cmdstat_eval:calls="))
+        })
+        .filter_map(|rest| rest.split(',').next()?.parse::<u64>().ok())
+        .sum()
+}
+
 /// How many times scripts were loaded (`SCRIPT LOAD`, what the client sends on `NOSCRIPT`).
 pub fn script_loads(server: &RedisServer) -> u64 {
     let info: String = redis_cmd(server, &["INFO", "commandstats"]);

@@ -26,11 +26,24 @@ pub use crate::orders::{App, OrderRequest, Placed};
 /// (and orders still being written for clients that left) finish, the job stops after its
 /// current run, and their locks are released.
 pub async fn run(config: Config) -> Result<(), Box<dyn std::error::Error>> {
-    let metrics = metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder()?;
+    // The keys refused and admitted most are gauges named by key (`top_metrics` below):
+    // dropped once idle, so a key that left the top does not stay a series.
+    let metrics = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .idle_timeout(
+            metrics_util::MetricKindMask::GAUGE,
+            Some(std::time::Duration::from_secs(60)),
+        )
+        .install_recorder()?;
     let rg = match &config.redis_url {
-        Some(url) => redguard::Redguard::redis(url).connect().await?,
+        Some(url) => {
+            redguard::Redguard::redis(url)
+                .top_metrics(10)
+                .connect()
+                .await?
+        }
         None if !config.redis_sentinels.is_empty() => {
             redguard::Redguard::redis_sentinel(&config.redis_sentinels, &config.redis_master)
+                .top_metrics(10)
                 .connect()
                 .await?
         }

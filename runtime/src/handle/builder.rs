@@ -82,6 +82,7 @@ pub(super) struct Settings {
     pub(super) lock: FailMode,
     pub(super) rate_limit: FailMode,
     pub(super) top_tally: bool,
+    pub(super) top_metrics: usize,
 }
 
 impl Default for Settings {
@@ -94,6 +95,7 @@ impl Default for Settings {
             lock: FailMode::Closed,
             rate_limit: FailMode::Open,
             top_tally: true,
+            top_metrics: 0,
         }
     }
 }
@@ -199,6 +201,25 @@ impl<T: Topology> Builder<T> {
     /// ```
     pub fn top_tally(mut self, on: bool) -> Self {
         self.settings.top_tally = on;
+        self
+    }
+
+    /// Exports this instance's `keys` most admitted and most refused keys per scope (at most
+    /// 64; default 0: off) as the gauge `redguard_rate_top_calls{scope, outcome, key}`, their
+    /// calls in the last second, set once a second by the tally ([`top_tally`](Self::top_tally)
+    /// must be on). A key that leaves the top is set to 0 once and not set again, so at any
+    /// time at most `keys` series per scope and outcome change; **the exporter must drop
+    /// gauges left idle** (metrics-exporter-prometheus:
+    /// `idle_timeout(MetricKindMask::GAUGE, Some(Duration::from_secs(60)))`), or every key
+    /// that was ever in the top stays a series: off by default for that reason.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> redguard::Result<()> {
+    /// let rg = redguard::Redguard::memory_builder().top_metrics(10).connect().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn top_metrics(mut self, keys: usize) -> Self {
+        self.settings.top_metrics = keys.min(crate::rate::top::SKETCH);
         self
     }
 

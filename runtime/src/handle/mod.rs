@@ -223,6 +223,12 @@ impl Redguard {
         self.inner.settings.top_tally
     }
 
+    /// How many keys per scope and outcome the tally exports as gauges
+    /// ([`Builder::top_metrics`]); 0: none.
+    pub(crate) fn top_metrics(&self) -> usize {
+        self.inner.settings.top_metrics
+    }
+
     pub(crate) fn downgrade(&self) -> WeakRedguard {
         WeakRedguard(Arc::downgrade(&self.inner))
     }

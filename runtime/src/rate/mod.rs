@@ -19,7 +19,7 @@ mod fallback;
 mod limiter;
 mod local;
 mod pace;
-mod top;
+pub(crate) mod top;
 
 pub use self::charge::{Charge, Cost};
 pub(crate) use self::fallback::Table as FallbackTable;

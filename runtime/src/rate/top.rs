@@ -147,12 +147,15 @@ impl Tally {
 /// had nothing to send for [`IDLE`].
 async fn flush(handle: WeakRedguard) {
     let mut idle = Duration::ZERO;
+    let mut exported = Exported::default();
     loop {
         tokio::time::sleep(FLUSH).await;
         let Some(handle) = handle.upgrade() else {
+            exported.clear();
             return;
         };
         let sketches = handle.state().tally.take();
+        exported.set(&sketches, handle.top_metrics());
         if sketches.is_empty() {
             idle += FLUSH;
             if idle >= IDLE {
@@ -185,6 +188,63 @@ async fn flush(handle: WeakRedguard) {
             }
         }
     }
+}
+
+/// The keys a flusher exported as gauges last second ([`Builder::top_metrics`]), per scope
+/// and outcome: the ones that leave the top are set to 0 once, so a sum over instances does
+/// not count a stale second, and then left to the exporter's idle timeout.
+///
+/// [`Builder::top_metrics`]: crate::handle::Builder::top_metrics
+#[derive(Debug, Default)]
+struct Exported {
+    keys: HashMap<(SharedString, Outcome), Vec<Box<str>>>,
+}
+
+impl Exported {
+    /// Sets the gauges of this second's `keys` highest counts of each sketch.
+    fn set(&mut self, sketches: &HashMap<(SharedString, Outcome), Sketch>, keys: usize) {
+        if keys == 0 {
+            return;
+        }
+        let mut now: HashMap<(SharedString, Outcome), Vec<Box<str>>> = HashMap::new();
+        for ((scope, outcome), sketch) in sketches {
+            let mut top: Vec<(&Box<str>, &u64)> = sketch.counts.iter().collect();
+            top.sort_unstable_by(|a, b| b.1.cmp(a.1).then_with(|| a.0.cmp(b.0)));
+            top.truncate(keys);
+            let set = now.entry((scope.clone(), *outcome)).or_default();
+            for (key, count) in top {
+                gauge(scope, *outcome, key).set(*count as f64);
+                set.push(key.clone());
+            }
+        }
+        for ((scope, outcome), before) in &self.keys {
+            let kept = now.get(&(scope.clone(), *outcome));
+            for key in before {
+                if !kept.is_some_and(|kept| kept.contains(key)) {
+                    gauge(scope, *outcome, key).set(0.0);
+                }
+            }
+        }
+        self.keys = now;
+    }
+
+    /// The flusher stops: every gauge it set to 0.
+    fn clear(&mut self) {
+        for ((scope, outcome), keys) in std::mem::take(&mut self.keys) {
+            for key in &keys {
+                gauge(&scope, outcome, key).set(0.0);
+            }
+        }
+    }
+}
+
+fn gauge(scope: &SharedString, outcome: Outcome, key: &str) -> metrics::Gauge {
+    metrics::gauge!(
+        "redguard_rate_top_calls",
+        "scope" => scope.clone(),
+        "outcome" => outcome.as_str(),
+        "key" => key.to_owned()
+    )
 }
 
 impl Tally {

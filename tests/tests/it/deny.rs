@@ -463,6 +463,56 @@ async fn deny_lists_are_refused_on_a_cluster() {
     cluster.assert_every_key_has_ttl();
 }
 
+/// A denied GCRA check is refused by the lean script in the call that would have decided it
+/// (one script call, not a second through rate_check.lua: a denied call costs no more than an
+/// admitted one), and in coalesced batches each check gets its own answer and reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_denied_check_is_one_script_call_and_batches_answer_each() {
+    let server = RedisServer::start();
+    // No tally: its flusher's calls would be counted too.
+    let rg = Redguard::redis(server.url())
+        .top_tally(false)
+        .connect()
+        .await
+        .unwrap();
+    let admin = Admin::new(rg.clone());
+    tenant(&rg, "acme").check().await.unwrap();
+    admin
+        .deny_add(SCOPE, "tenant:acme", Some("abuse 17"), HOUR)
+        .await
+        .unwrap();
+    admin
+        .deny_add(SCOPE, "tenant:bad*", None, HOUR)
+        .await
+        .unwrap();
+    let before = redguard_tests::faults::script_calls(&server);
+    assert_denied(tenant(&rg, "acme").check().await, Some("abuse 17"));
+    assert_denied(tenant(&rg, "bad-1").check().await, None);
+    tenant(&rg, "good").check().await.unwrap();
+    assert_eq!(redguard_tests::faults::script_calls(&server) - before, 3);
+
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..300 {
+        let rg = rg.clone();
+        tasks.spawn(async move {
+            let id = match i % 3 {
+                0 => "acme".to_owned(),
+                1 => format!("bad-{i}"),
+                _ => format!("ok-{i}"),
+            };
+            (i, tenant(&rg, &id).check().await)
+        });
+    }
+    while let Some(joined) = tasks.join_next().await {
+        match joined.unwrap() {
+            (i, result) if i % 3 == 0 => assert_denied(result, Some("abuse 17")),
+            (i, result) if i % 3 == 1 => assert_denied(result, None),
+            (i, result) => assert!(result.is_ok(), "{i}: {result:?}"),
+        }
+    }
+    server.assert_every_key_has_ttl();
+}
+
 mod layer {
     use super::*;
 

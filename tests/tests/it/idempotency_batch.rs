@@ -408,18 +408,11 @@ async fn a_batch_above_the_bound_is_refused_before_the_store() {
     assert!(matches!(zero, Err(Error::Config(_))), "{zero:?}");
 }
 
-/// `EVALSHA` calls the servers counted (`INFO commandstats`), summed over `servers`.
+/// Script calls the servers counted (`INFO commandstats`), summed over `servers`.
 fn evalsha_calls(servers: &[&redguard_tests::RedisServer]) -> u64 {
     servers
         .iter()
-        .map(|server| {
-            let info: String = redguard_tests::faults::redis_cmd(server, &["INFO", "commandstats"]);
-            info.lines()
-                .find_map(|line| line.strip_prefix("cmdstat_evalsha:calls="))
-                .and_then(|rest| rest.split(',').next())
-                .and_then(|n| n.parse().ok())
-                .unwrap_or(0)
-        })
+        .map(|server| redguard_tests::faults::script_calls(server))
         .sum()
 }
 

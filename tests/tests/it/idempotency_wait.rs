@@ -291,18 +291,6 @@ async fn the_layer_replays_the_first_response_to_a_waiting_duplicate(rg: Redguar
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
 
-/// Redis's count of script calls (`EVALSHA`, and `EVAL` should a script be sent whole).
-fn script_calls(server: &RedisServer) -> u64 {
-    let info: String = redguard_tests::faults::redis_cmd(server, &["INFO", "commandstats"]);
-    info.lines()
-        .filter_map(|line| {
-            line.strip_prefix("cmdstat_evalsha:calls=")
-                .or_else(|| line.strip_prefix("cmdstat_eval:calls="))
-        })
-        .filter_map(|rest| rest.split(',').next()?.parse::<u64>().ok())
-        .sum()
-}
-
 /// No polling storm: 64 duplicates cost Redis one begin each, one more for each waiter
 /// woken by the first's end, and the first's finish: about 2 script calls per duplicate
 /// (asserted: at most 3 on average), where waiters polling every 100 ms through the
@@ -311,10 +299,10 @@ fn script_calls(server: &RedisServer) -> u64 {
 async fn waiting_duplicates_cost_redis_o1_calls_each() {
     let server = RedisServer::start();
     let rg = redguard_tests::connect(&server).await;
-    let before = script_calls(&server);
+    let before = redguard_tests::faults::script_calls(&server);
     let Crowd { runs, results, lag } =
         crowd(&rg, "calls", 64, Duration::from_millis(1500), false).await;
-    let calls = script_calls(&server) - before;
+    let calls = redguard_tests::faults::script_calls(&server) - before;
     // Woken by the notification, not by the 5 s safety poll (which also makes 2 calls).
     assert!(
         lag < Duration::from_millis(2500),

@@ -64,6 +64,7 @@ fn kind_name(kind: MetricKind) -> &'static str {
     match kind {
         MetricKind::Counter => "counter",
         MetricKind::Histogram => "histogram",
+        MetricKind::Gauge => "gauge",
     }
 }
 
@@ -191,7 +192,11 @@ fn every_metric_emitted_is_described() {
 }
 
 async fn workload(url: String, mut server: RedisServer) {
-    let rg = Redguard::redis(&url).connect().await.unwrap();
+    let rg = Redguard::redis(&url)
+        .top_metrics(10)
+        .connect()
+        .await
+        .unwrap();
     let admin = Admin::new(rg.clone());
     // Locks: acquired, timeout, renewed, lost, held time, a release that is not the owner's.
     let held = rg
@@ -279,6 +284,8 @@ async fn workload(url: String, mut server: RedisServer) {
     for _ in 0..4 {
         let _ = limiter().decide().await.unwrap();
     }
+    // The tally's gauges, set by its flusher once a second.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
 }
 
 /// Kills the store while it runs, so the cost it reports cannot be settled.

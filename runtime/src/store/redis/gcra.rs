@@ -109,7 +109,8 @@ pub(super) fn eligible(checks: &[RateCheck<'_>], mode: RateMode) -> bool {
 impl RedisStore {
     /// Decides `check` (see [`eligible`]) with `rate_gcra.lua`, coalesced with concurrent
     /// checks when `mode` charges and the store is a single node; `None` when the script
-    /// left the key to `rate_check.lua`.
+    /// left the key to `rate_check.lua`; [`Error::Denied`] for a key on its deny list (in the
+    /// same call: nothing read or written).
     pub(super) async fn gcra_check(
         &self,
         check: &RateCheck<'_>,
@@ -117,7 +118,7 @@ impl RedisStore {
     ) -> Result<Option<RateOutcome>> {
         let figures = if mode == RateMode::Peek || self.is_cluster() {
             let (now, mut figures) = self.gcra_call(&[Item::of(check)], mode).await?;
-            figures.pop().flatten().map(|d| (now, d))
+            figures.pop().transpose()?.flatten().map(|d| (now, d))
         } else {
             self.coalesced(check).await?
         };
@@ -167,7 +168,7 @@ impl RedisStore {
                     let (now, mut figures) = tokio::time::timeout_at(deadline, call)
                         .await
                         .map_err(|_| timed_out())??;
-                    Ok(figures.pop().flatten().map(|d| (now, d)))
+                    Ok(figures.pop().transpose()?.flatten().map(|d| (now, d)))
                 }
                 Ok(Ok(figures)) => figures,
                 Ok(Err(_)) => Err(dropped()),
@@ -178,7 +179,7 @@ impl RedisStore {
         // even if this caller gives up first.
         let _slot = Slot { store: self };
         let (now, mut figures) = self.gcra_call(&[item], RateMode::Consume).await?;
-        Ok(figures.pop().flatten().map(|d| (now, d)))
+        Ok(figures.pop().transpose()?.flatten().map(|d| (now, d)))
     }
 
     /// One `rate_gcra.lua` call deciding `items`: Redis's time, and each item's figures.
@@ -186,7 +187,7 @@ impl RedisStore {
         &self,
         items: &[Item<'_>],
         mode: RateMode,
-    ) -> Result<(i64, Vec<Option<[i64; 6]>>)> {
+    ) -> Result<(i64, Vec<Result<Option<[i64; 6]>>>)> {
         let Some(first) = items.first() else {
             return Ok((0, Vec::new()));
         };
@@ -227,17 +228,28 @@ impl RedisStore {
             key: first.key.to_string(),
             detail: format!("rate script returned {reply:?}"),
         };
-        let mut numbers = reply.split(' ').map(str::parse::<i64>);
+        let (numbers, reasons) = reply.split_once('\n').unwrap_or((&reply, ""));
+        let mut reasons = reasons.split('\n');
+        let mut numbers = numbers.split(' ').map(str::parse::<i64>);
         let now = numbers.next().and_then(Result::ok).ok_or_else(corrupt)?;
         let mut figures = Vec::with_capacity(items.len());
-        for _ in items {
+        for item in items {
             let mut d = [0; 6];
             for v in &mut d {
                 *v = numbers.next().and_then(Result::ok).ok_or_else(corrupt)?;
             }
-            figures.push((d[0] >= 0).then_some(d));
+            figures.push(match d[0] {
+                -2 => {
+                    let reason = reasons.next().ok_or_else(corrupt)?;
+                    Err(Error::Denied {
+                        key: item.key.to_string(),
+                        reason: (!reason.is_empty()).then(|| reason.to_owned()),
+                    })
+                }
+                allowed => Ok((allowed >= 0).then_some(d)),
+            });
         }
-        if numbers.next().is_some() {
+        if numbers.next().is_some() || reasons.next().is_some_and(|r| !r.is_empty()) {
             return Err(corrupt());
         }
         Ok((now, figures))
@@ -268,7 +280,7 @@ impl RedisStore {
                 match result {
                     Ok((now, figures)) => {
                         for (w, f) in batch.drain(..).zip(figures) {
-                            let _ = w.reply.send(Ok(f.map(|d| (now, d))));
+                            let _ = w.reply.send(f.map(|f| f.map(|d| (now, d))));
                         }
                     }
                     Err(err) => {

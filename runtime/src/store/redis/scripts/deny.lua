@@ -12,8 +12,20 @@ local function denies(pkey)
   if type(h) ~= 'table' or h.err or #h == 0 then return end
   deny_list = {}
   for j = 1, #h, 2 do
+    local f = h[j]
     local at, kind, reason = string.match(h[j + 1], '^(%d+) (%S+) ?(.*)$')
-    if at then deny_list[#deny_list + 1] = { h[j], tonumber(at), kind, reason } end
+    if at then
+      -- What a key must start with, cut once here rather than per check: the prefix less
+      -- its '*', or a network entry's scope.
+      local start
+      if kind == 'p' then
+        start = string.sub(f, 1, -2)
+      else
+        local slen = string.match(kind, '^c[46]:(%d+):')
+        start = slen and string.sub(f, 1, tonumber(slen)) or f
+      end
+      deny_list[#deny_list + 1] = { start, tonumber(at), kind, reason }
+    end
   end
 end
 
@@ -88,15 +100,15 @@ local function denied(key, dkey, now_us)
   -- The key's address, parsed once per check and only when a network entry needs it.
   local parsed, kf, bits, own = false
   for _, e in ipairs(deny_list) do
-    local f, kind = e[1], e[3]
-    if e[2] == 0 or e[2] * 1000 > now_us then
+    local start, kind = e[1], e[3]
+    -- A plain find anchored at 1: no substring made per check and entry.
+    if (e[2] == 0 or e[2] * 1000 > now_us) and string.find(key, start, 1, true) == 1 then
       if kind == 'p' then
-        -- The field ends in the entry's '*'.
-        if string.sub(key, 1, #f - 1) == string.sub(f, 1, -2) then return e[4] end
+        return e[4]
       else
         local family, slen, net = string.match(kind, '^c([46]):(%d+):([01]*)$')
         slen = tonumber(slen)
-        if family and string.sub(key, 1, slen) == string.sub(f, 1, slen) then
+        if family then
           if not parsed then
             parsed = true
             if string.sub(key, -1) == '}' then
