@@ -34,6 +34,16 @@ fn tenant(rg: &Redguard, id: &str) -> redguard::rate::Limiter {
         .on(rg)
 }
 
+/// A service's handle that writes no `top` tally: its flusher's write a second after a call
+/// would land between two snapshots.
+async fn untallied(server: &RedisServer) -> Redguard {
+    Redguard::redis(server.url())
+        .top_tally(false)
+        .connect()
+        .await
+        .expect("connect to the test redis-server")
+}
+
 /// Every key and its value (`DUMP`): what a refusal must not change.
 fn snapshot(server: &RedisServer) -> Vec<(String, Vec<u8>)> {
     let mut conn = server.connection();
@@ -51,7 +61,7 @@ fn snapshot(server: &RedisServer) -> Vec<(String, Vec<u8>)> {
 async fn add_list_remove_refuses_the_services_next_call() {
     let server = RedisServer::start();
     let env = vec![("REDGUARD_REDIS_URL", server.url())];
-    let service = redguard_tests::connect(&server).await;
+    let service = untallied(&server).await;
     tenant(&service, "acme").check().await.unwrap();
 
     let added = json(
@@ -100,7 +110,7 @@ async fn add_list_remove_refuses_the_services_next_call() {
 async fn bad_input_exits_non_zero_and_writes_nothing() {
     let server = RedisServer::start();
     let env = vec![("REDGUARD_REDIS_URL", server.url())];
-    let service = redguard_tests::connect(&server).await;
+    let service = untallied(&server).await;
     tenant(&service, "acme").check().await.unwrap();
     let long = "x".repeat(201);
     let cases: Vec<Vec<&str>> = vec![
@@ -172,7 +182,7 @@ async fn bad_input_exits_non_zero_and_writes_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_the_operator_credential_changes_a_deny_list() {
     let server = RedisServer::start();
-    let service = redguard_tests::connect(&server).await;
+    let service = untallied(&server).await;
     tenant(&service, "acme").check().await.unwrap();
     let url = common::acl_users(&server);
     let as_svc = vec![("REDGUARD_REDIS_URL", url("svc"))];

@@ -1,5 +1,5 @@
 //! In-process state a handle keeps beside its store: the local queue of each lock key, the
-//! local rate tier's recent rejections, and a count of lock renewal tasks.
+//! local rate tier's recent rejections, recent denials, and a count of lock renewal tasks.
 //!
 //! It lives in the handle (not in process globals keyed by the store's address), so two
 //! handles never interact and nothing outlives its handle. A handle's twin (the same handle on
@@ -7,7 +7,7 @@
 //! it; here are only the containers.
 
 use std::collections::HashMap;
-use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Instant;
 
@@ -28,6 +28,8 @@ pub(crate) struct State {
     pub(crate) watchdogs: AtomicUsize,
     /// The keys rate limits admitted and refused, on their way to the store (`rate/top.rs`).
     pub(crate) tally: crate::rate::Tally,
+    /// Rate-limit keys the store recently refused as denied, kept for its outages.
+    pub(crate) denials: Denials,
 }
 
 /// One async mutex per lock key (or set of rate-limit keys) that local waiters are queued on,
@@ -110,6 +112,63 @@ impl Rejections {
 
     pub(crate) fn remove(&self, key: &Key) {
         lock(&self.table).remove(key.as_str());
+    }
+}
+
+/// Rate-limit keys the store refused as denied (`Error::Denied`) in the last
+/// [`DENIAL_MEMORY`], with the reason: what the guard repeats while the store cannot answer,
+/// so an outage does not lift an operator's deny entry. A key the store decides again is
+/// dropped (its entry was removed).
+#[derive(Debug, Default)]
+pub(crate) struct Denials {
+    table: Mutex<HashMap<String, (Option<String>, Instant)>>,
+    /// Entries held: read without the lock on every decision the store answered.
+    held: AtomicUsize,
+}
+
+/// How long a denial is repeated through an outage of the store.
+pub(crate) const DENIAL_MEMORY: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// Denials kept at most (beyond, the oldest go first).
+pub(crate) const MAX_DENIALS: usize = 1024;
+
+impl Denials {
+    pub(crate) fn insert(&self, key: &str, reason: Option<String>) {
+        let mut table = lock(&self.table);
+        let now = Instant::now();
+        if table.len() >= MAX_DENIALS && !table.contains_key(key) {
+            table.retain(|_, (_, at)| now.duration_since(*at) < DENIAL_MEMORY);
+            if table.len() >= MAX_DENIALS
+                && let Some(oldest) = table
+                    .iter()
+                    .min_by_key(|(_, (_, at))| *at)
+                    .map(|(k, _)| k.clone())
+            {
+                table.remove(&oldest);
+            }
+        }
+        table.insert(key.to_owned(), (reason, now));
+        self.held.store(table.len(), Ordering::Relaxed);
+    }
+
+    /// The reason `key` was denied, when it was within [`DENIAL_MEMORY`].
+    pub(crate) fn get(&self, key: &Key) -> Option<Option<String>> {
+        if self.held.load(Ordering::Relaxed) == 0 {
+            return None;
+        }
+        let table = lock(&self.table);
+        let (reason, at) = table.get(key.as_str())?;
+        (at.elapsed() < DENIAL_MEMORY).then(|| reason.clone())
+    }
+
+    /// The store decided `key`: it is not denied now.
+    pub(crate) fn forget(&self, key: &Key) {
+        if self.held.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let mut table = lock(&self.table);
+        table.remove(key.as_str());
+        self.held.store(table.len(), Ordering::Relaxed);
     }
 }
 

@@ -87,9 +87,10 @@ pub(super) async fn decide(
         }
         Err(err) => {
             span.record("decision", crate::trace::error_name(err));
-            if let Error::Denied { key, .. } = err
+            if let Error::Denied { key, reason } = err
                 && let Some(r) = limits.iter().find(|r| r.key.as_str() == key)
             {
+                handle.state().denials.insert(key, reason.clone());
                 crate::telemetry::counter(
                     "redguard_rate_denied_total",
                     [("scope", r.scope.into())],
@@ -147,6 +148,19 @@ async fn decide_traced<'a>(
     let outcome = handle.store().rate_check(checks, mode).await;
     let Some(mut outcome) = outcome.or_degrade(handle, GuardKind::RateLimit, op, &first.key)?
     else {
+        // An outage does not lift a deny entry this instance saw: failing open (or to the
+        // local share) is for limits, not for callers an operator shut out.
+        if mode != RateMode::Peek
+            && let Some((key, reason)) = limits.iter().find_map(|r| {
+                let reason = handle.state().denials.get(&r.key)?;
+                Some((r.key.as_str(), reason))
+            })
+        {
+            return Err(Error::Denied {
+                key: key.to_owned(),
+                reason,
+            });
+        }
         if let Some(decisions) = fallback::outage(handle, limits, mode) {
             return Ok(decisions);
         }
@@ -155,6 +169,9 @@ async fn decide_traced<'a>(
             .map(|r| Decision::degraded(r.limit.burst, r.limit.window()))
             .collect());
     };
+    for r in limits {
+        handle.state().denials.forget(&r.key);
+    }
     if let Some(refused) = fallback::gate(handle, limits, mode, &outcome) {
         return Ok(refused);
     }

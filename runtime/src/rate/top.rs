@@ -288,6 +288,8 @@ fn body<'k>(key: &'k Key, scope: &str) -> Option<&'k str> {
         .strip_prefix(scope)?
         .strip_prefix(':')?
         .strip_suffix('}')
+        // A scope's path goes on with `::` (`api::v1` after `api`): another scope's key.
+        .filter(|body| !body.starts_with(':'))
 }
 
 #[cfg(test)]

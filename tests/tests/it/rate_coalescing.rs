@@ -104,9 +104,10 @@ async fn a_failed_coalesced_call_does_not_admit_its_checks_uncounted() {
     let rg = Redguard::redis(proxy.url())
         .timeout(Duration::from_secs(10))
         .script_transform(|source| {
-            if source.contains("KEYS[2i] its quota override") {
-                // Three values per check after the mode (keys are two per check, plus the
-                // prefix-override hash off a Cluster).
+            // rate_gcra.lua's first line: the injection must reach that script, whatever
+            // its keys (a test that injects nothing fails below, on `errorstats`).
+            if source.contains("-- GCRA checks of single limits without a penalty") {
+                // Three values per check after the mode.
                 format!(
                     "if (#ARGV - 1) / 3 > 1 then return redis.error_reply('INJECTED batch failure') end\n{source}"
                 )

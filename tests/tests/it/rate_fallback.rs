@@ -449,3 +449,65 @@ impl redguard::rate::Cost for Reply {
 async fn reply(tenant: &str, units: u64) -> redguard::Result<Reply> {
     Ok(Reply(units))
 }
+
+/// An outage does not lift a deny entry: a key the store refused as denied stays refused,
+/// with its reason, while Redis is down, under `FailMode::Local` and `FailMode::Open` alike;
+/// other keys fall back as ever (the share, or admitted), and a denial removed before the
+/// outage is not repeated.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_denied_key_stays_denied_while_redis_is_down() {
+    let mut server = RedisServer::start();
+    let local = instance(&server).await;
+    let open = Redguard::redis(server.url())
+        .timeout(Duration::from_millis(100))
+        .fail_mode(GuardKind::RateLimit, FailMode::Open)
+        .connect()
+        .await
+        .unwrap();
+    let tenant = |rg: &Redguard, t: &str| {
+        redguard::limiter(redguard::key("tenant:{t}").part("t", t))
+            .scope("api::denied")
+            .rate("100/s")
+            .on(rg)
+    };
+    let admin = redguard::admin::Admin::new(local.clone());
+    tenant(&local, "acme").check().await.unwrap();
+    let hour = redguard::admin::QuotaTtl::For(Duration::from_secs(3600));
+    for t in ["acme", "lifted"] {
+        admin
+            .deny_add("api::denied", &format!("tenant:{t}"), Some("abuse"), hour)
+            .await
+            .unwrap();
+    }
+    for rg in [&local, &open] {
+        for t in ["acme", "lifted"] {
+            assert!(matches!(
+                tenant(rg, t).check().await,
+                Err(Error::Denied { .. })
+            ));
+        }
+    }
+    // Lifted, and seen admitted again by both before the outage.
+    assert!(
+        admin
+            .deny_remove("api::denied", "tenant:lifted")
+            .await
+            .unwrap()
+    );
+    for rg in [&local, &open] {
+        tenant(rg, "lifted").check().await.unwrap();
+    }
+
+    server.kill();
+    for rg in [&local, &open] {
+        match tenant(rg, "acme").check().await {
+            Err(Error::Denied { reason, .. }) => assert_eq!(reason.as_deref(), Some("abuse")),
+            other => panic!(
+                "{:?}: expected Denied during the outage, got {other:?}",
+                rg.kind()
+            ),
+        }
+        tenant(rg, "lifted").check().await.unwrap();
+        tenant(rg, "globex").check().await.unwrap();
+    }
+}
