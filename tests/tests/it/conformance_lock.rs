@@ -17,6 +17,7 @@ redguard_tests::conformance!(
     watch_wakes_on_release,
     a_release_nobody_waits_for_is_not_announced,
     fair_release_hands_over_to_the_head,
+    a_lapsed_place_at_the_head_does_not_take_a_free_lock,
     api_timeout_held_and_release,
     api_run_exposes_fence_and_reenters,
     api_rejects_bad_settings,
@@ -797,4 +798,46 @@ async fn read_write_modes_exclude(rg: Redguard) {
             .unwrap()
     ));
     store.rw_release_read(&k, "r3").await.unwrap();
+}
+
+/// A fair lock freed by its lease running out (no release to hand it over) goes to the first
+/// waiter still registered: a waiter whose place lapsed (it stopped retrying for longer than
+/// `FAIR_REGISTRATION`) comes back behind the ones that kept theirs, even though its old place
+/// was at the head. Found by the lock model on Redis (the stale ticket at the head took it).
+async fn a_lapsed_place_at_the_head_does_not_take_a_free_lock(rg: Redguard) {
+    let k = key(&rg, "lapsed");
+    let store = redguard::__private::store::of(&rg);
+    let registration = redguard::__private::store::FAIR_REGISTRATION;
+    let fair = |owner: &'static str, lease: Duration, waiting: bool| {
+        store.fair_acquire(Acquire {
+            waiting,
+            ..acq(&k, owner, lease, 1)
+        })
+    };
+    let started = std::time::Instant::now();
+    // Alice holds it until her lease runs out, a little after bob's place lapses.
+    let lease = registration + Duration::from_millis(400);
+    let alice = fair("alice", lease, true).await.unwrap();
+    assert!(matches!(alice, LockAcquire::Acquired { .. }), "{alice:?}");
+    let bob = fair("bob", LEASE, true).await.unwrap();
+    assert!(matches!(bob, LockAcquire::Held { .. }), "{bob:?}");
+    tokio::time::sleep(registration + Duration::from_millis(200)).await;
+    // Carol queues while bob's place has lapsed: hers is live for `registration`.
+    let carol = fair("carol", LEASE, true).await.unwrap();
+    let carol_at = std::time::Instant::now();
+    assert!(matches!(carol, LockAcquire::Held { .. }), "{carol:?}");
+    tokio::time::sleep(
+        (started + lease + Duration::from_millis(200))
+            .saturating_duration_since(std::time::Instant::now()),
+    )
+    .await;
+    let bob = fair("bob", LEASE, true).await.unwrap();
+    if carol_at.elapsed() < registration {
+        assert!(
+            matches!(bob, LockAcquire::Held { .. }),
+            "bob's lapsed place took the lock ahead of carol: {bob:?}"
+        );
+        let carol = fair("carol", LEASE, true).await.unwrap();
+        assert!(matches!(carol, LockAcquire::Acquired { .. }), "{carol:?}");
+    }
 }

@@ -39,7 +39,13 @@ end
 if not owner then
   -- Free with nobody handed it (its holder's lease ran out, or it was never taken): the
   -- first waiter still registered takes it. Waiters that stopped retrying lose their place
-  -- as they reach the head.
+  -- as they reach the head — the caller too: its own lapsed ticket at the head would take
+  -- the lock ahead of waiters that kept their places.
+  local mine = tonumber(redis.call('ZSCORE', KEYS[3], ARGV[1]))
+  if mine and mine <= now then
+    redis.call('ZREM', KEYS[2], ARGV[1])
+    redis.call('ZREM', KEYS[3], ARGV[1])
+  end
   local head = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
   while head and head ~= ARGV[1] and (tonumber(redis.call('ZSCORE', KEYS[3], head)) or 0) <= now do
     redis.call('ZREM', KEYS[2], head)
