@@ -161,6 +161,13 @@ impl Denials {
         (at.elapsed() < DENIAL_MEMORY).then(|| reason.clone())
     }
 
+    /// An operator lifted a deny entry through this handle: no key is known denied now.
+    pub(crate) fn clear(&self) {
+        let mut table = lock(&self.table);
+        table.clear();
+        self.held.store(0, Ordering::Relaxed);
+    }
+
     /// The store decided `key`: it is not denied now.
     pub(crate) fn forget(&self, key: &Key) {
         if self.held.load(Ordering::Relaxed) == 0 {

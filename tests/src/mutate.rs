@@ -36,9 +36,12 @@ pub const SCRIPTS: &[(&str, &str)] = &[
     ("lock_renew", script!("lock_renew")),
     (
         "rate_check",
-        script!("rate_check" after "expiry", "quota", "rescale"),
+        script!("rate_check" after "expiry", "quota", "deny", "rescale"),
     ),
-    ("rate_gcra", script!("rate_gcra" after "expiry", "quota")),
+    (
+        "rate_gcra",
+        script!("rate_gcra" after "expiry", "quota", "deny"),
+    ),
     ("rw_acquire", script!("rw_acquire" after "fence")),
     ("rw_release_read", script!("rw_release_read")),
     ("sem_acquire", script!("sem_acquire" after "fence")),
@@ -47,6 +50,16 @@ pub const SCRIPTS: &[(&str, &str)] = &[
     ("token_consume", script!("token_consume")),
     ("token_restore", script!("token_restore")),
 ];
+
+/// How many times a mutant replaced a script the runtime sent: a mutant that never does
+/// is of a source the runtime no longer sends (a prelude added to it, say), and would count
+/// as missed without ever running.
+static APPLIED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// [`APPLIED`]'s count so far.
+pub fn applied() -> usize {
+    APPLIED.load(std::sync::atomic::Ordering::Relaxed)
+}
 
 /// One change at one place in one script.
 #[derive(Debug, Clone)]
@@ -66,6 +79,7 @@ impl Mutant {
     /// `source` with this mutant applied when it is this mutant's script, else unchanged.
     pub fn apply(&self, source: &str) -> String {
         if source == self.original {
+            APPLIED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             self.mutated.clone()
         } else {
             source.to_owned()

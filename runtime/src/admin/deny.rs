@@ -193,6 +193,9 @@ impl Admin {
                     .await?
             }
         };
+        // This instance stops repeating the denials it remembers for outages (another
+        // instance does once the store decides the key again).
+        self.handle.state().denials.clear();
         tracing::warn!(scope, entry = %pattern.text(), removed, "redguard admin: rate-limit deny entry removed");
         Ok(removed)
     }

@@ -101,8 +101,15 @@ fn lua_mutation_score() {
     let mut missed = Vec::new();
     for mutant in &mutants {
         CURRENT.with(|c| *c.borrow_mut() = Some(mutant.clone()));
+        let before = redguard_tests::mutate::applied();
         let outcome = std::panic::catch_unwind(|| machines_pass(mutant.script, cases));
         CURRENT.with(|c| *c.borrow_mut() = None);
+        assert!(
+            redguard_tests::mutate::applied() > before,
+            "the mutant of {}.lua never replaced a script the runtime sent: its source in \
+             `mutate::SCRIPTS` is not the runtime's (a prelude added in `lua!`?)",
+            mutant.script
+        );
         let caught = match outcome {
             Ok(result) => result.is_err(),
             // Outside a case (the harness itself): not the mutant's doing.
