@@ -212,24 +212,42 @@ pub(crate) async fn self_check(
 
 pub(crate) const COST_CASE: &str = "lock acquire+release random keys, server cost per cycle";
 
-/// Per acquire + release cycle at 16 and 64 in flight, from Redis's counters: each command's
-/// calls and µs, the scripts' total and the main thread's CPU, for our API, the raw scripts
-/// and rslock, in the same run. Printed, and kept in the bench's notes.
+/// Per idempotent first execution (begin + finish on a fresh key), ours beside the raw
+/// scripts and a replay's.
+pub(crate) const IDEM_COST_CASE: &str = "idempotency first execution, cost per execution";
+
+/// Per acquire + release cycle at 16 and 64 in flight, ours beside the raw scripts and
+/// rslock's (see [`per_op`]).
 pub(crate) async fn lock_cycle(bench: &mut Bench, rows: Vec<(&'static str, Op)>) {
-    if !bench.selected(COST_CASE, "redis") {
+    per_op(bench, COST_CASE, "rslock", rows).await;
+}
+
+/// Per operation at 16 and 64 in flight, from Redis's counters and this process's: each
+/// command's calls and µs, the scripts' total, Redis's main thread's CPU and this process's
+/// (the client: every thread, the runtime's blocking pool included), for each row in the same
+/// run, each divided by `baseline`'s. Printed, and kept in the bench's notes.
+pub(crate) async fn per_op(
+    bench: &mut Bench,
+    case: &'static str,
+    baseline: &str,
+    rows: Vec<(&'static str, Op)>,
+) {
+    if !bench.selected(case, "redis") {
         return;
     }
     let mut conn = bench.conn.clone();
     let mut table = String::new();
-    let mut totals: BTreeMap<(usize, &str), (f64, f64)> = BTreeMap::new();
+    let mut totals: BTreeMap<(usize, &str), (f64, f64, f64)> = BTreeMap::new();
     for in_flight in [16, 64] {
         for (row, op) in &rows {
             let op = op.clone();
             let started = OPERATIONS.load(Ordering::Relaxed);
             let before = snapshot(&mut conn).await;
+            let client_before = client_cpu_us();
             let sample = closed_loop(in_flight, bench.warmup, bench.window, move |i| op(i)).await;
+            let client = client_cpu_us() - client_before;
             let stats = before.until(&snapshot(&mut conn).await);
-            let cycles = (OPERATIONS.load(Ordering::Relaxed) - started).max(1) as f64;
+            let ops = (OPERATIONS.load(Ordering::Relaxed) - started).max(1) as f64;
             // Top-level commands: what a client sent (scripts count their commands inside).
             let top: f64 = stats
                 .commands
@@ -237,19 +255,19 @@ pub(crate) async fn lock_cycle(bench: &mut Bench, rows: Vec<(&'static str, Op)>)
                 .filter(|(name, _)| is_top_level(row, name))
                 .map(|(_, &(_, usec))| usec as f64)
                 .sum::<f64>()
-                / cycles;
-            let cpu = stats.cpu_us / cycles;
-            totals.insert((in_flight, row), (top, cpu));
+                / ops;
+            let (cpu, client) = (stats.cpu_us / ops, client / ops);
+            totals.insert((in_flight, row), (top, cpu, client));
             let _ = write!(
                 table,
-                "| {row} | {in_flight} | {:.0} | {top:.2} | {cpu:.2} |",
+                "| {row} | {in_flight} | {:.0} | {top:.2} | {cpu:.2} | {client:.2} |",
                 sample.ops_per_sec
             );
             for (name, &(calls, usec)) in &stats.commands {
                 let _ = write!(
                     table,
                     " {name} {:.2}×{:.2}µs",
-                    calls as f64 / cycles,
+                    calls as f64 / ops,
                     usec as f64 / calls.max(1) as f64
                 );
             }
@@ -257,20 +275,34 @@ pub(crate) async fn lock_cycle(bench: &mut Bench, rows: Vec<(&'static str, Op)>)
         }
     }
     println!(
-        "\n{COST_CASE}\n| row | N | cycles/s | commands µs/cycle | server CPU µs/cycle | per command: calls/cycle × µs/call |\n|---|---|---|---|---|---|\n{table}"
+        "\n{case}\n| row | N | ops/s | commands µs/op | server CPU µs/op | client CPU µs/op | per command: calls/op × µs/call |\n|---|---|---|---|---|---|---|\n{table}"
     );
-    for ((in_flight, row), (top, cpu)) in &totals {
-        if let Some((rtop, rcpu)) = totals.get(&(*in_flight, "rslock")).copied()
-            && *row != "rslock"
+    for ((in_flight, row), (top, cpu, client)) in &totals {
+        if let Some((btop, bcpu, bclient)) = totals.get(&(*in_flight, baseline)).copied()
+            && *row != baseline
         {
             bench.notes.push(format!(
-                "{COST_CASE}: {row} ÷ rslock at {in_flight}: commands µs {:.2}, server CPU µs {:.2}",
-                top / rtop,
-                cpu / rcpu
+                "{case}: {row} ÷ {baseline} at {in_flight}: commands µs {:.2}, server CPU µs {:.2}, client CPU µs {:.2}",
+                top / btop,
+                cpu / bcpu,
+                client / bclient
             ));
             println!("{}", bench.notes.last().expect("pushed"));
         }
     }
+}
+
+/// This process's CPU time so far (user + system, every thread), in µs.
+#[allow(unsafe_code)]
+fn client_cpu_us() -> f64 {
+    // SAFETY: `getrusage` writes the struct it is given and nothing else.
+    let usage = unsafe {
+        let mut usage = std::mem::zeroed::<libc::rusage>();
+        libc::getrusage(libc::RUSAGE_SELF, &mut usage);
+        usage
+    };
+    let us = |t: libc::timeval| t.tv_sec as f64 * 1e6 + t.tv_usec as f64;
+    us(usage.ru_utime) + us(usage.ru_stime)
 }
 
 /// Whether `command` is one a client of `row` sends itself (its µs include nothing counted

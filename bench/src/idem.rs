@@ -5,8 +5,8 @@ use std::time::Duration;
 use redguard::{Redguard, idempotent, key::KeyBuilder};
 use redis::aio::ConnectionManager;
 
-use crate::raw;
 use crate::{Bench, Ways};
+use crate::{cost, raw};
 
 /// The same replay as the runtime-API case, through the attribute.
 #[idempotent(key = "bench:{id}", expire = 600, scope = "bench")]
@@ -35,6 +35,37 @@ pub(crate) fn replay_sha() -> String {
     raw::sha(include_str!(
         "../../runtime/src/store/redis/scripts/idem_begin.lua"
     ))
+}
+
+/// `idem_finish.lua`'s SHA, as the runtime loads it.
+fn finish_sha() -> String {
+    raw::sha(include_str!(
+        "../../runtime/src/store/redis/scripts/idem_finish.lua"
+    ))
+}
+
+/// The raw first execution: `idem_begin.lua` on `first(i)`'s record, then `idem_finish.lua`
+/// with the result the runtime stores, each reply checked.
+async fn raw_first(mut conn: ConnectionManager, shas: &(String, String), i: u64) {
+    let (record, owner) = (
+        format!("redguard:idem:{{bench-first:bench:{i}}}"),
+        format!("{i:032x}"),
+    );
+    let result = i.to_string();
+    let begun: Vec<redis::Value> = raw::command(&shas.0, &[&record], &[&owner, "", "60000"])
+        .query_async(&mut conn)
+        .await
+        .expect("EVALSHA idem_begin");
+    assert_eq!(
+        begun,
+        [redis::Value::Int(0)],
+        "raw idem_begin did not start"
+    );
+    let finished: i64 = raw::command(&shas.1, &[&record], &[&owner, "S", &result, "60000"])
+        .query_async(&mut conn)
+        .await
+        .expect("EVALSHA idem_finish");
+    assert_eq!(finished, 1, "raw idem_finish did not record");
 }
 
 /// The record every replay reads (`replay(0)` seeds it).
@@ -66,7 +97,10 @@ pub(crate) async fn cases(bench: &mut Bench, rg: &Redguard, memory: &Redguard) {
     // Redis's own numbers for the replay script: idem_begin on a SUCCESS record.
     let sha = replay_sha();
     let args = raw::evalsha(&sha, &[RECORD], &["o", "", "600000"]);
-    let (base, ceiling) = bench.baselines(&args);
+    let (base, ceiling) = bench.baselines(
+        &["idempotency replay", "idempotency first (begin+finish)"],
+        &args,
+    );
     let conn = bench.conn.clone();
     let ways = Ways {
         case: "idempotency replay",
@@ -94,6 +128,20 @@ pub(crate) async fn cases(bench: &mut Bench, rg: &Redguard, memory: &Redguard) {
             first,
         )
         .await;
+    let shas = std::sync::Arc::new((replay_sha(), finish_sha()));
+    let conn = bench.conn.clone();
+    let rows = vec![
+        ("our API", cost::op(first)),
+        (
+            "raw scripts",
+            cost::op(move |i| {
+                let (conn, shas) = (conn.clone(), shas.clone());
+                async move { raw_first(conn, &shas, i).await }
+            }),
+        ),
+        ("replay (API)", cost::op(replay)),
+    ];
+    cost::per_op(bench, cost::IDEM_COST_CASE, "raw scripts", rows).await;
     bench
         .run_memory("idempotency replay (runtime API)", memory, replay)
         .await;

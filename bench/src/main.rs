@@ -348,8 +348,15 @@ impl Bench {
 
     /// redis-benchmark running `args` at every level (`-c N`), and its ceiling
     /// (`-c 16 -P 16`).
-    pub(crate) fn baselines(&self, args: &[String]) -> (Vec<f64>, Option<f64>) {
-        if self.only.is_some() {
+    /// Redis's own figures for `args` at each level and its ceiling, when a row divided by
+    /// them is selected: a row of `cases` on Redis.
+    pub(crate) fn baselines(&self, cases: &[&str], args: &[String]) -> (Vec<f64>, Option<f64>) {
+        if !cases.iter().any(|case| {
+            Ways::names(case)
+                .iter()
+                .chain(std::iter::once(&(*case).to_owned()))
+                .any(|name| self.selected(name, "redis"))
+        }) {
             return (Vec::new(), None);
         }
         let rb = |clients, pipeline| {

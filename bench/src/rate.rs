@@ -152,7 +152,7 @@ pub(crate) async fn cases(bench: &mut Bench, rg: &Redguard, memory: &Redguard) {
         } else {
             script_args(&sha, algorithm, &key("__rand_int__"))
         };
-        let (base, ceiling) = bench.baselines(&args);
+        let (base, ceiling) = bench.baselines(&[&case], &args);
         let rg2 = rg.clone();
         let api = move |i| check(limiter(algorithm, i).on(&rg2));
         if algorithm == Algorithm::Gcra {

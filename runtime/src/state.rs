@@ -24,8 +24,10 @@ pub(crate) struct State {
     pub(crate) rate_queues: LockQueues<Option<tokio::time::Instant>>,
     /// What the local fallback of `FailMode::Local` admitted (`rate/fallback.rs`).
     pub(crate) fallback: crate::rate::FallbackTable,
-    /// Lock renewal tasks alive.
+    /// Lock renewal tasks alive, and idempotency records kept alive.
     pub(crate) watchdogs: AtomicUsize,
+    /// The idempotency records kept alive while their bodies run (`idempotency/keep_alive.rs`).
+    pub(crate) keep_alives: Arc<crate::idempotency::KeepAlives>,
     /// The keys rate limits admitted and refused, on their way to the store (`rate/top.rs`).
     pub(crate) tally: crate::rate::Tally,
     /// Rate-limit keys the store recently refused as denied, kept for its outages.

@@ -42,6 +42,7 @@ use crate::telemetry::Value;
 pub use self::batch::{Batch, BatchOutcome, MAX_BATCH, MAX_BATCH_CONCURRENCY};
 pub use self::builder::{Detached, Idempotency};
 pub use self::classify::{Classify, ErrorClass};
+pub(crate) use self::keep_alive::KeepAlives;
 pub use self::replay::track_replay;
 #[cfg(feature = "sqlx-postgres")]
 pub use self::transaction::POSTGRES_MIGRATION;

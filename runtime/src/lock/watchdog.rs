@@ -13,8 +13,9 @@ use crate::handle::Redguard;
 use crate::key::Key;
 
 impl Redguard {
-    /// Renewal tasks of this handle alive right now: of locks, and of idempotency records
-    /// (one per execution with a record, from its start to its end). A held lock has one from its first
+    /// Renewals of this handle alive right now: a task per lock, and each idempotency
+    /// record kept alive (one per execution with a record, from its start to its end; one
+    /// task per handle and runtime serves them all). A held lock has one from its first
     /// renewal on (at once for a guard from `acquire`; a section run by `LockBuilder::run`
     /// starts it only if it outlives a third of its lease); it ends with its guard, so this
     /// returns to its previous value shortly after every guard is gone (the task is dropped

@@ -504,6 +504,106 @@ async fn a_record_stays_processing_while_its_body_blocks_its_thread() {
     assert_eq!(status(&mut conn).as_deref(), Some("S"));
 }
 
+fn numbered_key(n: usize) -> redguard::key::KeyBody {
+    redguard::key::KeyBuilder::new()
+        .text("timing:")
+        .part("n", &n)
+        .finish()
+        .unwrap()
+}
+
+/// Executions in progress share one renewal task per handle: a task each, started from the
+/// blocking pool, was most of a first execution's client CPU.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn executions_in_progress_share_one_renewal_task() {
+    const N: usize = 50;
+    let rg = Redguard::memory();
+    let metrics = tokio::runtime::Handle::current().metrics();
+    let entered = Arc::new(tokio::sync::Barrier::new(N + 1));
+    let leave = Arc::new(tokio::sync::Semaphore::new(0));
+    let before = metrics.num_alive_tasks();
+    let executions: Vec<_> = (0..N)
+        .map(|n| {
+            let (entered, leave) = (entered.clone(), leave.clone());
+            tokio::spawn(
+                rg.clone()
+                    .scope(redguard::idempotency(numbered_key(n)).scope("timing").run(
+                        async move {
+                            entered.wait().await;
+                            drop(leave.acquire().await);
+                            Ok::<_, Error>(n)
+                        },
+                    )),
+            )
+        })
+        .collect();
+    entered.wait().await;
+    let alive = metrics.num_alive_tasks() - before;
+    assert_eq!(
+        rg.live_watchdogs(),
+        N,
+        "every record in progress is kept alive"
+    );
+    assert!(
+        alive <= N + 2,
+        "{alive} tasks alive for {N} executions in their bodies (theirs and the renewals')"
+    );
+    leave.add_permits(N);
+    for (n, execution) in executions.into_iter().enumerate() {
+        assert_eq!(execution.await.unwrap().unwrap(), n);
+    }
+    assert_eq!(rg.live_watchdogs(), 0);
+}
+
+/// A record whose first renewal comes before the shared task's next wake (a shorter
+/// expire than the execution already running) wakes it: renewed on its own schedule, it
+/// stays PROCESSING while its body runs past its expire.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shorter_expire_is_renewed_on_its_own_schedule() {
+    let server = RedisServer::start();
+    let rg = redguard_tests::connect(&server).await;
+    let short = Duration::from_secs(1);
+    let long = tokio::spawn(
+        rg.clone().scope(
+            redguard::idempotency(numbered_key(0))
+                .scope("timing")
+                .expire(Duration::from_secs(60))
+                .run(async move {
+                    tokio::time::sleep(short * 4).await;
+                    Ok::<_, Error>(0)
+                }),
+        ),
+    );
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let running = tokio::spawn(
+        rg.clone().scope(
+            redguard::idempotency(numbered_key(1))
+                .scope("timing")
+                .expire(short)
+                .run(async move {
+                    tokio::time::sleep(short * 3).await;
+                    Ok::<_, Error>(1)
+                }),
+        ),
+    );
+    let mut conn = server.connection();
+    for _ in 0..5 {
+        tokio::time::sleep(short / 2).await;
+        let status: Option<String> = redis::cmd("HGET")
+            .arg("redguard:idem:{timing:timing:1}")
+            .arg("status")
+            .query(&mut conn)
+            .unwrap();
+        assert_eq!(
+            status.as_deref(),
+            Some("P"),
+            "the short record lapsed mid-body"
+        );
+    }
+    assert_eq!(running.await.unwrap().unwrap(), 1);
+    assert_eq!(long.await.unwrap().unwrap(), 0);
+}
+
 /// An execution dropped while its keep-alive starts (its record begun, its body not yet
 /// run) leaves nothing behind by the time the drop returns: no renewal counted and the begin
 /// undone, so a retry made at once runs. On one thread nothing spawned has run by then, as on

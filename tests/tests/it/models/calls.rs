@@ -547,15 +547,28 @@ impl StateMachineTest for Machine {
                 // Whatever the runtime spawned to undo it has run.
                 sut.settle();
                 if sut.world.backend == Backend::Memory {
-                    // One poll runs the whole begin (the token consumed), then waits for the
-                    // record's keep-alive task to start: dropped there, before its body, the
-                    // call's record and token are given back.
+                    // One poll runs the whole begin (the token consumed). When the handle's
+                    // renewal task already sleeps until before the record's first renewal,
+                    // the body starts in that poll too: dropped in it, its outcome is unknown.
+                    // Otherwise the call waits for that task: dropped there, before its body,
+                    // the call's record and token are given back.
                     if sut.model_begin(&owner, Some(intent), 0, token).is_none() {
                         let now = sut.world.now();
-                        sut.records.abandon(INTENTS[intent], &owner, now);
-                        if let Some((t, s)) = token {
-                            let name = sut.token_name(t);
-                            sut.tokens.restore(&name, SCENES[s], &owner, now);
+                        if started.get() {
+                            let expire = sut.expire;
+                            sut.records.finish(
+                                INTENTS[intent],
+                                &owner,
+                                Finish::Unknown,
+                                expire,
+                                now,
+                            );
+                        } else {
+                            sut.records.abandon(INTENTS[intent], &owner, now);
+                            if let Some((t, s)) = token {
+                                let name = sut.token_name(t);
+                                sut.tokens.restore(&name, SCENES[s], &owner, now);
+                            }
                         }
                     }
                 } else {
