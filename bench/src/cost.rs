@@ -216,6 +216,9 @@ pub(crate) const COST_CASE: &str = "lock acquire+release random keys, server cos
 /// scripts and a replay's.
 pub(crate) const IDEM_COST_CASE: &str = "idempotency first execution, cost per execution";
 
+/// Per GCRA check on random keys, ours (coalesced) beside one `rate_gcra.lua` call each.
+pub(crate) const GCRA_COST_CASE: &str = "rate gcra random keys, cost per check";
+
 /// Per acquire + release cycle at 16 and 64 in flight, ours beside the raw scripts and
 /// rslock's (see [`per_op`]).
 pub(crate) async fn lock_cycle(bench: &mut Bench, rows: Vec<(&'static str, Op)>) {

@@ -44,6 +44,21 @@ fn finish_sha() -> String {
     ))
 }
 
+/// Other designs of a first execution, beside ours in the cost table: a row name, its begin
+/// and finish scripts (each answers 0/{0} started and 1 recorded, as ours do on a fresh key).
+static DESIGNS: [(&str, &str, &str); 2] = [
+    (
+        "design: two scripts that answer at once",
+        include_str!("idem_designs/floor_begin.lua"),
+        include_str!("idem_designs/floor_finish.lua"),
+    ),
+    (
+        "design: one string record",
+        include_str!("idem_designs/string_begin.lua"),
+        include_str!("idem_designs/string_finish.lua"),
+    ),
+];
+
 /// The raw first execution: `idem_begin.lua` on `first(i)`'s record, then `idem_finish.lua`
 /// with the result the runtime stores, each reply checked.
 async fn raw_first(mut conn: ConnectionManager, shas: &(String, String), i: u64) {
@@ -130,7 +145,7 @@ pub(crate) async fn cases(bench: &mut Bench, rg: &Redguard, memory: &Redguard) {
         .await;
     let shas = std::sync::Arc::new((replay_sha(), finish_sha()));
     let conn = bench.conn.clone();
-    let rows = vec![
+    let mut rows = vec![
         ("our API", cost::op(first)),
         (
             "raw scripts",
@@ -141,6 +156,28 @@ pub(crate) async fn cases(bench: &mut Bench, rg: &Redguard, memory: &Redguard) {
         ),
         ("replay (API)", cost::op(replay)),
     ];
+    if bench.selected(cost::IDEM_COST_CASE, "redis") {
+        for (row, begin, finish) in &DESIGNS {
+            let mut load = bench.conn.clone();
+            for script in [begin, finish] {
+                let _: String = redis::cmd("SCRIPT")
+                    .arg("LOAD")
+                    .arg(*script)
+                    .query_async(&mut load)
+                    .await
+                    .expect("SCRIPT LOAD");
+            }
+            let shas = std::sync::Arc::new((raw::sha(begin), raw::sha(finish)));
+            let conn = bench.conn.clone();
+            rows.push((
+                row,
+                cost::op(move |i| {
+                    let (conn, shas) = (conn.clone(), shas.clone());
+                    async move { raw_first(conn, &shas, i).await }
+                }),
+            ));
+        }
+    }
     cost::per_op(bench, cost::IDEM_COST_CASE, "raw scripts", rows).await;
     bench
         .run_memory("idempotency replay (runtime API)", memory, replay)

@@ -4,7 +4,7 @@
 use redguard::{Redguard, key::KeyBuilder, rate::Algorithm, rate::Limiter, rate_limit};
 use redis::aio::ConnectionManager;
 
-use crate::raw;
+use crate::{cost, raw};
 use crate::{Bench, Ways};
 
 /// The same check as the runtime-API GCRA case, through the attribute.
@@ -160,6 +160,15 @@ pub(crate) async fn cases(bench: &mut Bench, rg: &Redguard, memory: &Redguard) {
             // parsed once, and per call only the key, built as the attribute builds it
             // (`Limiter::key`, the documented way to reuse a limit).
             let built = limiter(algorithm, 0).on(rg);
+            let (built2, conn, sha) = (built.clone(), bench.conn.clone(), gcra_sha.clone());
+            let rows = vec![
+                ("our API", cost::op(move |i| gcra_check(&built2, i))),
+                (
+                    "raw script",
+                    cost::op(move |i| raw_gcra(conn.clone(), sha.clone(), i)),
+                ),
+            ];
+            cost::per_op(bench, cost::GCRA_COST_CASE, "raw script", rows).await;
             let gcra_api = move |i| gcra_check(&built, i);
             let (conn, sha) = (bench.conn.clone(), gcra_sha.clone());
             // rate-limiter-flexible's consume: one script per call too, on random keys.
