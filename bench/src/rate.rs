@@ -4,8 +4,8 @@
 use redguard::{Redguard, key::KeyBuilder, rate::Algorithm, rate::Limiter, rate_limit};
 use redis::aio::ConnectionManager;
 
-use crate::{cost, raw};
 use crate::{Bench, Ways};
+use crate::{cost, raw};
 
 /// The same check as the runtime-API GCRA case, through the attribute.
 #[rate_limit(key = "r:{i}", rate = "1000000/s", burst = 1000, scope = "bench")]
