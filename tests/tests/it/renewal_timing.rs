@@ -604,6 +604,54 @@ async fn a_shorter_expire_is_renewed_on_its_own_schedule() {
     assert_eq!(long.await.unwrap().unwrap(), 0);
 }
 
+/// A handle used from two runtimes: each runtime's records are renewed by a task on that
+/// runtime, so one runtime shut down (its task with it) leaves the other's renewed.
+#[test]
+fn a_runtime_shut_down_leaves_the_records_of_another_renewed() {
+    let runtime = || {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap()
+    };
+    let (a, b) = (runtime(), runtime());
+    let rg = b.block_on(async { Redguard::memory() });
+    let expire = Duration::from_secs(1);
+    let call = |n: usize, runs: Arc<AtomicU32>, body: Duration| {
+        rg.clone().scope(
+            redguard::idempotency(numbered_key(n))
+                .scope("timing")
+                .expire(expire)
+                .run(async move {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    tokio::time::sleep(body).await;
+                    Ok::<_, Error>(n)
+                }),
+        )
+    };
+    // In progress on `a` first: the task renewing records there is running when `b`'s begins.
+    let on_a = Arc::new(AtomicU32::new(0));
+    a.spawn(call(10, on_a.clone(), Duration::from_secs(60)));
+    while on_a.load(Ordering::SeqCst) == 0 {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let runs = Arc::new(AtomicU32::new(0));
+    let running = b.spawn(call(11, runs.clone(), expire * 3));
+    while runs.load(Ordering::SeqCst) == 0 {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    drop(a);
+    std::thread::sleep(expire * 2);
+    let duplicate = b.block_on(call(11, runs.clone(), Duration::ZERO));
+    assert!(
+        matches!(duplicate, Err(Error::InProgress)),
+        "a duplicate after the other runtime shut down got {duplicate:?}: the record lapsed"
+    );
+    assert_eq!(b.block_on(running).unwrap().unwrap(), 11);
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the intent ran twice");
+}
+
 /// An execution dropped while its keep-alive starts (its record begun, its body not yet
 /// run) leaves nothing behind by the time the drop returns: no renewal counted and the begin
 /// undone, so a retry made at once runs. On one thread nothing spawned has run by then, as on
