@@ -39,7 +39,7 @@ use crate::handle::Redguard;
 use crate::key::Key;
 use crate::lock::Live;
 
-/// Every handle's registered records, per runtime (each runtime has its own task: a task
+/// A handle's registered records, per runtime (each runtime has its own task: a task
 /// lives on one runtime and ends with it).
 #[derive(Debug, Default)]
 pub(crate) struct KeepAlives {
